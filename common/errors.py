@@ -1,0 +1,2 @@
+class PipelineError(Exception):
+    """A problem the user can fix (bad input, missing stage). The CLI prints it as one line and exits non-zero."""

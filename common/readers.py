@@ -1,0 +1,165 @@
+"""Read user documents from files and directories: .txt/.md, .jsonl, .json, .csv, .parquet.
+
+Every document keeps an id, a title, the path it came from and its text. Structured formats
+(.json, .csv, .parquet) go through DuckDB's readers; .jsonl is parsed line by line so that a
+broken line is reported as file:line.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import duckdb
+
+from common.console import warn
+from common.errors import PipelineError
+
+TEXT_SUFFIXES = {".txt", ".md"}
+STRUCTURED_SUFFIXES = {".jsonl", ".json", ".csv", ".parquet"}
+SUPPORTED_SUFFIXES = TEXT_SUFFIXES | STRUCTURED_SUFFIXES
+
+# Field names tried in order when the user gives none.
+TEXT_FIELDS = ("text", "content", "body", "contents", "abstract", "passage", "document")
+ID_FIELDS = ("_id", "id", "doc_id", "docid", "uuid")
+TITLE_FIELDS = ("title", "name", "heading", "subject")
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    title: str
+    source: str
+    text: str
+
+
+def list_files(paths: Iterable[Path]) -> list[Path]:
+    """Expand directories (recursively, sorted, hidden files skipped) into supported files."""
+    files: list[Path] = []
+    for path in paths:
+        if not path.exists():
+            raise PipelineError(f"{path}: no such file or directory")
+        if path.is_dir():
+            found = sorted(
+                p for p in path.rglob("*")
+                if p.is_file() and p.suffix.lower() in SUPPORTED_SUFFIXES
+                and not any(part.startswith(".") for part in p.relative_to(path).parts)
+            )
+            files.extend(found)
+        elif path.suffix.lower() in SUPPORTED_SUFFIXES:
+            files.append(path)
+        else:
+            raise PipelineError(f"{path}: unsupported file type '{path.suffix}' (supported: {', '.join(sorted(SUPPORTED_SUFFIXES))})")
+    return files
+
+
+def read_documents(paths: Iterable[Path], text_field: str | None = None) -> Iterator[Document]:
+    """Yield every non-empty document under `paths`. Raises PipelineError if none is found."""
+    paths = [Path(p) for p in paths]
+    files = list_files(paths)
+    if not files:
+        raise PipelineError(f"no supported files ({', '.join(sorted(SUPPORTED_SUFFIXES))}) under {', '.join(map(str, paths))}")
+    seen: dict[str, str] = {}
+    count = 0
+    for file in files:
+        suffix = file.suffix.lower()
+        if suffix in TEXT_SUFFIXES:
+            docs = _read_text_file(file)
+        elif suffix == ".jsonl":
+            docs = _read_jsonl(file, text_field)
+        else:
+            docs = _read_with_duckdb(file, text_field)
+        for doc, where in docs:
+            if doc.id in seen:
+                raise PipelineError(f"{where}: duplicate document id '{doc.id}' (first seen at {seen[doc.id]})")
+            seen[doc.id] = where
+            count += 1
+            yield doc
+    if count == 0:
+        raise PipelineError(f"empty corpus: no document with text under {', '.join(map(str, paths))}")
+
+
+def _read_text_file(file: Path) -> Iterator[tuple[Document, str]]:
+    raw = file.read_bytes()
+    if b"\x00" in raw[:8192]:
+        warn(f"skipping {file}: binary file")
+        return
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        warn(f"skipping {file}: not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})")
+        return
+    if not text.strip():
+        return
+    first_line = text.lstrip().splitlines()[0]
+    title = first_line.lstrip("# ").strip() if first_line.startswith("#") else file.stem
+    yield Document(id=str(file), title=title, source=str(file), text=text), str(file)
+
+
+def _pick_field(fields: list[str], wanted: str | None, candidates: tuple[str, ...], file: Path, what: str) -> str | None:
+    if wanted is not None:
+        if wanted not in fields:
+            raise PipelineError(f"{file}: no {what} field '{wanted}' (fields: {', '.join(fields)})")
+        return wanted
+    lower = {f.lower(): f for f in fields}
+    return next((lower[c] for c in candidates if c in lower), None)
+
+
+def _row_to_document(row: dict, file: Path, where: str, fallback_id: str, text_field: str | None) -> Document | None:
+    fields = list(row)
+    text_key = _pick_field(fields, text_field, TEXT_FIELDS, file, "text")
+    if text_key is None:
+        raise PipelineError(f"{where}: no text field found (fields: {', '.join(fields)}); choose one with --text-field")
+    text = row.get(text_key)
+    if text is None or not str(text).strip():
+        return None
+    id_key = _pick_field(fields, None, ID_FIELDS, file, "id")
+    title_key = _pick_field(fields, None, TITLE_FIELDS, file, "title")
+    doc_id = str(row[id_key]) if id_key and row.get(id_key) is not None else fallback_id
+    title = str(row[title_key]) if title_key and row.get(title_key) is not None else ""
+    return Document(id=doc_id, title=title, source=str(file), text=str(text))
+
+
+def _read_jsonl(file: Path, text_field: str | None) -> Iterator[tuple[Document, str]]:
+    with open(file, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            where = f"{file}:{line_no}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise PipelineError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise PipelineError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(row, dict):
+                raise PipelineError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            doc = _row_to_document(row, file, where, f"{file.name}:{line_no}", text_field)
+            if doc is not None:
+                yield doc, where
+
+
+_DUCKDB_READERS = {".json": "read_json_auto", ".csv": "read_csv_auto", ".parquet": "read_parquet"}
+
+
+def _read_with_duckdb(file: Path, text_field: str | None) -> Iterator[tuple[Document, str]]:
+    reader = _DUCKDB_READERS[file.suffix.lower()]
+    con = duckdb.connect()
+    try:
+        # The table function is chosen from a fixed list above; the path is a bound parameter.
+        result = con.execute(f"SELECT * FROM {reader}($path)", {"path": str(file)})
+        fields = [d[0] for d in result.description]
+        rows = result.fetchall()
+    except duckdb.Error as e:
+        first_line = str(e).strip().splitlines()[0]
+        raise PipelineError(f"{file}: cannot read as {file.suffix.lstrip('.')} ({first_line})") from None
+    finally:
+        con.close()
+    for row_no, values in enumerate(rows, start=1):
+        where = f"{file}:row {row_no}"
+        doc = _row_to_document(dict(zip(fields, values)), file, where, f"{file.name}:{row_no}", text_field)
+        if doc is not None:
+            yield doc, where

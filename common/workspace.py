@@ -1,0 +1,129 @@
+"""The workspace: one directory holding everything a run produces, and the manifest tying the parts together.
+
+Layout (all paths relative to the workspace root):
+    manifest.json        which tokenizer, model, embedder and index belong together
+    tokenizer/           tokenizer.json trained on the user's data
+    data/                train.bin / val.bin token files and meta.json
+    checkpoints/         step_XXXXXXXX/ directories (torch.distributed.checkpoint)
+    model/               the exported Hugging Face + sentence-transformers model
+    metrics.jsonl        one JSON object per logged training step / validation
+    pipeline.duckdb      documents, chunks and vectors
+    index/               the FAISS index (faiss.index) and its chunk-id map
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.errors import PipelineError
+
+WORKSPACE_ENV = "PIPELINE_WORKSPACE"
+
+
+def default_workspace() -> Path:
+    return Path(os.environ.get(WORKSPACE_ENV, "workspace"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same directory, then rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """A short id for a model directory: the hash of its weight and config files, so a retrained model gets a new id."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in model_dir.rglob("*") if p.is_file() and p.suffix in {".safetensors", ".json", ".bin", ".txt"})
+    if not files:
+        raise PipelineError(f"{model_dir}: not a model directory (no weights or config files)")
+    for p in files:
+        digest.update(str(p.relative_to(model_dir)).encode())
+        digest.update(file_sha256(p).encode())
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Workspace:
+    root: Path
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / "manifest.json"
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.root / "tokenizer"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def model_dir(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def db_path(self) -> Path:
+        return self.root / "pipeline.duckdb"
+
+    @property
+    def index_dir(self) -> Path:
+        return self.root / "index"
+
+    def create(self) -> "Workspace":
+        self.root.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def read_manifest(self) -> dict[str, Any]:
+        if not self.manifest_path.exists():
+            return {}
+        try:
+            return json.loads(self.manifest_path.read_text())
+        except json.JSONDecodeError as e:
+            raise PipelineError(f"{self.manifest_path}: corrupt manifest ({e})") from e
+
+    def update_manifest(self, section: str, value: dict[str, Any]) -> None:
+        """Replace one section ("tokenizer", "model", "embedder", "index") of the manifest atomically."""
+        manifest = self.read_manifest()
+        manifest[section] = value
+        atomic_write_json(self.manifest_path, manifest)
+
+    def require(self, section: str, hint: str) -> dict[str, Any]:
+        entry = self.read_manifest().get(section)
+        if not entry:
+            raise PipelineError(f"workspace {self.root} has no {section}: {hint}")
+        return entry

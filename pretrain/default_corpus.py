@@ -1,0 +1,39 @@
+"""The corpus used when the user gives no data: docstrings of Python's standard library.
+
+It is on every machine that runs this tool and needs no download. Modules are parsed with `ast`
+(never imported, so nothing runs); each module becomes one document of its docstrings.
+"""
+from __future__ import annotations
+
+import ast
+import sysconfig
+from pathlib import Path
+from typing import Iterator
+
+from common.readers import Document
+
+SKIPPED_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "__pycache__", "turtledemo"}
+
+
+def stdlib_documents(max_documents: int | None = None) -> Iterator[Document]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    count = 0
+    for path in sorted(root.rglob("*.py")):
+        if SKIPPED_DIRS.intersection(path.relative_to(root).parts):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        docstrings = [
+            doc for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and (doc := ast.get_docstring(node))
+        ]
+        if not docstrings:
+            continue
+        module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        yield Document(id=f"stdlib:{module}", title=module, source=str(path), text="\n\n".join(docstrings))
+        count += 1
+        if max_documents is not None and count >= max_documents:
+            return
