@@ -22,7 +22,7 @@ from common.console import err, out
 from common.errors import PipelineError
 from common.workspace import WORKSPACE_ENV, Workspace
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode=None)
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode=None, pretty_exceptions_show_locals=False)
 
 WorkspaceOption = Annotated[Path, typer.Option("--workspace", "-w", envvar=WORKSPACE_ENV, help="Workspace directory.")]
 DataOption = Annotated[Optional[list[Path]], typer.Option("--data", "-d", help="File or directory (.txt .md .jsonl .json .csv .parquet); repeatable.")]
@@ -120,6 +120,120 @@ def pretrain(
         summary = train(ws, cfg)
     if json_output:
         out.print_json(json.dumps(summary))
+
+
+@app.command()
+@user_errors
+def embed(
+    workspace: WorkspaceOption = Path("workspace"),
+    data: DataOption = None,
+    text_field: TextFieldOption = None,
+    model: Annotated[Optional[Path], typer.Option(help="A sentence-transformers model directory (default: the workspace's pretrained model).")] = None,
+    chunk_tokens: Annotated[int, typer.Option(help="Tokens per chunk.")] = 200,
+    overlap: Annotated[int, typer.Option(help="Tokens shared by consecutive chunks.")] = 32,
+    batch_size: Annotated[int, typer.Option(help="Chunks per forward pass.")] = 64,
+    prune: Annotated[bool, typer.Option(help="Remove stored documents that are no longer in the source.")] = False,
+    json_output: JsonOption = False,
+):
+    """Chunk and embed documents into the workspace's DuckDB store (only new or changed ones).
+
+    Examples:
+
+        pipeline embed                                   # the documents pretraining used
+
+        pipeline embed --data docs/ --prune              # sync with a folder
+
+        pipeline embed --data corpus.jsonl --model ~/models/all-MiniLM-L6-v2
+    """
+    from embed.run import EmbedSettings, run_embed
+
+    ws = Workspace(workspace).create()
+    settings = EmbedSettings(model_dir=model, chunk_tokens=chunk_tokens, overlap=overlap, batch_size=batch_size, prune=prune)
+    summary = run_embed(ws, list(data or []), text_field, settings)
+    if json_output:
+        out.print_json(json.dumps(summary))
+
+
+@app.command()
+@user_errors
+def index(
+    workspace: WorkspaceOption = Path("workspace"),
+    index_type: Annotated[str, typer.Option("--type", help="auto, flat (exact), hnsw, ivf or ivfpq.")] = "auto",
+    json_output: JsonOption = False,
+):
+    """Build the FAISS index over the stored vectors.
+
+    Examples:
+
+        pipeline index                 # exact below 50k vectors, HNSW above
+
+        pipeline index --type ivfpq    # compressed; prints recall@10 against exact search
+    """
+    from index.build import build_index
+
+    summary = build_index(Workspace(workspace), index_type)
+    if json_output:
+        out.print_json(json.dumps(summary))
+
+
+@app.command()
+@user_errors
+def search(
+    query: Annotated[str, typer.Argument(help="What to look for.")],
+    workspace: WorkspaceOption = Path("workspace"),
+    k: Annotated[int, typer.Option("-k", help="Number of documents to return.")] = 10,
+    json_output: Annotated[bool, typer.Option("--json", help="One JSON object per result line.")] = False,
+):
+    """Search the indexed documents; one row per document, with its best-matching chunk.
+
+    Examples:
+
+        pipeline search "how do I parse command line options"
+
+        pipeline search "vitamin D and bone density" -k 5 --json
+    """
+    from rich.table import Table
+
+    from search.engine import SearchEngine
+
+    hits = SearchEngine(Workspace(workspace)).search(query, k)
+    if json_output:
+        for hit in hits:
+            print(json.dumps(hit.to_dict(), ensure_ascii=False))
+        return
+    table = Table(title=f"results for: {query}", show_lines=True)
+    for column in ("rank", "score", "title / source", "snippet"):
+        table.add_column(column)
+    for hit in hits:
+        table.add_row(str(hit.rank), f"{hit.score:.3f}", f"{hit.title}\n[dim]{hit.source}[/dim]" if hit.title else hit.source, hit.snippet)
+    out.print(table)
+
+
+@app.command()
+@user_errors
+def status(workspace: WorkspaceOption = Path("workspace"), json_output: JsonOption = False):
+    """What the workspace holds, and whether tokenizer, model, vectors and index belong together.
+
+    Examples:
+
+        pipeline status
+
+        pipeline status --json
+    """
+    from common.status import workspace_status
+
+    report = workspace_status(Workspace(workspace))
+    if json_output:
+        out.print_json(json.dumps(report))
+    else:
+        for name, part in report["parts"].items():
+            out.print(f"{name:10} {part['state']:8} {part['detail']}", highlight=False)
+        for problem in report["problems"]:
+            out.print(f"[red]problem:[/red] {problem}", highlight=False)
+        if not report["problems"]:
+            out.print("[green]consistent[/green]")
+    if report["problems"]:
+        raise typer.Exit(1)
 
 
 def main() -> None:

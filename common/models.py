@@ -1,0 +1,35 @@
+"""Loading an embedding model: any sentence-transformers directory (ours, exported by pretrain, or external).
+
+Embed and search both load the model through here so a query is encoded exactly as the documents were.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from common.errors import PipelineError
+
+def load_embedder(path: Path, device: str | None = None):
+    from sentence_transformers import SentenceTransformer
+    import torch
+
+    if not (path / "config.json").exists() and not (path / "modules.json").exists():
+        raise PipelineError(f"{path}: not a model directory (no config.json or modules.json)")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = SentenceTransformer(str(path), device=device, local_files_only=True)
+    if model.tokenizer.pad_token is None:  # GPT-style tokenizers have none; padding is masked anyway
+        model.tokenizer.pad_token = model.tokenizer.eos_token
+    return model
+
+
+def embedding_text(title: str, text: str) -> str:
+    """What gets embedded for a chunk: its document's title, then the chunk."""
+    return f"{title}\n{text}" if title else text
+
+
+def encode(model, texts: list[str], batch_size: int = 64) -> np.ndarray:
+    """L2-normalised float32 embeddings: inner product = cosine similarity in the index."""
+    vectors = model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
+                           convert_to_numpy=True, show_progress_bar=False)
+    return np.asarray(vectors, dtype=np.float32)

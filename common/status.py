@@ -1,0 +1,65 @@
+"""`pipeline status`: what the workspace holds and whether its parts belong together."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from common.store import Store
+from common.workspace import Workspace, file_sha256, model_fingerprint
+
+
+def workspace_status(ws: Workspace) -> dict:
+    manifest = ws.read_manifest()
+    parts: dict[str, dict] = {}
+    problems: list[str] = []
+
+    tok = manifest.get("tokenizer")
+    if tok:
+        path = ws.tokenizer_dir / "tokenizer.json"
+        ok = path.exists() and file_sha256(path) == tok["sha256"]
+        parts["tokenizer"] = {"state": "ok" if ok else "changed", "detail": f"{tok['vocab_size']} tokens, trained on {tok['documents']} documents"}
+        if not ok:
+            problems.append(f"{path} differs from the tokenizer recorded in the manifest")
+    else:
+        parts["tokenizer"] = {"state": "missing", "detail": "run `pipeline pretrain`"}
+
+    model = manifest.get("model")
+    if model:
+        current = model_fingerprint(ws.model_dir) if ws.model_dir.exists() else None
+        ok = current == model["fingerprint"]
+        parts["model"] = {"state": "ok" if ok else "changed", "detail": f"{model['preset']} preset, {model['parameters'] / 1e6:.1f}M parameters, {model['steps']} steps, id {model['fingerprint']}"}
+        if not ok:
+            problems.append(f"{ws.model_dir} differs from the model recorded in the manifest")
+    else:
+        parts["model"] = {"state": "missing", "detail": "run `pipeline pretrain`"}
+
+    emb = manifest.get("embedder")
+    counts = {"documents": 0, "chunks": 0, "vectors": 0}
+    if emb and ws.db_path.exists():
+        with Store(ws.db_path, read_only=True) as store:
+            counts = store.counts()
+        model_dir = Path(emb["model_path"])
+        current = model_fingerprint(model_dir) if model_dir.exists() else None
+        state = "ok" if current == emb["fingerprint"] else "stale"
+        parts["vectors"] = {"state": state, "detail": f"{counts['documents']} documents, {counts['chunks']} chunks, {counts['vectors']} vectors from model {emb['fingerprint']} ({emb['model_path']})"}
+        if state != "ok":
+            problems.append(f"the stored vectors were made by model {emb['fingerprint']}, but {model_dir} is now {current}: run `pipeline embed`")
+    else:
+        parts["vectors"] = {"state": "missing", "detail": "run `pipeline embed`"}
+
+    idx = manifest.get("index")
+    if idx:
+        exists = (ws.root / idx["path"]).exists()
+        state = "ok"
+        if not exists:
+            state = "missing"
+            problems.append(f"{ws.root / idx['path']} is missing: run `pipeline index`")
+        elif emb and idx["embedder_fingerprint"] != emb["fingerprint"]:
+            state = "stale"
+            problems.append("the index was built from another model's vectors: run `pipeline index`")
+        elif idx["vectors"] != counts["vectors"]:
+            state = "stale"
+            problems.append(f"the index holds {idx['vectors']} vectors, the store {counts['vectors']}: run `pipeline index`")
+        parts["index"] = {"state": state, "detail": f"{idx['type']}, {idx['vectors']} vectors"}
+    else:
+        parts["index"] = {"state": "missing", "detail": "run `pipeline index`"}
+    return {"workspace": str(ws.root), "parts": parts, "problems": problems}

@@ -1,0 +1,1 @@
+"""Embedding stage: documents -> overlapping token chunks -> vectors in the DuckDB store."""

@@ -1,0 +1,115 @@
+"""`pipeline embed`: ingest documents, chunk them, embed the chunks, store everything in DuckDB.
+
+Only new or changed documents (by content hash) are embedded again; documents are written in
+groups, each group in one transaction, so an interrupted run resumes where it stopped.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from common.console import err, info
+from common.errors import PipelineError
+from common.models import embedding_text, encode, load_embedder
+from common.readers import Document, read_documents
+from common.store import ChunkRow, Store
+from common.workspace import Workspace, model_fingerprint
+from embed.chunking import chunk_texts
+
+
+@dataclass
+class EmbedSettings:
+    model_dir: Path | None = None  # default: the model pretrain exported into the workspace
+    chunk_tokens: int = 200
+    overlap: int = 32
+    batch_size: int = 64
+    prune: bool = False
+    group_size: int = 256  # documents per transaction
+
+
+def content_hash(doc: Document) -> str:
+    return hashlib.sha256("\x1f".join((doc.title, doc.source, doc.text)).encode()).hexdigest()
+
+
+def source_documents(ws: Workspace, data: list[Path], text_field: str | None) -> Iterable[Document]:
+    """The user's --data, or else the sources pretraining used (the built-in corpus included)."""
+    if data:
+        return read_documents(data, text_field)
+    sources = ws.read_manifest().get("tokenizer", {}).get("sources")
+    if not sources:
+        raise PipelineError("no --data given and the workspace records no pretraining data to reuse")
+    if sources == ["<python standard library docstrings>"]:
+        from pretrain.default_corpus import stdlib_documents  # the same built-in corpus pretrain used
+        info("no --data given: embedding the built-in corpus pretraining used")
+        return stdlib_documents()
+    info(f"no --data given: embedding the pretraining data ({', '.join(sources)})")
+    return read_documents([Path(s) for s in sources], text_field)
+
+
+def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings: EmbedSettings) -> dict:
+    model_dir = settings.model_dir or ws.model_dir
+    if settings.model_dir is None and not (model_dir / "config.json").exists():
+        raise PipelineError(f"no model in {model_dir}: run `pipeline pretrain` first, or pass --model DIR")
+    if not model_dir.exists():
+        raise PipelineError(f"--model {model_dir}: no such directory")
+    if settings.chunk_tokens < 8 or not 0 <= settings.overlap < settings.chunk_tokens:
+        raise PipelineError(f"--chunk-tokens {settings.chunk_tokens} / --overlap {settings.overlap}: need chunk-tokens >= 8 and 0 <= overlap < chunk-tokens")
+    documents = list(source_documents(ws, data, text_field))
+    model = load_embedder(model_dir)
+    fingerprint = model_fingerprint(model_dir)
+    dim = model.get_embedding_dimension()
+    embedder_key = f"{fingerprint}|chunk={settings.chunk_tokens}|overlap={settings.overlap}"
+
+    with Store(ws.db_path) as store:
+        if store.get_meta("embedder") != embedder_key:
+            if store.counts()["documents"]:
+                info("the embedding model or chunking changed: every document is embedded again")
+            store.reset_vectors(dim, embedder_key)
+        stored = store.document_hashes()
+        todo = [d for d in documents if stored.get(d.id) != content_hash(d)]
+        gone = sorted(set(stored) - {d.id for d in documents})
+        if settings.prune and gone:
+            store.delete_documents(gone)
+            info(f"pruned {len(gone)} documents no longer in the source")
+        elif gone:
+            info(f"{len(gone)} stored documents are not in the source (keep them; --prune removes them)")
+        info(f"{len(documents)} documents: {len(todo)} new or changed, {len(documents) - len(todo)} unchanged")
+
+        start, n_chunks = time.perf_counter(), 0
+        next_id = store.next_chunk_id()
+        with Progress(TextColumn("embedding"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+                      TimeRemainingColumn(), console=err, transient=True) as bar:
+            task = bar.add_task("embed", total=len(todo), rate="")
+            for g in range(0, len(todo), settings.group_size):
+                group = todo[g:g + settings.group_size]
+                doc_chunks = chunk_texts([d.text for d in group], model.tokenizer, settings.chunk_tokens, settings.overlap)
+                rows: list[ChunkRow] = []
+                texts: list[str] = []
+                for doc, chunks in zip(group, doc_chunks):
+                    for c in chunks:
+                        rows.append(ChunkRow(next_id, doc.id, c.index, c.text, c.start_char, c.end_char, c.n_tokens))
+                        texts.append(embedding_text(doc.title, c.text))
+                        next_id += 1
+                vectors = encode(model, texts, settings.batch_size) if texts else np.zeros((0, dim), np.float32)
+                store.write_documents([(d.id, d.title, d.source, d.text, content_hash(d)) for d in group], rows, vectors)
+                n_chunks += len(rows)
+                done = g + len(group)
+                bar.update(task, completed=done, rate=f"{done / (time.perf_counter() - start):.1f} docs/s")
+        elapsed = time.perf_counter() - start
+        counts = store.counts()
+
+    summary = {"model_path": str(model_dir.resolve()), "fingerprint": fingerprint, "dim": dim,
+               "chunk_tokens": settings.chunk_tokens, "overlap": settings.overlap,
+               "documents": counts["documents"], "chunks": counts["chunks"], "embedded_documents": len(todo),
+               "embedded_chunks": n_chunks, "seconds": elapsed, "docs_per_s": len(todo) / elapsed if elapsed else None}
+    ws.update_manifest("embedder", summary)
+    rate = f", {summary['docs_per_s']:.1f} docs/s" if todo else ""
+    info(f"embedded {len(todo)} documents ({n_chunks} chunks) in {elapsed:.1f}s{rate}; store holds "
+         f"{counts['documents']} documents, {counts['chunks']} chunks")
+    return summary

@@ -1,0 +1,1 @@
+"""Index stage: a FAISS index over the stored chunk vectors."""

@@ -1,0 +1,108 @@
+"""`pipeline index`: build a FAISS index over the vectors in the store.
+
+Vectors are L2-normalised, so every index uses inner product (= cosine similarity). Chunk ids are
+kept through IndexIDMap2. The index file is written to a temporary name and renamed, so a crash
+mid-build leaves the previous index usable.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from common.console import info
+from common.errors import PipelineError
+from common.store import Store
+from common.workspace import Workspace, atomic_write_bytes
+
+INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")
+EXACT_LIMIT = 50_000  # below this many vectors exact search is fast enough and has perfect recall
+
+
+def choose_type(n: int) -> tuple[str, str]:
+    if n < EXACT_LIMIT:
+        return "flat", f"{n:,} vectors < {EXACT_LIMIT:,}: exact search is fast enough and has perfect recall"
+    if n < 2_000_000:
+        return "hnsw", f"{n:,} vectors >= {EXACT_LIMIT:,}: HNSW graph search is much faster than exact at high recall"
+    return "ivfpq", f"{n:,} vectors: IVF-PQ keeps the index small in memory"
+
+
+def factory_string(kind: str, dim: int, n: int) -> str:
+    """The FAISS index_factory description of each index type, sized for n vectors."""
+    n_lists = max(1, min(int(4 * math.sqrt(n)), n // 39))  # FAISS wants >= 39 training points per list
+    pq_parts = next(m for m in (32, 16, 8, 4, 2, 1) if dim % m == 0)
+    # PQ trains 2**bits centroids per part and wants ~39 points per centroid: fewer bits on small data.
+    pq_bits = max(4, min(8, int(math.log2(max(n, 1) / 39))))
+    return {
+        "flat": "IDMap2,Flat",
+        "hnsw": "IDMap2,HNSW32,Flat",
+        "ivf": f"IDMap2,IVF{n_lists},Flat",
+        "ivfpq": f"IDMap2,IVF{n_lists},PQ{pq_parts}x{pq_bits}",
+    }[kind]
+
+
+def make_index(kind: str, dim: int, n: int) -> faiss.Index:
+    index = faiss.index_factory(dim, factory_string(kind, dim, n), faiss.METRIC_INNER_PRODUCT)
+    inner = faiss.downcast_index(faiss.downcast_index(index).index)
+    if kind == "hnsw":
+        inner.hnsw.efConstruction = 80
+        inner.hnsw.efSearch = 64
+    elif kind in ("ivf", "ivfpq"):
+        inner.nprobe = min(inner.nlist, 16)
+    return index
+
+
+def recall_at_10(index: faiss.Index, ids: np.ndarray, vectors: np.ndarray, sample: int = 200, seed: int = 0) -> float:
+    """Share of the exact top-10 neighbours the index finds, for a sample of stored vectors as queries."""
+    rng = np.random.default_rng(seed)
+    queries = vectors[rng.choice(len(vectors), size=min(sample, len(vectors)), replace=False)]
+    k = min(10, len(vectors))
+    exact = faiss.IndexFlatIP(vectors.shape[1])
+    exact.add(vectors)
+    _, truth_rows = exact.search(queries, k)
+    _, found_ids = index.search(queries, k)
+    return float(np.mean([len(set(ids[t]) & set(f)) / k for t, f in zip(truth_rows, found_ids)]))
+
+
+def build_index(ws: Workspace, kind: str = "auto") -> dict:
+    if kind not in INDEX_TYPES:
+        raise PipelineError(f"--type: unknown index type '{kind}' (choose from {', '.join(INDEX_TYPES)})")
+    embedder = ws.require("embedder", "run `pipeline embed` first")
+    with Store(ws.db_path, read_only=True) as store:
+        ids, vectors = store.load_vectors()
+    if len(ids) == 0:
+        raise PipelineError(f"{ws.db_path}: no vectors stored; run `pipeline embed` first")
+    reason = f"--type {kind}"
+    if kind == "auto":
+        kind, reason = choose_type(len(ids))
+    if kind in ("ivf", "ivfpq") and len(ids) < 39:
+        raise PipelineError(f"--type {kind} needs at least 39 vectors to train, the store has {len(ids)}")
+    info(f"building a {kind} index over {len(ids):,} vectors of dimension {vectors.shape[1]} ({reason})")
+
+    start = time.perf_counter()
+    index = make_index(kind, vectors.shape[1], len(ids))
+    if not index.is_trained:
+        index.train(vectors)
+    index.add_with_ids(vectors, ids)
+    build_seconds = time.perf_counter() - start
+
+    recall = None
+    if kind != "flat":
+        recall = recall_at_10(index, ids, vectors)
+        info(f"recall@10 against exact search on a sample: {recall:.3f}")
+    path = ws.index_dir / "faiss.index"
+    atomic_write_bytes(path, faiss.serialize_index(index).tobytes())
+    summary = {"path": "index/faiss.index", "type": kind, "reason": reason, "vectors": int(len(ids)),
+               "dim": int(vectors.shape[1]), "embedder_fingerprint": embedder["fingerprint"],
+               "embedder_chunking": [embedder["chunk_tokens"], embedder["overlap"]],
+               "build_seconds": build_seconds, "recall_at_10": recall}
+    ws.update_manifest("index", summary)
+    info(f"built in {build_seconds:.2f}s; written to {path}")
+    return summary
+
+
+def load_index(path: Path) -> faiss.Index:
+    return faiss.deserialize_index(np.fromfile(path, dtype=np.uint8))
