@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Create .venv and install the project into it. Safe to run again: it skips work already done.
+# On a machine without an NVIDIA GPU it installs the CPU build of torch and no CUDA packages.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+TORCH_VERSION=2.13.0
+TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
+
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
+
+stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+if [ -f "$stamp" ]; then
+    exit 0
+fi
+
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        echo "setup: NVIDIA GPU found, installing torch $TORCH_VERSION with CUDA" >&2
+        "${PIP[@]}" install "torch==$TORCH_VERSION"
+    else
+        echo "setup: no GPU, installing the CPU build of torch $TORCH_VERSION" >&2
+        # A local wheel cache (pip's find-links) may already hold the CPU build; otherwise use PyTorch's CPU index.
+        "${PIP[@]}" install --no-deps --no-index "torch==$TORCH_VERSION" 2>/dev/null \
+            || "${PIP[@]}" install --no-deps "torch==$TORCH_VERSION" --index-url "$TORCH_CPU_INDEX"
+    fi
+fi
+# torch is in place, so its pin is already satisfied and no other build is pulled in.
+"${PIP[@]}" install -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" >&2 || true
+.venv/bin/python -c "import torch, transformers, sentence_transformers, faiss, duckdb" \
+    || { echo "setup: installation failed" >&2; exit 1; }
+rm -f .venv/.installed-*
+touch "$stamp"

@@ -1,0 +1,54 @@
+"""Shared fixtures: small slices of SciFact and one tiny trained workspace reused across tests."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCIFACT = REPO.parent / "shared" / "data" / "scifact"
+
+# A model small enough to train in seconds; the shapes are still GPT-2's.
+TINY_TRAINING = ["--preset", "tiny", "--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--seq-len", "32",
+                 "--batch-size", "8", "--vocab-size", "400", "--eval-every", "10", "--log-every", "1"]
+
+
+def run_cli(*args: str, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run the `pipeline` CLI as a user would, in a separate process."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run([sys.executable, str(REPO / "cli.py"), *args], capture_output=True, text=True,
+                            timeout=timeout, env=env, cwd=REPO)
+    if check and result.returncode != 0:
+        raise AssertionError(f"pipeline {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    return result
+
+
+def scifact_slice(path: Path, n: int, start: int = 0) -> Path:
+    lines = (SCIFACT / "corpus.jsonl").read_text().splitlines()[start:start + n]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def corpus_file(tmp_path_factory) -> Path:
+    if not SCIFACT.exists():
+        pytest.skip(f"{SCIFACT} not found (the shared SciFact data sits beside the repository)")
+    return scifact_slice(tmp_path_factory.mktemp("data") / "corpus.jsonl", 120)
+
+
+@pytest.fixture(scope="session")
+def trained_workspace(tmp_path_factory, corpus_file) -> Path:
+    """pretrain -> embed -> index on the SciFact slice, through the CLI. Tests must not modify it."""
+    ws = tmp_path_factory.mktemp("ws")
+    run_cli("pretrain", "-w", str(ws), "--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "20")
+    run_cli("embed", "-w", str(ws), "--chunk-tokens", "64", "--overlap", "8")
+    run_cli("index", "-w", str(ws))
+    return ws
+
+
+def read_metrics(ws: Path) -> list[dict]:
+    return [json.loads(line) for line in (ws / "metrics.jsonl").read_text().splitlines() if line]

@@ -1,0 +1,137 @@
+import json
+import shutil
+
+import faiss
+import numpy as np
+import pytest
+
+from common.errors import PipelineError
+from common.store import Store
+from common.workspace import Workspace
+from conftest import TINY_TRAINING, run_cli, scifact_slice, SCIFACT
+from embed import run as embed_run
+from embed.chunking import chunk_texts, window_starts
+from embed.run import EmbedSettings, run_embed
+from index.build import build_index, load_index
+
+
+def test_window_starts_overlap_and_cover_the_text():
+    assert window_starts(5, 8, 2) == [0]
+    assert window_starts(10, 4, 1) == [0, 3, 6]
+    for n, size, overlap in [(100, 16, 4), (17, 16, 4), (33, 8, 0)]:
+        starts = window_starts(n, size, overlap)
+        covered = set()
+        for s in starts:
+            covered.update(range(s, min(s + size, n)))
+        assert covered == set(range(n))
+        assert all(b - a <= size - overlap for a, b in zip(starts, starts[1:]))
+
+
+def test_chunks_are_slices_of_the_original_text(trained_workspace):
+    from common.models import load_embedder
+
+    model = load_embedder(trained_workspace / "model")
+    text = "Vitamin D deficiency is common. " * 20
+    (chunks,) = chunk_texts([text], model.tokenizer, size=16, overlap=4)
+    assert len(chunks) > 3
+    for c in chunks:
+        assert c.text == text[c.start_char:c.end_char] and c.n_tokens <= 16
+    assert chunks[0].start_char == 0 and chunks[-1].end_char == len(text.rstrip()) or chunks[-1].end_char == len(text)
+
+
+def copy_workspace(src, dst):
+    shutil.copytree(src, dst)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    manifest["embedder"]["model_path"] = str(dst / "model")
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return Workspace(dst)
+
+
+def test_incremental_embed_only_embeds_new_or_changed_and_prunes(trained_workspace, tmp_path):
+    ws = copy_workspace(trained_workspace, tmp_path / "ws")
+    data = tmp_path / "docs.jsonl"
+    rows = [json.loads(l) for l in (SCIFACT / "corpus.jsonl").read_text().splitlines()[:6]]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    settings = EmbedSettings(chunk_tokens=64, overlap=8)
+    first = run_embed(ws, [data], None, settings)
+    assert first["embedded_documents"] == 6  # another source than the one in the store: all new
+    assert run_embed(ws, [data], None, settings)["embedded_documents"] == 0
+
+    rows[2]["text"] += " An added sentence."
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows[:5]))  # one changed, one removed
+    again = run_embed(ws, [data], None, settings)
+    assert again["embedded_documents"] == 1
+    assert again["documents"] == first["documents"]  # kept without --prune
+    pruned = run_embed(ws, [data], None, EmbedSettings(chunk_tokens=64, overlap=8, prune=True))
+    assert pruned["documents"] == 5  # everything not in the current source is gone
+    with Store(ws.db_path, read_only=True) as store:
+        n_chunks = store.con.execute("SELECT count(*) FROM chunks WHERE doc_id = ?", [rows[5]["_id"]]).fetchall()[0][0]
+        text = store.con.execute("SELECT text FROM documents WHERE doc_id = ?", [rows[2]["_id"]]).fetchall()[0][0]
+    assert n_chunks == 0 and text.endswith("An added sentence.")
+
+
+def test_interrupted_embed_keeps_whole_documents_and_resumes(trained_workspace, tmp_path, monkeypatch, corpus_file):
+    ws = Workspace(tmp_path / "ws")
+    ws.create()
+    shutil.copytree(trained_workspace / "model", ws.model_dir)
+    real_encode, calls = embed_run.encode, []
+
+    def encode_then_crash(*args, **kwargs):  # simulates Ctrl-C during the second group of documents
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_encode(*args, **kwargs)
+
+    monkeypatch.setattr(embed_run, "encode", encode_then_crash)
+    settings = EmbedSettings(chunk_tokens=64, overlap=8, group_size=40)
+    with pytest.raises(KeyboardInterrupt):
+        run_embed(ws, [corpus_file], None, settings)
+    with Store(ws.db_path, read_only=True) as store:
+        counts = store.counts()
+        orphans = store.con.execute(
+            "SELECT count(*) FROM documents d WHERE NOT EXISTS (SELECT 1 FROM chunks c WHERE c.doc_id = d.doc_id)").fetchall()[0][0]
+        unvectored = store.con.execute(
+            "SELECT count(*) FROM chunks c WHERE NOT EXISTS (SELECT 1 FROM vectors v WHERE v.chunk_id = c.chunk_id)").fetchall()[0][0]
+    assert counts["documents"] == 40 and orphans == 0 and unvectored == 0
+    monkeypatch.setattr(embed_run, "encode", real_encode)
+    resumed = run_embed(ws, [corpus_file], None, settings)
+    assert resumed["embedded_documents"] == 80 and resumed["documents"] == 120
+
+
+def test_each_index_type_finds_stored_vectors(trained_workspace, tmp_path):
+    ws = copy_workspace(trained_workspace, tmp_path / "ws")
+    with Store(ws.db_path, read_only=True) as store:
+        ids, vectors = store.load_vectors()
+    for kind in ("flat", "hnsw", "ivf", "ivfpq"):
+        summary = build_index(ws, kind)
+        index = load_index(ws.root / summary["path"])
+        assert index.ntotal == len(ids) and summary["type"] == kind
+        _, found = index.search(vectors[:5], 1)
+        if kind == "flat":
+            assert summary["recall_at_10"] is None
+            np.testing.assert_array_equal(found[:, 0], ids[:5])
+        else:
+            assert 0.0 <= summary["recall_at_10"] <= 1.0
+            assert set(found[:, 0]) <= set(ids)
+    assert build_index(ws, "auto")["type"] == "flat"
+
+
+def test_index_failure_leaves_the_previous_index(trained_workspace, tmp_path, monkeypatch):
+    ws = copy_workspace(trained_workspace, tmp_path / "ws")
+    before = (ws.index_dir / "faiss.index").read_bytes()
+
+    def crash(*args):  # the process dies while serialising the new index
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(faiss, "serialize_index", crash)
+    with pytest.raises(KeyboardInterrupt):
+        build_index(ws, "hnsw")
+    assert (ws.index_dir / "faiss.index").read_bytes() == before
+    assert [p.name for p in ws.index_dir.iterdir()] == ["faiss.index"]
+
+
+def test_unknown_index_type_and_index_before_embed(tmp_path):
+    with pytest.raises(PipelineError, match="unknown index type 'annoy'"):
+        build_index(Workspace(tmp_path), "annoy")
+    with pytest.raises(PipelineError, match="has no embedder: run `pipeline embed` first"):
+        build_index(Workspace(tmp_path), "flat")

@@ -1,0 +1,105 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, TINY_TRAINING, read_metrics, run_cli
+from pretrain.config import TrainConfig, model_config_for
+from pretrain.data import step_sample_indices
+from pretrain.model import GPT, lm_loss
+from pretrain.train import lr_multiplier
+
+
+def test_lr_schedule_warms_up_then_decays_to_the_floor():
+    cfg = TrainConfig(max_steps=100, warmup_steps=10, min_lr_ratio=0.1)
+    multipliers = [lr_multiplier(s, cfg) for s in range(100)]
+    assert multipliers[0] == pytest.approx(0.1) and multipliers[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(multipliers[10:], multipliers[11:]))
+    assert multipliers[-1] == pytest.approx(0.1, abs=1e-3)
+
+
+def test_batches_depend_only_on_seed_and_step_and_cover_each_epoch():
+    first = [step_sample_indices(s, 4, 10, seed=7) for s in range(5)]  # 20 samples = 2 epochs of 10 windows
+    assert first == [step_sample_indices(s, 4, 10, seed=7) for s in range(5)]
+    flat = [i for batch in first for i in batch]
+    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:]) == list(range(10))
+    assert flat != [i for s in range(5) for i in step_sample_indices(s, 4, 10, seed=8)]
+
+
+def test_model_learns_a_repeated_sequence():
+    torch.manual_seed(0)
+    model = GPT(model_config_for("tiny", vocab_size=50, seq_len=16, n_layer=2, n_embd=32, n_head=2))
+    x = torch.arange(17).remainder(50).unsqueeze(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(30):
+        loss = lm_loss(model(x[:, :-1]), x[:, 1:])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < 0.2 * losses[0]
+
+
+def test_export_matches_training_model_in_transformers_and_loads_in_sentence_transformers(trained_workspace):
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModelForCausalLM
+
+    from pretrain.train import build_optimizer, checkpoint_dirs, config_from_checkpoint, load_checkpoint
+    from common.workspace import Workspace
+
+    ws = Workspace(trained_workspace)
+    checkpoint = checkpoint_dirs(ws)[-1]
+    cfg = config_from_checkpoint(checkpoint)
+    model = GPT(cfg.model)
+    optimizer = build_optimizer(model, cfg)
+    load_checkpoint(checkpoint, model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0))
+    model.eval()
+    hf = AutoModelForCausalLM.from_pretrained(ws.model_dir).eval()
+    tokens = torch.randint(0, cfg.model.vocab_size, (2, 24))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(tokens).logits, model(tokens), rtol=0, atol=1e-5)
+    embedder = SentenceTransformer(str(ws.model_dir), device="cpu")
+    vectors = embedder.encode(["a short sentence", "another, somewhat longer sentence"])
+    assert vectors.shape == (2, cfg.model.n_embd) and np.isfinite(vectors).all()
+
+
+def test_killed_run_resumes_to_the_same_final_loss(tmp_path, corpus_file):
+    args = ["--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "16", "--checkpoint-every", "4"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    run_cli("pretrain", "-w", str(straight), *args)
+
+    process = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "pretrain", "-w", str(killed), *args],
+                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while not (killed / "checkpoints" / "step_00000008").exists():
+        assert process.poll() is None, "training ended before it could be killed"
+        assert time.time() < deadline
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (killed / "model").exists()
+
+    result = run_cli("pretrain", "-w", str(killed), "--resume")
+    assert "resumed from" in result.stderr
+    want = [m["loss"] for m in read_metrics(straight) if m["event"] == "train"]
+    got = [m["loss"] for m in read_metrics(killed) if m["event"] == "train"]
+    assert len(got) == len(want) == 16
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
+    result = run_cli("pretrain", "-w", str(tmp_path), "--resume", check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: --resume: no checkpoint in {tmp_path / 'checkpoints'}"]
+
+
+def test_default_corpus_is_used_without_data_and_said(tmp_path):
+    result = run_cli("pretrain", "-w", str(tmp_path), *TINY_TRAINING, "--max-steps", "2", "--vocab-size", "300")
+    assert "built-in corpus of Python standard library docstrings" in result.stderr
+    assert (tmp_path / "model" / "model.safetensors").exists()

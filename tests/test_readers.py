@@ -1,0 +1,79 @@
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from common.errors import PipelineError
+from common.readers import read_documents
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_reads_every_format_with_ids_titles_and_sources(tmp_path):
+    (tmp_path / "notes.md").write_text("# Heading here\nbody of the note\n")
+    (tmp_path / "plain.txt").write_text("just text\n")
+    write_jsonl(tmp_path / "a.jsonl", [{"_id": "j1", "title": "T1", "text": "first"}, {"_id": "j2", "text": "second"}])
+    (tmp_path / "b.json").write_text(json.dumps([{"id": "k1", "content": "from json"}]))
+    (tmp_path / "c.csv").write_text("doc_id,title,body\nc1,Title C,csv body text\n")
+    duckdb.sql(f"COPY (SELECT 'p1' AS id, 'parquet text' AS text) TO '{tmp_path / 'd.parquet'}' (FORMAT parquet)")
+    docs = {d.id: d for d in read_documents([tmp_path])}
+    assert set(docs) == {str(tmp_path / "notes.md"), str(tmp_path / "plain.txt"), "j1", "j2", "k1", "c1", "p1"}
+    assert docs[str(tmp_path / "notes.md")].title == "Heading here"
+    assert docs[str(tmp_path / "plain.txt")].title == "plain"
+    assert docs["j1"].title == "T1" and docs["j1"].text == "first" and docs["j1"].source == str(tmp_path / "a.jsonl")
+    assert docs["k1"].text == "from json"
+    assert docs["c1"].text == "csv body text" and docs["c1"].title == "Title C"
+    assert docs["p1"].text == "parquet text"
+
+
+def test_text_field_option_and_unknown_field(tmp_path):
+    f = write_jsonl(tmp_path / "x.jsonl", [{"id": "1", "summary": "s", "text": "t"}])
+    assert [d.text for d in read_documents([f], text_field="summary")] == ["s"]
+    with pytest.raises(PipelineError, match=r"x\.jsonl: no text field 'nope' \(fields: id, summary, text\)"):
+        list(read_documents([f], text_field="nope"))
+
+
+def test_undetectable_text_field_names_the_fields(tmp_path):
+    f = write_jsonl(tmp_path / "x.jsonl", [{"id": "1", "words": "w"}])
+    with pytest.raises(PipelineError, match=r"x\.jsonl:1: no text field found \(fields: id, words\)"):
+        list(read_documents([f]))
+
+
+def test_broken_jsonl_line_is_reported_as_file_and_line(tmp_path):
+    f = tmp_path / "bad.jsonl"
+    f.write_text('{"id": "1", "text": "ok"}\n{"id": "2", "text": \n')
+    with pytest.raises(PipelineError, match=r"bad\.jsonl:2: invalid JSON"):
+        list(read_documents([f]))
+
+
+def test_binary_and_non_utf8_files_are_skipped_with_a_warning(tmp_path, capsys):
+    (tmp_path / "good.txt").write_text("fine")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (tmp_path / "blob.txt").write_bytes(b"\x00\x01\x02binary")
+    docs = list(read_documents([tmp_path]))
+    assert [Path(d.id).name for d in docs] == ["good.txt"]
+    warnings = capsys.readouterr().err
+    assert "latin1.txt: not UTF-8 (byte 0xe9 at offset 3)" in warnings
+    assert "blob.txt: binary file" in warnings
+
+
+def test_missing_path_empty_corpus_and_duplicates(tmp_path):
+    with pytest.raises(PipelineError, match="no such file or directory"):
+        list(read_documents([tmp_path / "absent"]))
+    (tmp_path / "empty.txt").write_text("   \n")
+    with pytest.raises(PipelineError, match="empty corpus"):
+        list(read_documents([tmp_path / "empty.txt"]))
+    f = write_jsonl(tmp_path / "dup.jsonl", [{"id": "1", "text": "a"}, {"id": "1", "text": "b"}])
+    with pytest.raises(PipelineError, match=r"dup\.jsonl:2: duplicate document id '1' \(first seen at .*dup\.jsonl:1\)"):
+        list(read_documents([f]))
+
+
+def test_unreadable_parquet_is_one_clear_error(tmp_path):
+    f = tmp_path / "broken.parquet"
+    f.write_bytes(b"not a parquet file")
+    with pytest.raises(PipelineError, match=r"broken\.parquet: cannot read as parquet"):
+        list(read_documents([f]))
