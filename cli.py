@@ -68,7 +68,27 @@ def pretrain(
     eval_every: Annotated[int, typer.Option(help="Validation every N steps.")] = 100,
     checkpoint_every: Annotated[int, typer.Option(help="Checkpoint every N steps.")] = 100,
     log_every: Annotated[int, typer.Option(help="Log metrics every N steps.")] = 10,
-    resume: Annotated[bool, typer.Option(help="Continue from the latest checkpoint in the workspace.")] = False,
+    resume: Annotated[bool, typer.Option(help="Continue from the latest checkpoint in the workspace (under any plan).")] = False,
+    nproc: Annotated[Optional[int], typer.Option(help="Processes on this node (default: number of GPUs, 1 on CPU).")] = None,
+    nnodes: Annotated[int, typer.Option(help="Nodes in the job.")] = 1,
+    node_rank: Annotated[int, typer.Option(help="This node's rank (multi-node).")] = 0,
+    master_addr: Annotated[Optional[str], typer.Option(help="Address of node 0 (multi-node).")] = None,
+    master_port: Annotated[Optional[int], typer.Option(help="Port on node 0 (multi-node).")] = None,
+    strategy: Annotated[Optional[str], typer.Option(help="single, ddp, fsdp, tp, pp or hybrid (default: from the degrees).")] = None,
+    dp: Annotated[Optional[int], typer.Option(help="Data-parallel degree (DDP for ddp, FSDP otherwise).")] = None,
+    dp_replicate: Annotated[Optional[int], typer.Option(help="Replicate degree (with --dp-shard: HSDP).")] = None,
+    dp_shard: Annotated[Optional[int], typer.Option(help="FSDP shard degree.")] = None,
+    tp: Annotated[Optional[int], typer.Option(help="Tensor-parallel degree.")] = None,
+    pp: Annotated[Optional[int], typer.Option(help="Pipeline-parallel degree.")] = None,
+    pp_schedule: Annotated[str, typer.Option(help="gpipe, 1f1b, interleaved-1f1b, looped-bfs, zero-bubble or zbv.")] = "1f1b",
+    microbatches: Annotated[Optional[int], typer.Option(help="Pipeline microbatches per step (default: --pp).")] = None,
+    stages_per_rank: Annotated[Optional[int], typer.Option(help="Pipeline stages per rank (multi-stage schedules; default 2).")] = None,
+    pp_split: Annotated[Optional[str], typer.Option(help="Layers per pipeline stage, e.g. 5,3 (default: even).")] = None,
+    bf16: Annotated[Optional[bool], typer.Option("--bf16/--no-bf16", help="bf16 autocast (default: on with a GPU).")] = None,
+    compile_model: Annotated[bool, typer.Option("--compile", help="torch.compile each block.")] = False,
+    ac: Annotated[bool, typer.Option("--ac", help="Activation checkpointing of each block.")] = False,
+    fused_adamw: Annotated[Optional[bool], typer.Option("--fused-adamw/--no-fused-adamw", help="Fused AdamW (default: on with a GPU).")] = None,
+    dist_timeout: Annotated[float, typer.Option(help="Seconds a collective may wait for a peer before the job fails.")] = 300.0,
     json_output: JsonOption = False,
 ):
     """Train a tokenizer and a GPT-2 on your documents, then export it in Hugging Face format.
@@ -82,11 +102,28 @@ def pretrain(
         pipeline pretrain --data corpus.jsonl --text-field body --tokens 2000000
 
         pipeline pretrain --resume                         # continue after an interruption
+
+        pipeline pretrain --nproc 4 --strategy fsdp        # 4 processes (torchrun), sharded data parallel
+
+        pipeline pretrain --nproc 4 --strategy hybrid --dp 2 --pp 2 --pp-schedule interleaved-1f1b
     """
+    import torch
+
     from pretrain.config import PRESET_TRAINING, PRESETS, TrainConfig, model_config_for
-    from pretrain.train import checkpoint_dirs, config_from_checkpoint, prepare_data, train
+    from pretrain.launch import default_nproc, parse_split, run_training
+    from pretrain.parallel import ParallelConfig
+    from pretrain.train import checkpoint_dirs, config_from_checkpoint, prepare_data
 
     ws = Workspace(workspace).create()
+    nproc = nproc if nproc is not None else default_nproc()
+    cuda = torch.cuda.is_available()
+    plan = ParallelConfig.resolve(
+        strategy, nproc * nnodes, dp=dp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp,
+        pp_schedule=pp_schedule, microbatches=microbatches or 0, stages_per_rank=stages_per_rank or 0,
+        pp_split=parse_split(pp_split), bf16=cuda if bf16 is None else bf16, compile=compile_model, ac=ac,
+        fused_adamw=cuda if fused_adamw is None else fused_adamw, timeout_s=dist_timeout,
+    )
+    launch_args = dict(nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port)
     if resume:
         checkpoints = checkpoint_dirs(ws)
         if not checkpoints:
@@ -94,7 +131,7 @@ def pretrain(
         cfg = config_from_checkpoint(checkpoints[-1])
         if max_steps is not None:
             cfg.max_steps = max_steps
-        summary = train(ws, cfg, resume_from=checkpoints[-1])
+        summary = run_training(ws, cfg, plan, checkpoints[-1], **launch_args)
     else:
         if preset not in PRESETS:
             raise PipelineError(f"--preset: unknown preset '{preset}' (choose from {', '.join(PRESETS)})")
@@ -113,11 +150,13 @@ def pretrain(
             grad_accum=grad_accum, lr=lr or defaults["lr"], seed=seed, vocab_size=vocab,
             eval_every=eval_every, checkpoint_every=checkpoint_every, log_every=log_every,
         )
-        meta = prepare_data(ws, list(data or []), text_field, cfg)
-        cfg.model = model_config_for(preset, meta["vocab_size"], seq_len, **overrides)
+        cfg.model = model_config_for(preset, vocab, seq_len, **overrides)
         if cfg.model.n_embd % cfg.model.n_head:
             raise PipelineError(f"--n-embd {cfg.model.n_embd} is not divisible by --n-head {cfg.model.n_head}")
-        summary = train(ws, cfg)
+        plan.validate(cfg.model, cfg, cuda)  # fail before the data is prepared
+        meta = prepare_data(ws, list(data or []), text_field, cfg)  # once, in this process: workers only train
+        cfg.model = model_config_for(preset, meta["vocab_size"], seq_len, **overrides)
+        summary = run_training(ws, cfg, plan, None, **launch_args)
     if json_output:
         out.print_json(json.dumps(summary))
 

@@ -73,3 +73,10 @@ def model_config_for(preset: str, vocab_size: int, seq_len: int, **overrides) ->
     shape["block_size"] = max(shape["block_size"], seq_len)
     shape.update(overrides)
     return ModelConfig(vocab_size=vocab_size, **shape)
+
+
+def train_config_from_dict(raw: dict) -> TrainConfig:
+    """The inverse of dataclasses.asdict(TrainConfig): for checkpoints and for launching workers."""
+    raw = dict(raw)
+    model = ModelConfig(**raw.pop("model"))
+    return TrainConfig(**raw, model=model)

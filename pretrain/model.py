@@ -13,6 +13,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from pretrain.config import ModelConfig
 
@@ -58,8 +59,14 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.n_embd)
         self.mlp = MLP(cfg)
+        self.checkpoint_activations = False  # recompute this block in backward instead of storing activations
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.checkpoint_activations and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 

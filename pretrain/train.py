@@ -1,6 +1,9 @@
 """The pretraining run: data preparation, the training loop, checkpoints and export.
 
 Read top to bottom: prepare_data() builds the tokenizer and token files, train() runs the loop.
+The loop is the same for one process and for every parallel plan: pretrain/parallel.py turns the
+model into a ParallelModel (model parts on this rank, and a pipeline schedule under PP) and
+train() only talks to that.
 """
 from __future__ import annotations
 
@@ -16,8 +19,9 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict
 
 from common.console import info, warn
 from common.errors import PipelineError
@@ -28,7 +32,10 @@ from pretrain.data import TokenWindows, step_sample_indices, write_token_files
 from pretrain.default_corpus import stdlib_documents
 from pretrain.export import export_model
 from pretrain.hardware import measure_matmul_flops
+from pretrain.metrics import CommunicationTimer, Stopwatch, peak_memory_mb
 from pretrain.model import GPT, lm_loss
+from pretrain.parallel import (Parallel, ParallelConfig, ParallelModel, build_mesh, clip_grad_norm, describe_rank,
+                               parallelize, stage_layers)
 from pretrain.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 
 
@@ -62,12 +69,12 @@ def prepare_data(ws: Workspace, data_paths: list[Path], text_field: str | None, 
 
 # ---------------------------------------------------------------- optimisation
 
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = False) -> torch.optim.Optimizer:
     """AdamW; weight decay on matrices only (not biases, LayerNorms)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, **({"fused": True} if fused else {}))
 
 
 def lr_multiplier(step: int, cfg: TrainConfig) -> float:
@@ -79,6 +86,13 @@ def lr_multiplier(step: int, cfg: TrainConfig) -> float:
 
 
 # ---------------------------------------------------------------- checkpoints
+#
+# A checkpoint holds the state of the whole model whatever the plan that wrote it: every rank
+# contributes its parameters (FSDP/TP shards, pipeline stages) under their full-model names, and
+# DCP stores each tensor once. The optimizer state is flattened ("state.<param>.exp_avg") so model
+# parts of a pipeline merge into one dictionary. The tied embedding's optimizer state is always
+# stored under tok_emb.weight, as in the unsplit model, even by a last stage that holds it as
+# lm_head.weight.
 
 def checkpoint_dirs(ws: Workspace) -> list[Path]:
     if not ws.checkpoints_dir.exists():
@@ -86,39 +100,77 @@ def checkpoint_dirs(ws: Workspace) -> list[Path]:
     return sorted(p for p in ws.checkpoints_dir.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
 
 
-def save_checkpoint(ws: Workspace, step: int, model, optimizer, scheduler, cfg: TrainConfig, keep: int = 2) -> Path:
-    """Save model, optimizer, scheduler and RNG state with torch.distributed.checkpoint.
+def _holds_head_only(module: torch.nn.Module) -> bool:
+    return module.lm_head is not None and module.tok_emb is None
 
-    Written to step_N.tmp and renamed when complete, so a crash never leaves a half checkpoint
-    that --resume would pick up.
+
+def _part_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    model_state, optim_state = get_state_dict(module, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True))
+    if _holds_head_only(module):
+        optim_state = {k.replace(".lm_head.weight.", ".tok_emb.weight."): v for k, v in optim_state.items()}
+    return {"model": model_state, "optim": optim_state}
+
+
+def _merge(states: list[dict]) -> dict:
+    merged: dict = {"model": {}, "optim": {}}
+    for state in states:
+        for section, values in state.items():
+            for key, value in values.items():
+                merged[section].setdefault(key, value)
+    return merged
+
+
+def save_checkpoint(ws: Workspace, step: int, pm: ParallelModel, optimizers, schedulers, cfg: TrainConfig, keep: int = 2) -> Path:
+    """Save model, optimizer, scheduler and RNG state with torch.distributed.checkpoint (a collective).
+
+    Written to step_N.tmp and renamed by rank 0 when complete, so a crash never leaves a half
+    checkpoint that --resume would pick up.
     """
     final = ws.checkpoints_dir / f"step_{step:08d}"
     tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=tmp)
-    train_state = {
-        "step": step,  # optimizer steps done = index of the next batch: the data position
-        "scheduler": scheduler.state_dict(),
-        "torch_rng": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
-        "config": asdict(cfg),
-    }
-    atomic_write_json(tmp / "train_state.json", train_state)
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    for old in checkpoint_dirs(ws)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    main = pm.par.rank == 0
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    barrier(pm.par)
+    dcp.save(_merge([_part_state(m, o) for m, o in zip(pm.modules(), optimizers)]), checkpoint_id=tmp)
+    if main:
+        train_state = {
+            "step": step,  # optimizer steps done = index of the next batch: the data position
+            "scheduler": schedulers[0].state_dict(),
+            "torch_rng": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+            "config": asdict(cfg),
+            "plan": pm.par.config.to_dict(),  # informational: any plan can resume it
+        }
+        atomic_write_json(tmp / "train_state.json", train_state)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in checkpoint_dirs(ws)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier(pm.par)
     return final
 
 
-def load_checkpoint(path: Path, model, optimizer, scheduler) -> int:
-    """Restore everything save_checkpoint wrote; returns the step to continue from."""
-    model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+def load_checkpoint(path: Path, pm: ParallelModel, optimizers, schedulers) -> int:
+    """Restore everything save_checkpoint wrote, under this run's plan; returns the step to continue from."""
+    states = [_part_state(m, o) for m, o in zip(pm.modules(), optimizers)]
+    merged = _merge(states)
+    dcp.load(merged, checkpoint_id=path)
+    for module, optimizer, state in zip(pm.modules(), optimizers, states):
+        for section, values in state.items():
+            for key, value in values.items():
+                loaded = merged[section][key]
+                if not isinstance(value, torch.Tensor):
+                    values[key] = loaded
+                elif loaded is not value:  # a second copy of the tied weight on this rank (zbv)
+                    value.copy_(loaded)
+        optim_state = state["optim"]
+        if _holds_head_only(module):
+            optim_state = {k.replace(".tok_emb.weight.", ".lm_head.weight."): v for k, v in optim_state.items()}
+        set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=optim_state,
+                       options=StateDictOptions(flatten_optimizer_state_dict=True))
     train_state = json.loads((path / "train_state.json").read_text())
-    scheduler.load_state_dict(train_state["scheduler"])
+    for scheduler in schedulers:
+        scheduler.load_state_dict(train_state["scheduler"])
     rng = torch.frombuffer(bytearray(base64.b64decode(train_state["torch_rng"])), dtype=torch.uint8)
     torch.set_rng_state(rng)
     return train_state["step"]
@@ -128,6 +180,26 @@ def config_from_checkpoint(path: Path) -> TrainConfig:
     raw = json.loads((path / "train_state.json").read_text())["config"]
     model = ModelConfig(**raw.pop("model"))
     return TrainConfig(**raw, model=model)
+
+
+def full_state_dict(pm: ParallelModel) -> dict[str, torch.Tensor] | None:
+    """The whole model's weights as plain CPU tensors on rank 0 (None elsewhere): FSDP and TP shards
+    are gathered by get_model_state_dict; pipeline stages are then gathered over the pp group."""
+    par = pm.par
+    if par.config.pp == 1:
+        state = get_model_state_dict(pm.modules()[0], options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return state if par.rank == 0 else None
+    state = {}
+    for module in pm.modules():
+        part = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
+        state.update({k: v.detach().cpu() for k, v in part.items()})
+    if any(par.coord(dim) for dim in ("dp_replicate", "dp_shard", "tp")):
+        return None  # a copy of what the pipeline of rank 0's coordinates holds
+    gathered = [None] * par.config.pp if par.rank == 0 else None
+    dist.gather_object(state, gathered, dst=0, group=par.pp_group())
+    if par.rank != 0:
+        return None
+    return {k: v for stage_state in gathered for k, v in stage_state.items()}
 
 
 # ---------------------------------------------------------------- metrics and progress
@@ -157,87 +229,194 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def barrier(par: Parallel) -> None:
+    if par.world_size > 1:
+        dist.barrier()
+
+
+def gather_floats(par: Parallel, values: list[float]) -> list[list[float]]:
+    """The same few numbers from every rank, in rank order."""
+    if par.world_size == 1:
+        return [list(values)]
+    mine = torch.tensor(values, dtype=torch.float64)
+    everyone = [torch.empty_like(mine) for _ in range(par.world_size)]
+    dist.all_gather(everyone, mine)
+    return [t.tolist() for t in everyone]
+
+
+_peak_flops: dict[tuple, float] = {}
+
+
+def job_peak_flops(par: Parallel) -> float:
+    """Sustained matmul FLOP/s of the whole job: every rank measures at once (so ranks sharing a
+    CPU share it) and the results are summed. Measured once per process."""
+    key = (par.device.type, par.world_size)
+    if key not in _peak_flops:
+        mine = torch.tensor([measure_matmul_flops(par.device)], dtype=torch.float64)
+        if par.world_size > 1:
+            dist.all_reduce(mine)
+        _peak_flops[key] = mine.item()
+    return _peak_flops[key]
+
+
+def theoretical_bubble(config: ParallelConfig) -> float | None:
+    """Idle fraction of a pipeline step in theory: (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v·m+p-1)
+    for interleaved 1F1B with v stages per rank (Narayanan et al., 2021)."""
+    p, m = config.pp, config.n_microbatches
+    if p == 1:
+        return 0.0
+    if config.pp_schedule in ("gpipe", "1f1b"):
+        return (p - 1) / (m + p - 1)
+    if config.pp_schedule == "interleaved-1f1b":
+        return (p - 1) / (config.n_stages_per_rank * m + p - 1)
+    return None
+
+
+def print_layout(pm: ParallelModel, cfg: TrainConfig) -> None:
+    """Rank 0 prints which rank holds which layers and shards."""
+    par, plan = pm.par, pm.par.config
+    lines = [describe_rank(pm, cfg)]
+    if par.world_size > 1:
+        everyone = [None] * par.world_size
+        dist.all_gather_object(everyone, lines[0])
+        lines = everyone
+    if par.rank != 0:
+        return
+    backend = dist.get_backend() if par.world_size > 1 else "no process group"
+    info(f"plan: {plan.strategy}, {plan.shape()} on {par.world_size} {par.device.type.upper()} process(es) ({backend}); "
+         f"global batch {cfg.batch_size} × {cfg.seq_len} tokens")
+    if plan.pp > 1:
+        local = cfg.batch_size // plan.dp
+        info(f"pipeline: schedule {plan.pp_schedule}, {plan.num_stages} stages ({plan.n_stages_per_rank} per rank), "
+             f"layers per stage {stage_layers(plan, cfg.model.n_layer)}, {plan.n_microbatches} microbatches of "
+             f"{local // plan.n_microbatches} sequences per step")
+    for line in lines:
+        info("  " + line)
+
+
 # ---------------------------------------------------------------- the loop
 
 @torch.no_grad()
-def evaluate(model, val: TokenWindows, cfg: TrainConfig) -> float:
-    model.eval()
-    n = min(len(val), cfg.eval_batches * cfg.micro_batch_size)
+def evaluate(pm: ParallelModel, val: TokenWindows, cfg: TrainConfig) -> float:
+    """Mean loss over up to eval_batches global batches of validation windows (wrapping around a small set)."""
+    for part in pm.parts:
+        part.eval()
+    par = pm.par
+    local = cfg.batch_size // par.config.dp
+    n_batches = max(1, math.ceil(min(len(val), cfg.eval_batches * cfg.batch_size) / cfg.batch_size))
     losses = []
-    for start in range(0, n, cfg.micro_batch_size):
-        x, y = val.batch(range(start, min(n, start + cfg.micro_batch_size)))
-        losses.append(lm_loss(model(x), y).item())
-    model.train()
+    for b in range(n_batches):
+        start = b * cfg.batch_size + par.dp_rank * local
+        x, y = val.batch([(start + j) % len(val) for j in range(local)])
+        losses.append(pm.global_mean(pm.eval_loss(x.to(par.device), y.to(par.device), cfg.grad_accum)))
+    for part in pm.parts:
+        part.train()
     return sum(losses) / len(losses)
 
 
-def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None) -> dict:
-    """Run (or continue) training; export the final model. Returns a summary."""
+def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan: ParallelConfig | None = None,
+          export: bool = True) -> dict:
+    """Run (or continue) training under a parallel plan (one process by default); export the final model.
+
+    Every rank of the job calls this; rank 0 alone writes metrics, the manifest and the export.
+    Returns a summary (on rank 0; other ranks get {}).
+    """
+    plan = plan or ParallelConfig()
+    plan.validate(cfg.model, cfg, cuda=torch.cuda.is_available())
+    par = build_mesh(plan)
+    main = par.rank == 0
     torch.manual_seed(cfg.seed)
-    model = GPT(cfg.model)
-    optimizer = build_optimizer(model, cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, cfg))
+    model = GPT(cfg.model)  # the full model, identical on every rank; parallelize() splits and shards it
+    n_params, flops_per_token = model.num_params(), model.flops_per_token(cfg.seq_len)
+    pm = parallelize(model, par, lm_loss)
+    del model
+    optimizers = [build_optimizer(part, cfg, fused=plan.fused_adamw) for part in pm.parts]
+    schedulers = [torch.optim.lr_scheduler.LambdaLR(o, lambda step: lr_multiplier(step, cfg)) for o in optimizers]
     start_step = 0
     if resume_from is not None:
-        start_step = load_checkpoint(resume_from, model, optimizer, scheduler)
-        info(f"resumed from {resume_from} at step {start_step}")
-    else:
+        start_step = load_checkpoint(resume_from, pm, optimizers, schedulers)
+        if main:
+            info(f"resumed from {resume_from} at step {start_step}")
+    elif main:
         shutil.rmtree(ws.checkpoints_dir, ignore_errors=True)
+    barrier(par)
 
     train_windows = TokenWindows.open(ws.data_dir, "train", cfg.seq_len)
     val_windows = TokenWindows.open(ws.data_dir, "val", cfg.seq_len)
-    if cfg.batch_size % cfg.grad_accum:
-        raise PipelineError(f"--batch-size {cfg.batch_size} is not divisible by --grad-accum {cfg.grad_accum}")
-    metrics = MetricsLog(ws.metrics_path, start_step if resume_from else None)
-    peak_flops = measure_matmul_flops()
-    flops_per_token = model.flops_per_token(cfg.seq_len)
+    metrics = MetricsLog(ws.metrics_path, start_step if resume_from else None) if main else None
+    peak_flops = job_peak_flops(par)
     tokens_per_step = cfg.batch_size * cfg.seq_len
-    info(f"model: {model.num_params() / 1e6:.2f}M parameters, {cfg.model.n_layer} layers, d={cfg.model.n_embd}; "
-         f"{cfg.max_steps} steps of {tokens_per_step:,} tokens; {len(train_windows):,} training windows")
+    local_batch = cfg.batch_size // plan.dp
+    if main:
+        info(f"model: {n_params / 1e6:.2f}M parameters, {cfg.model.n_layer} layers, d={cfg.model.n_embd}; "
+             f"{cfg.max_steps} steps of {tokens_per_step:,} tokens; {len(train_windows):,} training windows")
+    print_layout(pm, cfg)
 
-    model.train()
+    for part in pm.parts:
+        part.train()
     loss_value, val_loss = float("nan"), None
     run_start = last_log = time.perf_counter()
     steps_since_log = 0
     for step in range(start_step, cfg.max_steps):
-        indices = step_sample_indices(step, cfg.batch_size, len(train_windows), cfg.seed)
-        x, y = train_windows.batch(indices)
-        loss_sum = 0.0
-        for micro_x, micro_y in zip(x.chunk(cfg.grad_accum), y.chunk(cfg.grad_accum)):
-            loss = lm_loss(model(micro_x), micro_y) / cfg.grad_accum
-            loss.backward()
-            loss_sum += loss.item()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip).item()
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss_value = loss_sum
-        steps_since_log += 1
         done = step + 1
+        logged = done % cfg.log_every == 0 or done == cfg.max_steps
+        # This rank's slice of the global batch of this step (the same batch under every plan).
+        indices = step_sample_indices(step, cfg.batch_size, len(train_windows), cfg.seed)
+        x, y = train_windows.batch(indices[par.dp_rank * local_batch:(par.dp_rank + 1) * local_batch])
+        x, y = x.to(par.device), y.to(par.device)
+        pm.set_timing(logged)  # the last step of each log window is measured in detail
+        with CommunicationTimer(par.device, enabled=logged and par.world_size > 1) as comm, Stopwatch(par.device) as watch:
+            local_loss = pm.forward_backward(x, y, cfg.grad_accum)
+            grad_norm = clip_grad_norm(pm, cfg.grad_clip)
+            for optimizer, scheduler in zip(optimizers, schedulers):
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+        loss_value = pm.global_mean(local_loss)
+        steps_since_log += 1
 
-        if done % cfg.log_every == 0 or done == cfg.max_steps:
+        if logged:
             now = time.perf_counter()
             tokens_per_s = steps_since_log * tokens_per_step / (now - last_log)
             eta = (cfg.max_steps - done) * tokens_per_step / tokens_per_s
-            record = {"event": "train", "step": done, "loss": loss_value, "lr": scheduler.get_last_lr()[0],
-                      "grad_norm": grad_norm, "tokens_per_s": tokens_per_s, "mfu": tokens_per_s * flops_per_token / peak_flops,
-                      "peak_rss_mb": peak_rss_mb(), "tokens_seen": done * tokens_per_step, "elapsed_s": now - run_start}
-            metrics.write(record)
-            info(f"step {done}/{cfg.max_steps}  loss {loss_value:.4f}  lr {record['lr']:.2e}  "
-                 f"{tokens_per_s:,.0f} tok/s  mfu {record['mfu']:.1%}  eta {format_eta(eta)}")
-            last_log, steps_since_log = now, 0
+            # Per rank: peak memory, seconds in communication, step seconds, seconds computing pipeline chunks.
+            ranks = gather_floats(par, [peak_memory_mb(par.device), comm.seconds, watch.seconds, pm.busy_seconds()])
+            if main:
+                record = {"event": "train", "step": done, "loss": loss_value, "lr": schedulers[0].get_last_lr()[0],
+                          "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
+                          "mfu": tokens_per_s * flops_per_token / peak_flops,
+                          "peak_rss_mb": peak_rss_mb(), "peak_mem_mb_per_rank": [r[0] for r in ranks],
+                          "step_s": watch.seconds, "comm_s_per_rank": [r[1] for r in ranks],
+                          "comm_fraction": sum(r[1] / r[2] for r in ranks) / len(ranks),
+                          "tokens_seen": done * tokens_per_step, "elapsed_s": now - run_start,
+                          "world_size": par.world_size, "strategy": plan.strategy}
+                if plan.pp > 1:
+                    bubbles = [max(0.0, 1 - r[3] / r[2]) for r in ranks]
+                    record.update(bubble_fraction=sum(bubbles) / len(bubbles), bubble_fraction_per_rank=bubbles,
+                                  bubble_theory=theoretical_bubble(plan))
+                metrics.write(record)
+                info(f"step {done}/{cfg.max_steps}  loss {loss_value:.4f}  lr {record['lr']:.2e}  "
+                     f"{tokens_per_s:,.0f} tok/s  mfu {record['mfu']:.1%}  comm {record['comm_fraction']:.0%}"
+                     + (f"  bubble {record['bubble_fraction']:.0%}" if plan.pp > 1 else "") + f"  eta {format_eta(eta)}")
+            last_log, steps_since_log = time.perf_counter(), 0
         if done % cfg.eval_every == 0 or done == cfg.max_steps:
-            val_loss = evaluate(model, val_windows, cfg)
-            metrics.write({"event": "val", "step": done, "val_loss": val_loss, "val_ppl": math.exp(val_loss)})
-            info(f"step {done}: validation loss {val_loss:.4f}, perplexity {math.exp(val_loss):.1f}")
+            val_loss = evaluate(pm, val_windows, cfg)
+            if main:
+                metrics.write({"event": "val", "step": done, "val_loss": val_loss, "val_ppl": math.exp(val_loss)})
+                info(f"step {done}: validation loss {val_loss:.4f}, perplexity {math.exp(val_loss):.1f}")
         if done % cfg.checkpoint_every == 0 or done == cfg.max_steps:
-            save_checkpoint(ws, done, model, optimizer, scheduler, cfg)
+            save_checkpoint(ws, done, pm, optimizers, schedulers, cfg)
 
-    tokenizer = load_tokenizer(ws.tokenizer_dir)
-    export_model(model.state_dict(), cfg.model, tokenizer, ws.model_dir)
-    summary = {"path": "model", "fingerprint": model_fingerprint(ws.model_dir), "preset": cfg.preset,
-               "steps": cfg.max_steps, "final_loss": loss_value, "final_val_loss": val_loss,
-               "parameters": model.num_params(), "config": asdict(cfg.model)}
-    ws.update_manifest("model", summary)
-    info(f"exported the model to {ws.model_dir}")
+    pm.set_timing(False)
+    state = full_state_dict(pm) if export else None
+    if not main:
+        return {}
+    summary = {"path": "model", "preset": cfg.preset, "steps": cfg.max_steps, "final_loss": loss_value,
+               "final_val_loss": val_loss, "parameters": n_params, "config": asdict(cfg.model),
+               "plan": plan.to_dict()}
+    if export:
+        export_model(state, cfg.model, load_tokenizer(ws.tokenizer_dir), ws.model_dir)
+        summary["fingerprint"] = model_fingerprint(ws.model_dir)
+        ws.update_manifest("model", summary)
+        info(f"exported the model to {ws.model_dir}")
     return summary

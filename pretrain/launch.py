@@ -1,0 +1,136 @@
+"""Starting a training job of several processes.
+
+The parent (`pipeline pretrain --nproc N`) prepares the data, then launch() re-executes this module
+through torch.distributed.run, the code behind the `torchrun` command, on this node. Each worker
+joins the process group and calls train() for every run of the spec it was given (one for the CLI;
+tests and benchmarks pass several plans to pay for the start-up once).
+
+Failures: the elastic agent runs with max_restarts=0, so when a worker raises or is killed it
+stops the other workers (which may be blocked in a collective) and launch() raises a one-line
+PipelineError naming the rank that failed first. The process-group timeout (--dist-timeout) bounds
+the wait of a worker whose peer hangs without dying.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from common.errors import PipelineError
+
+# Messages of ranks that failed only because a peer died first.
+_PEER_FAILURE_HINTS = ("connection closed", "connection reset", "broken pipe", "distbackenderror", "distnetworkerror",
+                       "gloo", "nccl", "timed out", "timeout", "socket")
+
+
+@dataclass
+class RunSpec:
+    workspace: str
+    train: dict  # dataclasses.asdict(TrainConfig)
+    plan: dict  # dataclasses.asdict(ParallelConfig)
+    resume_from: str | None = None
+    export: bool = True
+
+
+def torchrun_args(nproc: int, nnodes: int = 1, node_rank: int = 0, master_addr: str | None = None,
+                  master_port: int | None = None) -> list[str]:
+    args = [f"--nproc-per-node={nproc}", f"--nnodes={nnodes}", "--max-restarts=0", "--monitor-interval=0.1"]
+    if nnodes == 1 and master_addr is None and master_port is None:
+        args.append("--standalone")  # rendezvous on localhost, on a free port
+    else:
+        args += [f"--node-rank={node_rank}", f"--master-addr={master_addr or '127.0.0.1'}", f"--master-port={master_port or 29500}"]
+    return args
+
+
+def launch(runs: list[RunSpec], nproc: int, nnodes: int = 1, node_rank: int = 0, master_addr: str | None = None,
+           master_port: int | None = None) -> None:
+    """Run `runs` in nproc worker processes on this node (nproc × nnodes in the job); raise PipelineError if any fails."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    args = torchrun_args(nproc, nnodes, node_rank, master_addr, master_port)
+    args += ["-m", "pretrain.launch", json.dumps([asdict(r) for r in runs])]
+    try:
+        run(parse_args(args))
+    except ChildFailedError as e:
+        raise PipelineError(f"training failed: {failure_summary(e.failures)}") from None
+
+
+def default_nproc() -> int:
+    import torch
+
+    return torch.cuda.device_count() or 1
+
+
+def parse_split(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise PipelineError(f"--pp-split: expected layers per stage like 5,3, got '{text}'") from None
+
+
+def run_training(ws, cfg, plan, resume_from: Path | None, nproc: int, nnodes: int = 1, node_rank: int = 0,
+                 master_addr: str | None = None, master_port: int | None = None) -> dict:
+    """Train in this process when the job is one process, else launch the workers; returns the model summary."""
+    import torch
+
+    from pretrain.train import train
+
+    plan.validate(cfg.model, cfg, cuda=torch.cuda.is_available())
+    if nproc < 1 or nnodes < 1:
+        raise PipelineError("--nproc and --nnodes must be positive")
+    if nproc * nnodes == 1:
+        return train(ws, cfg, resume_from=resume_from, plan=plan)
+    spec = RunSpec(str(ws.root.resolve()), asdict(cfg), plan.to_dict(), str(resume_from.resolve()) if resume_from else None)
+    launch([spec], nproc, nnodes, node_rank, master_addr, master_port)
+    return ws.read_manifest().get("model", {}) if node_rank == 0 else {}
+
+
+def failure_summary(failures: dict) -> str:
+    """One line naming the root cause among the failed ranks: ranks that died because a peer died
+    (connection errors, the agent's SIGTERM) are passed over for the one that failed on its own."""
+
+    def message(f) -> str:
+        text = f.message.get("message", "") if isinstance(f.message, dict) else str(f.message or "")
+        return text.strip().splitlines()[-1] if text.strip() else ""
+
+    def secondary(f) -> bool:
+        return f.exitcode == -signal.SIGTERM or any(h in message(f).lower() for h in _PEER_FAILURE_HINTS)
+
+    rank, failure = min(failures.items(), key=lambda item: (secondary(item[1]), item[1].timestamp, item[0]))
+    if failure.exitcode < 0:
+        cause = f"rank {rank} was killed by {failure.signal_name()}"
+    elif failure.error_file_data and message(failure):
+        cause = f"rank {rank} raised {message(failure)}"
+    else:
+        cause = f"rank {rank} exited with code {failure.exitcode}"
+    others = len(failures) - 1
+    return cause + (f" ({others} other rank{'s' if others > 1 else ''} failed after it)" if others else "")
+
+
+def worker(spec_json: str) -> None:
+    import torch.distributed as dist
+
+    from common.workspace import Workspace
+    from pretrain.config import train_config_from_dict
+    from pretrain.parallel import ParallelConfig
+    from pretrain.train import train
+
+    try:
+        for run in json.loads(spec_json):
+            train(Workspace(Path(run["workspace"])), train_config_from_dict(run["train"]),
+                  resume_from=Path(run["resume_from"]) if run["resume_from"] else None,
+                  plan=ParallelConfig(**run["plan"]), export=run["export"])
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    record(worker)(sys.argv[1])  # record: the exception reaches the agent, and so the parent's message
