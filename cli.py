@@ -168,7 +168,7 @@ def embed(
     data: DataOption = None,
     text_field: TextFieldOption = None,
     model: Annotated[Optional[Path], typer.Option(help="A sentence-transformers model directory (default: the workspace's pretrained model).")] = None,
-    chunk_tokens: Annotated[int, typer.Option(help="Tokens per chunk.")] = 200,
+    chunk_tokens: Annotated[Optional[int], typer.Option(help="Tokens per chunk (default: the model's maximum input less 32 for the title).")] = None,
     overlap: Annotated[int, typer.Option(help="Tokens shared by consecutive chunks.")] = 32,
     batch_size: Annotated[int, typer.Option(help="Chunks per forward pass.")] = 64,
     prune: Annotated[bool, typer.Option(help="Remove stored documents that are no longer in the source.")] = False,

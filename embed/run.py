@@ -26,11 +26,15 @@ from embed.chunking import chunk_texts
 @dataclass
 class EmbedSettings:
     model_dir: Path | None = None  # default: the model pretrain exported into the workspace
-    chunk_tokens: int = 200
+    chunk_tokens: int | None = None  # default: the model's max_seq_length less TITLE_TOKENS
     overlap: int = 32
     batch_size: int = 64
     prune: bool = False
-    group_size: int = 256  # documents per transaction
+    group_size: int = 1024  # documents per transaction; larger groups sort better by length
+
+
+# Room left in each model input for the document title that precedes the chunk.
+TITLE_TOKENS = 32
 
 
 def content_hash(doc: Document) -> str:
@@ -58,10 +62,12 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
         raise PipelineError(f"no model in {model_dir}: run `pipeline pretrain` first, or pass --model DIR")
     if not model_dir.exists():
         raise PipelineError(f"--model {model_dir}: no such directory")
-    if settings.chunk_tokens < 8 or not 0 <= settings.overlap < settings.chunk_tokens:
-        raise PipelineError(f"--chunk-tokens {settings.chunk_tokens} / --overlap {settings.overlap}: need chunk-tokens >= 8 and 0 <= overlap < chunk-tokens")
     documents = list(source_documents(ws, data, text_field))
     model = load_embedder(model_dir)
+    if settings.chunk_tokens is None:
+        settings.chunk_tokens = max(32, model.max_seq_length - TITLE_TOKENS)
+    if settings.chunk_tokens < 8 or not 0 <= settings.overlap < settings.chunk_tokens:
+        raise PipelineError(f"--chunk-tokens {settings.chunk_tokens} / --overlap {settings.overlap}: need chunk-tokens >= 8 and 0 <= overlap < chunk-tokens")
     fingerprint = model_fingerprint(model_dir)
     dim = model.get_embedding_dimension()
     embedder_key = f"{fingerprint}|chunk={settings.chunk_tokens}|overlap={settings.overlap}"
