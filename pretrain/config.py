@@ -55,6 +55,7 @@ class TrainConfig:
     eval_batches: int = 8
     checkpoint_every: int = 100
     log_every: int = 10
+    measure_comm: bool = True  # profile the last step of each log window for its time in communication
     model: ModelConfig = field(default_factory=ModelConfig)
 
     @property

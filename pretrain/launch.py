@@ -45,13 +45,16 @@ def torchrun_args(nproc: int, nnodes: int = 1, node_rank: int = 0, master_addr: 
 
 
 def launch(runs: list[RunSpec], nproc: int, nnodes: int = 1, node_rank: int = 0, master_addr: str | None = None,
-           master_port: int | None = None) -> None:
-    """Run `runs` in nproc worker processes on this node (nproc × nnodes in the job); raise PipelineError if any fails."""
+           master_port: int | None = None, module: str = "pretrain.launch") -> None:
+    """Run `runs` in nproc worker processes on this node (nproc × nnodes in the job); raise PipelineError if any fails.
+
+    `module` is the workers' entry point (python -m module SPEC_JSON): this one, unless a test wraps it.
+    """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     args = torchrun_args(nproc, nnodes, node_rank, master_addr, master_port)
-    args += ["-m", "pretrain.launch", json.dumps([asdict(r) for r in runs])]
+    args += ["-m", module, json.dumps([asdict(r) for r in runs])]
     try:
         run(parse_args(args))
     except ChildFailedError as e:

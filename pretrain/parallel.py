@@ -412,6 +412,11 @@ class ParallelModel:
     has_last: bool = True
     tie_group: object | None = None
 
+    @classmethod
+    def single(cls, model: nn.Module) -> "ParallelModel":
+        """A model in one process, without a plan."""
+        return cls(Parallel(ParallelConfig(), None, next(model.parameters()).device), [model])
+
     def modules(self) -> list[nn.Module]:
         """The model parts with DDP's wrapper removed (for state dicts and inspection)."""
         return [getattr(p, "module", p) for p in self.parts]

@@ -150,8 +150,13 @@ def save_checkpoint(ws: Workspace, step: int, pm: ParallelModel, optimizers, sch
     return final
 
 
-def load_checkpoint(path: Path, pm: ParallelModel, optimizers, schedulers) -> int:
-    """Restore everything save_checkpoint wrote, under this run's plan; returns the step to continue from."""
+def load_checkpoint(path: Path, pm: ParallelModel | torch.nn.Module, optimizers, schedulers) -> int:
+    """Restore everything save_checkpoint wrote, under this run's plan; returns the step to continue from.
+
+    Also takes a plain model with its optimizer and scheduler (one process, no plan).
+    """
+    if not isinstance(pm, ParallelModel):
+        pm, optimizers, schedulers = ParallelModel.single(pm), [optimizers], [schedulers]
     states = [_part_state(m, o) for m, o in zip(pm.modules(), optimizers)]
     merged = _merge(states)
     dcp.load(merged, checkpoint_id=path)
@@ -365,7 +370,7 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
         x, y = train_windows.batch(indices[par.dp_rank * local_batch:(par.dp_rank + 1) * local_batch])
         x, y = x.to(par.device), y.to(par.device)
         pm.set_timing(logged)  # the last step of each log window is measured in detail
-        with CommunicationTimer(par.device, enabled=logged and par.world_size > 1) as comm, Stopwatch(par.device) as watch:
+        with CommunicationTimer(par.device, enabled=logged and cfg.measure_comm and par.world_size > 1) as comm, Stopwatch(par.device) as watch:
             local_loss = pm.forward_backward(x, y, cfg.grad_accum)
             grad_norm = clip_grad_norm(pm, cfg.grad_clip)
             for optimizer, scheduler in zip(optimizers, schedulers):
