@@ -153,7 +153,7 @@ def pretrain(
         cfg.model = model_config_for(preset, vocab, seq_len, **overrides)
         if cfg.model.n_embd % cfg.model.n_head:
             raise PipelineError(f"--n-embd {cfg.model.n_embd} is not divisible by --n-head {cfg.model.n_head}")
-        plan.validate(cfg.model, cfg, cuda)  # fail before the data is prepared
+        plan.validate(cfg.model, cfg)  # fail before the data is prepared
         meta = prepare_data(ws, list(data or []), text_field, cfg)  # once, in this process: workers only train
         cfg.model = model_config_for(preset, meta["vocab_size"], seq_len, **overrides)
         summary = run_training(ws, cfg, plan, None, **launch_args)
@@ -172,6 +172,7 @@ def embed(
     overlap: Annotated[int, typer.Option(help="Tokens shared by consecutive chunks.")] = 32,
     batch_size: Annotated[int, typer.Option(help="Chunks per forward pass.")] = 64,
     prune: Annotated[bool, typer.Option(help="Remove stored documents that are no longer in the source.")] = False,
+    ray: Annotated[Optional[str], typer.Option(help="Embed on a Ray cluster: local, auto, or the head's address (needs the ray extra).")] = None,
     json_output: JsonOption = False,
 ):
     """Chunk and embed documents into the workspace's DuckDB store (only new or changed ones).
@@ -183,11 +184,13 @@ def embed(
         pipeline embed --data docs/ --prune              # sync with a folder
 
         pipeline embed --data corpus.jsonl --model ~/models/all-MiniLM-L6-v2
+
+        pipeline embed --data corpus.jsonl --ray auto    # model actors on every node of a Ray cluster
     """
     from embed.run import EmbedSettings, run_embed
 
     ws = Workspace(workspace).create()
-    settings = EmbedSettings(model_dir=model, chunk_tokens=chunk_tokens, overlap=overlap, batch_size=batch_size, prune=prune)
+    settings = EmbedSettings(model_dir=model, chunk_tokens=chunk_tokens, overlap=overlap, batch_size=batch_size, prune=prune, ray=ray)
     summary = run_embed(ws, list(data or []), text_field, settings)
     if json_output:
         out.print_json(json.dumps(summary))

@@ -31,6 +31,7 @@ class EmbedSettings:
     batch_size: int = 64
     prune: bool = False
     group_size: int = 1024  # documents per transaction; larger groups sort better by length
+    ray: str | None = None  # embed on a Ray cluster: local, auto or an address
 
 
 # Room left in each model input for the document title that precedes the chunk.
@@ -71,6 +72,15 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
     fingerprint = model_fingerprint(model_dir)
     dim = model.get_embedding_dimension()
     embedder_key = f"{fingerprint}|chunk={settings.chunk_tokens}|overlap={settings.overlap}"
+    if settings.ray:
+        from embed.ray_encode import RayEncoder
+
+        ray_encoder = RayEncoder(settings.ray, model_dir, settings.batch_size)
+        embed_texts = ray_encoder
+        info(f"embedding on Ray ({settings.ray}) with {ray_encoder.workers} model actors")
+    else:
+        def embed_texts(texts: list[str]) -> np.ndarray:
+            return encode(model, texts, settings.batch_size)
 
     with Store(ws.db_path) as store:
         if store.get_meta("embedder") != embedder_key:
@@ -102,7 +112,7 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
                         rows.append(ChunkRow(next_id, doc.id, c.index, c.text, c.start_char, c.end_char, c.n_tokens))
                         texts.append(embedding_text(doc.title, c.text))
                         next_id += 1
-                vectors = encode(model, texts, settings.batch_size) if texts else np.zeros((0, dim), np.float32)
+                vectors = embed_texts(texts) if texts else np.zeros((0, dim), np.float32)
                 store.write_documents([(d.id, d.title, d.source, d.text, content_hash(d)) for d in group], rows, vectors)
                 n_chunks += len(rows)
                 done = g + len(group)
