@@ -278,6 +278,63 @@ def status(workspace: WorkspaceOption = Path("workspace"), json_output: JsonOpti
         raise typer.Exit(1)
 
 
+@app.command()
+@user_errors
+def plan(
+    workspace: WorkspaceOption = Path("workspace"),
+    preset: Annotated[str, typer.Option(help="Model shape: tiny, small (124M), medium (355M), large (774M).")] = "small",
+    model_config: Annotated[Optional[Path], typer.Option(help="JSON model shape instead of --preset (our fields, or a Hugging Face GPT-2 config.json).")] = None,
+    seq_len: Annotated[Optional[int], typer.Option(help="Tokens per sequence (default: the preset's).")] = None,
+    global_batch: Annotated[Optional[int], typer.Option(help="Sequences per optimizer step (default: the preset's).")] = None,
+    vocab_size: Annotated[Optional[int], typer.Option(help="Vocabulary size (default: the preset's).")] = None,
+    cluster: Annotated[Optional[Path], typer.Option(help="Cluster TOML file for what-if planning (default: measure this machine).")] = None,
+    nproc: Annotated[Optional[int], typer.Option(help="Processes (default: all devices of --cluster, or this machine's GPUs, 1 on CPU).")] = None,
+    dp: Annotated[Optional[int], typer.Option(help="Only plans with this data-parallel degree.")] = None,
+    tp: Annotated[Optional[int], typer.Option(help="Only plans with this tensor-parallel degree.")] = None,
+    pp: Annotated[Optional[int], typer.Option(help="Only plans with this pipeline degree.")] = None,
+    bf16: Annotated[bool, typer.Option("--bf16", help="Plan for bf16 autocast (2-byte activations).")] = False,
+    top: Annotated[int, typer.Option(help="Rows of the table.")] = 15,
+    remeasure: Annotated[bool, typer.Option(help="Measure this machine again instead of using the cached measurement.")] = False,
+    json_output: JsonOption = False,
+):
+    """Rank every parallel plan by predicted step time, from measured (or described) hardware and network.
+
+    Enumerates data/tensor/pipeline degrees, DDP or FSDP, pipeline schedules, microbatches, stages per rank
+    and node placement; estimates memory per device and step time per plan; drops plans that don't fit.
+
+    Examples:
+
+        pipeline plan --preset tiny --nproc 2                 # measure this machine with 2 processes
+
+        pipeline plan --preset large --cluster two_sites.toml --seq-len 1024 --global-batch 64
+
+        pipeline plan --model-config workspace/model/config.json --nproc 4 --json
+
+        pipeline plan --preset medium --cluster cluster.toml --tp 1      # only plans without TP
+    """
+    from rich.table import Table
+
+    from pretrain.autoplan import get_cluster, plan_for, workload_from_args
+    from pretrain.plan import table_rows, why
+
+    work = workload_from_args(preset, model_config, seq_len, global_batch, vocab_size, bf16)
+    if nproc is not None and nproc < 1:
+        raise PipelineError(f"--nproc must be positive, got {nproc}")
+    ws = Workspace(workspace).create() if cluster is None else None
+    result = plan_for(work, get_cluster(ws, cluster, nproc, remeasure), nproc, dp, tp, pp)
+    if json_output:
+        out.print_json(json.dumps(result.to_dict()))
+        return
+    table = Table(title=f"{len(result.ranked)} plans fit on {result.cluster.describe()} ({len(result.rejected)} do not); "
+                        f"global batch {work.global_batch} × {work.seq_len} tokens")
+    for column in ("#", "plan", "step ms", "tokens/s", "MiB/device", "main costs"):
+        table.add_column(column, justify="right" if column in ("#", "step ms", "tokens/s", "MiB/device") else "left")
+    for row in table_rows(result, top):
+        table.add_row(*row)
+    out.print(table)
+    out.print(f"best: {result.ranked[0].label}: {why(result.ranked[0], result)}", highlight=False)
+
+
 def main() -> None:
     app()
 

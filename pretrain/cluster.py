@@ -1,0 +1,473 @@
+"""The hardware a plan runs on: devices, their speed and memory, and the links between them.
+
+A Cluster is the planner's only view of hardware. It comes from one of two places:
+
+    measure_cluster(nproc)   a short real job of `nproc` local processes (gloo on CPU, NCCL on GPU):
+                             every rank times matmuls, memory copies and op dispatch at once (so ranks
+                             sharing a CPU see their share), then each pair of ranks ping-pongs small
+                             and large tensors (an N×N latency/bandwidth matrix) and the world
+                             all-reduces once, for the software overhead of a collective.
+    load_cluster_toml(path)  a cluster that cannot be measured from here, for what-if planning
+                             (nodes, devices with memory and TFLOP/s, intra- and inter-node links).
+
+Collective costs use the textbook ring model over the slowest link the ring crosses (Thakur et al.,
+2005): an all-reduce of M bytes over n ranks takes 2(n-1) latencies and moves 2(n-1)/n·M bytes per
+link. The link emulator (pretrain/linkemu.py) delays collectives by the same formulas, so the planner
+and the emulated network agree on what a link is and differ only in what the plan actually sends.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from common.errors import PipelineError
+
+GB = 1e9
+
+
+@dataclass
+class Link:
+    latency_s: float
+    bandwidth_Bps: float  # bytes per second
+
+    def time(self, nbytes: float) -> float:
+        return self.latency_s + nbytes / self.bandwidth_Bps
+
+
+@dataclass
+class Device:
+    """One rank's device, as the cost model sees it."""
+    name: str
+    node: int  # index into Cluster.nodes
+    memory_bytes: float
+    flops: float  # sustained dense matmul FLOP/s
+    mem_bw_Bps: float = 0.0  # sustained copy bandwidth (elementwise ops are bound by it); 0 = 40 bytes per 1000 FLOPs
+    dispatch_s: float = 10e-6  # host time to launch one op (eager PyTorch)
+
+    @property
+    def memory_bandwidth(self) -> float:
+        return self.mem_bw_Bps or self.flops * 0.04
+
+
+@dataclass
+class Cluster:
+    devices: list[Device]  # in rank order: torchrun puts consecutive ranks on one node
+    nodes: list[str]
+    latency_s: list[list[float]]  # N×N, [i][j] = one-way latency from rank i to rank j
+    bandwidth_Bps: list[list[float]]  # N×N
+    source: str = "measured"
+    collective_overhead_s: float = 0.0  # software cost of one collective beyond the ring model (measured)
+    dtensor_dispatch_s: float = 0.0  # extra host time of a DTensor op over a plain one (measured; 0 = 10× dispatch)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.devices)
+
+    def link(self, i: int, j: int) -> Link:
+        if i == j:
+            return Link(0.0, float("inf"))
+        return Link(self.latency_s[i][j], self.bandwidth_Bps[i][j])
+
+    def ring(self, ranks: list[int]) -> Link:
+        """The slowest link a ring over `ranks` (in this order) crosses: it paces every step."""
+        if len(ranks) < 2:
+            return Link(0.0, float("inf"))
+        hops = [self.link(a, b) for a, b in zip(ranks, ranks[1:] + ranks[:1])]
+        return Link(max(h.latency_s for h in hops), min(h.bandwidth_Bps for h in hops))
+
+    def crosses_nodes(self, ranks: list[int]) -> bool:
+        return len({self.devices[r].node for r in ranks}) > 1
+
+    def dtensor_overhead(self, rank: int) -> float:
+        return self.dtensor_dispatch_s or 10 * self.devices[rank].dispatch_s
+
+    def describe(self) -> str:
+        counts: dict[str, int] = {}
+        for d in self.devices:
+            key = f"{self.nodes[d.node]}: {d.name}"
+            counts[key] = counts.get(key, 0) + 1
+        return ", ".join(f"{n}× {k}" for k, n in counts.items())
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "Cluster":
+        raw = dict(raw)
+        raw["devices"] = [Device(**d) for d in raw["devices"]]
+        return cls(**raw)
+
+
+# ---------------------------------------------------------------- collective cost model
+
+def ring_steps_and_volume(kind: str, n: int) -> tuple[int, float]:
+    """(latency steps, bytes per link as a fraction of the message) of a ring collective over n ranks.
+
+    all_reduce: reduce-scatter then all-gather; all_gather / reduce_scatter: the message is the
+    full (gathered) tensor; broadcast: a pipelined chain."""
+    if n < 2:
+        return 0, 0.0
+    if kind == "all_reduce":
+        return 2 * (n - 1), 2 * (n - 1) / n
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return n - 1, (n - 1) / n
+    if kind == "broadcast":
+        return n - 1, 1.0
+    raise ValueError(f"unknown collective {kind}")
+
+
+def collective_time(kind: str, nbytes: float, link: Link, n: int, overhead_s: float = 0.0) -> float:
+    """Seconds of one ring collective of `nbytes` over n ranks whose slowest link is `link`."""
+    steps, volume = ring_steps_and_volume(kind, n)
+    if steps == 0:
+        return 0.0
+    return steps * link.latency_s + volume * nbytes / link.bandwidth_Bps + overhead_s
+
+
+# ---------------------------------------------------------------- from a TOML file
+
+EXAMPLE_TOML = """\
+# Two sites 30 ms apart, each with one node of 4 GPUs.
+[[nodes]]
+name = "site-a"
+devices = 4
+device = "A100-40GB"
+memory_gb = 40
+tflops = 150            # sustained dense matmul TFLOP/s per device
+
+[[nodes]]
+name = "site-b"
+devices = 4
+device = "A100-40GB"
+memory_gb = 40
+tflops = 150
+
+[links.intra_node]
+bandwidth_gbps = 2400   # gigabits per second (NVLink)
+latency_ms = 0.01
+
+[links.inter_node]
+bandwidth_gbps = 10
+latency_ms = 30
+"""
+
+
+def _number(table: dict, key: str, where: str, default=None, positive: bool = True) -> float:
+    if key not in table:
+        if default is not None:
+            return default
+        raise PipelineError(f"{where}: missing field '{key}'")
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PipelineError(f"{where}: '{key}' must be a number, got {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise PipelineError(f"{where}: '{key}' must be {'positive' if positive else 'non-negative'}, got {value}")
+    return float(value)
+
+
+def _link(table: dict | None, where: str) -> Link:
+    if not isinstance(table, dict):
+        raise PipelineError(f"{where}: missing table (bandwidth_gbps, latency_ms)")
+    return Link(_number(table, "latency_ms", where, positive=False) / 1e3, _number(table, "bandwidth_gbps", where) * GB / 8)
+
+
+def load_cluster_toml(path: Path) -> Cluster:
+    """A cluster description for what-if planning; every problem is one PipelineError naming the field."""
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"{path}: no such file")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise PipelineError(f"{path}: invalid TOML ({e})") from None
+    nodes_raw = raw.get("nodes")
+    if not isinstance(nodes_raw, list) or not nodes_raw:
+        raise PipelineError(f"{path}: missing [[nodes]] (at least one node with devices, memory_gb and tflops)")
+    links = raw.get("links", {})
+    intra = _link(links.get("intra_node"), f"{path}: [links.intra_node]")
+    inter = _link(links.get("inter_node"), f"{path}: [links.inter_node]") if len(nodes_raw) > 1 or any(n.get("count", 1) > 1 for n in nodes_raw) else intra
+    nodes, devices = [], []
+    for i, node in enumerate(nodes_raw):
+        where = f"{path}: nodes[{i}]"
+        count = int(_number(node, "count", where, default=1))
+        per_node = _number(node, "devices", where)
+        if per_node != int(per_node):
+            raise PipelineError(f"{where}: 'devices' must be a whole number, got {per_node}")
+        memory = _number(node, "memory_gb", where) * GB
+        flops = _number(node, "tflops", where) * 1e12
+        mem_bw = _number(node, "memory_bandwidth_gbs", where, default=0.0, positive=False) * GB
+        dispatch = _number(node, "dispatch_us", where, default=10.0) / 1e6
+        name = str(node.get("name", f"node{i}"))
+        for c in range(count):
+            nodes.append(name if count == 1 else f"{name}-{c}")
+            devices += [Device(str(node.get("device", "device")), len(nodes) - 1, memory, flops, mem_bw, dispatch) for _ in range(int(per_node))]
+    pair_links: dict[tuple[str, str], Link] = {}
+    for k, between in enumerate(links.get("between", [])):
+        where = f"{path}: links.between[{k}]"
+        names = between.get("nodes")
+        if not isinstance(names, list) or len(names) != 2 or not all(n in nodes or any(x.startswith(f"{n}-") for x in nodes) for n in names):
+            raise PipelineError(f"{where}: 'nodes' must name two nodes of the cluster ({', '.join(nodes)})")
+        pair_links[tuple(names)] = pair_links[tuple(reversed(names))] = _link(between, where)
+    n = len(devices)
+    latency = [[0.0] * n for _ in range(n)]
+    bandwidth = [[float("inf")] * n for _ in range(n)]
+    for a in range(n):
+        for b in range(n):
+            if a == b:
+                continue
+            na, nb = devices[a].node, devices[b].node
+            link = intra if na == nb else pair_links.get((_base(nodes[na]), _base(nodes[nb])), pair_links.get((nodes[na], nodes[nb]), inter))
+            latency[a][b], bandwidth[a][b] = link.latency_s, link.bandwidth_Bps
+    return Cluster(devices, nodes, latency, bandwidth, source=str(path))
+
+
+def _base(name: str) -> str:
+    return name.rsplit("-", 1)[0] if name[-1:].isdigit() and "-" in name else name
+
+
+def uniform_cluster(n: int, flops: float, memory_bytes: float, intra: Link, inter: Link | None = None,
+                    per_node: int | None = None, name: str = "device", **device) -> Cluster:
+    """n identical devices, `per_node` to a node (default: all on one), for tests and benchmarks."""
+    per_node = per_node or n
+    devices = [Device(name, r // per_node, memory_bytes, flops, **device) for r in range(n)]
+    nodes = [f"node{k}" for k in range((n + per_node - 1) // per_node)]
+    inter = inter or intra
+    lat = [[0.0 if a == b else (intra if a // per_node == b // per_node else inter).latency_s for b in range(n)] for a in range(n)]
+    bw = [[float("inf") if a == b else (intra if a // per_node == b // per_node else inter).bandwidth_Bps for b in range(n)] for a in range(n)]
+    return Cluster(devices, nodes, lat, bw, source="given")
+
+
+# ---------------------------------------------------------------- measured where it runs
+
+@dataclass
+class MeasureSettings:
+    seconds: float = 0.25  # per compute measurement
+    small_bytes: int = 4
+    large_bytes: int = 4 * 2**20
+    repeats: int = 5  # ping-pongs per pair and size (fewer if each is slow)
+
+
+def measure_cluster(nproc: int, settings: MeasureSettings | None = None) -> Cluster:
+    """Measure this machine with a short real job of `nproc` processes (see the module docstring)."""
+    import torch
+    import torch.multiprocessing as mp
+
+    settings = settings or MeasureSettings()
+    if nproc < 1:
+        raise PipelineError(f"--nproc must be positive, got {nproc}")
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "cluster.json"
+        if nproc == 1:
+            _measure_worker(0, 1, str(Path(tmp) / "store"), str(result), asdict(settings))
+        else:
+            mp.start_processes(_measure_worker, args=(nproc, str(Path(tmp) / "store"), str(result), asdict(settings)),
+                               nprocs=nproc, start_method="spawn")
+        raw = json.loads(result.read_text())
+    raw["source"] = f"measured on {socket.gethostname()} ({nproc} process{'es' if nproc > 1 else ''}, {'CUDA' if torch.cuda.is_available() else 'CPU'})"
+    return Cluster.from_dict(raw)
+
+
+def _measure_worker(rank: int, world: int, store_path: str, result_path: str, settings: dict) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from pretrain import linkemu
+
+    settings = MeasureSettings(**settings)
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    else:  # ranks share the CPU as training processes would
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    if world > 1:
+        linkemu.install_from_env()  # benchmarks measure through an emulated network
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    try:
+        mine = _measure_device(device, settings, world)
+        everyone = [mine]
+        lat = [[0.0] * world for _ in range(world)]
+        bw = [[float("inf")] * world for _ in range(world)]
+        overhead, dtensor = 0.0, 0.0
+        if world > 1:
+            everyone = [None] * world
+            dist.all_gather_object(everyone, mine)
+            for a in range(world):
+                for b in range(a + 1, world):
+                    link = _ping_pong(a, b, rank, device, settings)
+                    if rank == a:
+                        lat[a][b] = lat[b][a] = link.latency_s
+                        bw[a][b] = bw[b][a] = link.bandwidth_Bps
+            overhead = _allreduce_overhead(device, settings, world)
+            dtensor = _dtensor_overhead(device, world)
+            rows = [None] * world
+            dist.all_gather_object(rows, (lat, bw))
+            for r, (l_r, b_r) in enumerate(rows):  # rank a measured the pairs (a, b > a)
+                for b in range(r + 1, world):
+                    lat[r][b] = lat[b][r] = l_r[r][b]
+                    bw[r][b] = bw[b][r] = b_r[r][b]
+            ring = Cluster([], [], lat, bw).ring(list(range(world)))
+            overhead = max(0.0, overhead - 2 * (world - 1) * ring.latency_s)
+        if rank == 0:
+            devices = [Device(**d, node=0) for d in everyone]
+            cluster = Cluster(devices, [socket.gethostname()], lat, bw, collective_overhead_s=overhead, dtensor_dispatch_s=dtensor)
+            Path(result_path).write_text(json.dumps(cluster.to_dict()))
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, device, seconds: float, min_iters: int = 3) -> float:
+    """Seconds per call of fn, over about `seconds`."""
+    fn()
+    _sync(device)
+    n, start = 0, time.perf_counter()
+    while n < min_iters or time.perf_counter() - start < seconds:
+        fn()
+        n += 1
+    _sync(device)
+    return (time.perf_counter() - start) / n
+
+
+def _measure_device(device, settings: MeasureSettings, world: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    if world > 1:
+        dist.barrier()  # every rank measures at the same time
+    size = 2048 if device.type == "cuda" else 1024
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a, b = torch.randn(size, size, device=device, dtype=dtype), torch.randn(size, size, device=device, dtype=dtype)
+    flops = 2 * size**3 / _timed(lambda: torch.mm(a, b), device, settings.seconds)
+    x = torch.randn(8 * 2**20 // 4 * (8 if device.type == "cuda" else 1), device=device)
+    y = torch.empty_like(x)
+    copy_bw = 2 * x.numel() * 4 / _timed(lambda: y.copy_(x), device, settings.seconds / 2)
+    t = torch.ones(1, device=device)
+    dispatch = _timed(lambda: t.add(t), device, settings.seconds / 4, min_iters=100)
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        name, memory = props.name, float(props.total_memory)
+    else:
+        import platform
+
+        name = f"CPU ({torch.get_num_threads()} thread{'s' if torch.get_num_threads() > 1 else ''}, {platform.machine()})"
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world
+    return dict(name=name, memory_bytes=memory, flops=flops, mem_bw_Bps=copy_bw, dispatch_s=dispatch)
+
+
+def _ping_pong(a: int, b: int, rank: int, device, settings: MeasureSettings) -> Link:
+    """One-way latency (small messages) and bandwidth (large ones) between ranks a and b; others wait."""
+    import torch
+    import torch.distributed as dist
+
+    one_way = {}
+    if rank in (a, b):
+        peer = b if rank == a else a
+        for nbytes in (settings.small_bytes, settings.large_bytes):
+            buf = torch.zeros(max(1, nbytes // 4), device=device)
+            times = []
+            for i in range(settings.repeats + 1):
+                start = time.perf_counter()
+                if rank == a:
+                    dist.send(buf, peer)
+                    dist.recv(buf, peer)
+                else:
+                    dist.recv(buf, peer)
+                    dist.send(buf, peer)
+                _sync(device)
+                if i:  # the first exchange sets up the connection
+                    times.append((time.perf_counter() - start) / 2)
+                if sum(times) > 2.0 and len(times) >= 2:
+                    break
+            one_way[nbytes] = sorted(times)[len(times) // 2]
+    dist.barrier()
+    if rank not in (a, b):
+        return Link(0.0, float("inf"))
+    latency = one_way[settings.small_bytes]
+    transfer = max(one_way[settings.large_bytes] - latency, 1e-9)
+    return Link(latency, settings.large_bytes / transfer)
+
+
+def _allreduce_overhead(device, settings: MeasureSettings, world: int) -> float:
+    """Mean time of a tiny all-reduce issued right after a burst of computation, as training issues them
+    (the ring model's latency is subtracted by the caller). Ranks arrive a little apart, and on a shared
+    or oversubscribed host the collective also waits for its peers to be scheduled: both are real costs
+    of every blocking collective in a step."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.zeros(1, device=device)
+    a = torch.randn(256, 256, device=device)
+    times = []
+    dist.barrier()
+    for i in range(3 * settings.repeats + 1):
+        for _ in range(8):
+            a = torch.tanh(a @ a)
+        _sync(device)
+        start = time.perf_counter()
+        dist.all_reduce(t)
+        _sync(device)
+        if i:
+            times.append(time.perf_counter() - start)
+    mine = torch.tensor([sum(times) / len(times)], dtype=torch.float64, device=device)
+    dist.all_reduce(mine)
+    return mine.item() / world
+
+
+def _dtensor_overhead(device, world: int) -> float:
+    """Extra host time of an op on DTensors over the same op on plain tensors (tensor parallelism pays it
+    on every sharded linear)."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    mesh = init_device_mesh(device.type, (world,))
+    plain = torch.ones(4, 4, device=device)
+    dt = distribute_tensor(plain, mesh, [Replicate()])
+    base = _timed(lambda: plain.add(plain), device, 0.05, min_iters=50)
+    return max(0.0, _timed(lambda: dt.add(dt), device, 0.1, min_iters=50) - base)
+
+
+# ---------------------------------------------------------------- cached in the workspace
+
+def cache_key(nproc: int) -> str:
+    import torch
+
+    from pretrain import linkemu
+
+    emu = os.environ.get(linkemu.ENV, "")
+    return f"{socket.gethostname()}|{nproc}|{'cuda' if torch.cuda.is_available() else 'cpu'}|{emu}"
+
+
+def local_cluster(cache_path: Path | None, nproc: int, remeasure: bool = False) -> tuple[Cluster, bool]:
+    """The measured cluster for `nproc` local processes, from the cache when there; returns (cluster, cached)."""
+    key = cache_key(nproc)
+    cache = {}
+    if cache_path is not None and cache_path.exists():
+        try:
+            cache = json.loads(cache_path.read_text())
+        except json.JSONDecodeError:
+            cache = {}
+    if key in cache and not remeasure:
+        return Cluster.from_dict(cache[key]), True
+    cluster = measure_cluster(nproc)
+    if cache_path is not None:
+        from common.workspace import atomic_write_json
+
+        cache[key] = cluster.to_dict()
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(cache_path, cache)
+    return cluster, False
