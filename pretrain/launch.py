@@ -79,11 +79,9 @@ def parse_split(text: str | None) -> list[int] | None:
 def run_training(ws, cfg, plan, resume_from: Path | None, nproc: int, nnodes: int = 1, node_rank: int = 0,
                  master_addr: str | None = None, master_port: int | None = None) -> dict:
     """Train in this process when the job is one process, else launch the workers; returns the model summary."""
-    import torch
-
     from pretrain.train import train
 
-    plan.validate(cfg.model, cfg, cuda=torch.cuda.is_available())
+    plan.validate(cfg.model, cfg)
     if nproc < 1 or nnodes < 1:
         raise PipelineError("--nproc and --nnodes must be positive")
     if nproc * nnodes == 1:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import time
+from contextlib import nullcontext
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -51,10 +52,11 @@ class ParallelConfig:
     microbatches: int = 0  # per data-parallel rank and step; 0 = one per pipeline stage
     stages_per_rank: int = 0  # 0 = 1 for gpipe/1f1b, 2 for the multi-stage schedules
     pp_split: list[int] | None = None  # layers per stage; None = as even as possible
-    bf16: bool = False  # bf16 autocast (GPU)
+    # Speed and memory features meant for GPUs (they also run on CPU, where they are off by default).
+    bf16: bool = False  # bf16 autocast
     compile: bool = False  # torch.compile each block
     ac: bool = False  # activation checkpointing of each block
-    fused_adamw: bool = False  # fused AdamW kernel (GPU)
+    fused_adamw: bool = False  # fused AdamW kernel
     timeout_s: float = 300.0  # process-group timeout: a lost peer fails the job instead of hanging it
 
     @property
@@ -124,8 +126,8 @@ class ParallelConfig:
             plan.tp, plan.pp = tp or 1, pp or 1
             plan.dp_replicate = dp_replicate or 1
             plan.dp_shard = dp or dp_shard or world_size // (plan.tp * plan.pp * plan.dp_replicate) or 1
-            if plan.dp_replicate > 1 and plan.dp_shard == 1:
-                raise PipelineError("--dp-replicate in a combination needs --dp-shard as well (HSDP); pure replication is --strategy ddp")
+        if strategy != "ddp" and plan.dp_replicate > 1 and plan.dp_shard == 1:
+            raise PipelineError("--dp-replicate needs --dp-shard > 1 as well (HSDP); pure replication is --strategy ddp")
         if plan.world_size != world_size:
             raise PipelineError(f"the plan needs {plan.world_size} processes ({plan.shape()}) but the job has {world_size} "
                                 f"(--nproc × --nnodes); make the degrees multiply to {world_size}")
@@ -135,15 +137,13 @@ class ParallelConfig:
         dims = [f"{name}={getattr(self, name)}" for name in MESH_DIMS if getattr(self, name) > 1]
         return " × ".join(dims) or "1 process"
 
-    def validate(self, model: ModelConfig, train: TrainConfig, cuda: bool) -> None:
+    def validate(self, model: ModelConfig, train: TrainConfig) -> None:
         """Check the plan against the model and batch before any process starts: one clear error each."""
         if self.tp > 1 and model.n_head % self.tp:
             raise PipelineError(f"--tp {self.tp} must divide the number of attention heads ({model.n_head})")
         if train.batch_size % self.dp:
             raise PipelineError(f"--batch-size {train.batch_size} is not divisible by the data-parallel degree {self.dp}")
         local = train.batch_size // self.dp
-        if (self.bf16 or self.fused_adamw) and not cuda:
-            raise PipelineError(f"--{'bf16' if self.bf16 else 'fused-adamw'} needs a GPU; none is available")
         if self.pp == 1:
             if self.pp_split or self.microbatches or self.stages_per_rank:
                 raise PipelineError("--pp-split, --microbatches and --stages-per-rank need pipeline parallelism (--pp > 1)")
@@ -435,8 +435,8 @@ class ParallelModel:
                 model = self.parts[0]
                 local = torch.zeros((), device=self.par.device)
                 for i, (mx, my) in enumerate(zip(x.chunk(grad_accum), y.chunk(grad_accum))):
-                    sync = i == grad_accum - 1 or not hasattr(model, "no_sync")
-                    with (model.no_sync() if not sync else _null()):
+                    sync = i == grad_accum - 1 or not hasattr(model, "no_sync")  # DDP: all-reduce once per step
+                    with nullcontext() if sync else model.no_sync():
                         loss = lm_loss(model(mx), my) / grad_accum
                         loss.backward()
                     local += loss.detach()
@@ -469,14 +469,6 @@ class ParallelModel:
 
     def busy_seconds(self) -> float:
         return sum(stage.busy_s for stage in self.stages)
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def parallelize(model: nn.Module, par: Parallel, loss_fn) -> ParallelModel:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
 
 from common.console import info, warn
 from common.errors import PipelineError
@@ -70,10 +71,17 @@ def prepare_data(ws: Workspace, data_paths: list[Path], text_field: str | None, 
 # ---------------------------------------------------------------- optimisation
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = False) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices only (not biases, LayerNorms)."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    """AdamW; weight decay on matrices only (not biases, LayerNorms).
+
+    Under tensor parallelism alone some parameters are DTensors and some plain tensors; they go in
+    separate groups, as the fused kernel takes one kind at a time.
+    """
+    groups = []
+    for decay in (True, False):
+        for distributed in (False, True):
+            params = [p for p in model.parameters() if (p.dim() >= 2) == decay and isinstance(p, DTensor) == distributed]
+            if params:
+                groups.append({"params": params, "weight_decay": cfg.weight_decay if decay else 0.0})
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, **({"fused": True} if fused else {}))
 
 
@@ -174,8 +182,11 @@ def load_checkpoint(path: Path, pm: ParallelModel | torch.nn.Module, optimizers,
         set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=optim_state,
                        options=StateDictOptions(flatten_optimizer_state_dict=True))
     train_state = json.loads((path / "train_state.json").read_text())
+    saved = train_state["scheduler"]
     for scheduler in schedulers:
-        scheduler.load_state_dict(train_state["scheduler"])
+        # One schedule for all parameter groups, whose number depends on the plan.
+        groups = len(scheduler.optimizer.param_groups)
+        scheduler.load_state_dict({**saved, "base_lrs": saved["base_lrs"][:1] * groups, "_last_lr": saved["_last_lr"][:1] * groups})
     rng = torch.frombuffer(bytearray(base64.b64decode(train_state["torch_rng"])), dtype=torch.uint8)
     torch.set_rng_state(rng)
     return train_state["step"]
@@ -327,7 +338,7 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
     Returns a summary (on rank 0; other ranks get {}).
     """
     plan = plan or ParallelConfig()
-    plan.validate(cfg.model, cfg, cuda=torch.cuda.is_available())
+    plan.validate(cfg.model, cfg)
     par = build_mesh(plan)
     main = par.rank == 0
     torch.manual_seed(cfg.seed)

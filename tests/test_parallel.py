@@ -50,7 +50,7 @@ PLANS_4 = {
     "hsdp2x2": dict(strategy="fsdp", dp_replicate=2, dp_shard=2),
     "tp4": dict(strategy="tp", tp=4),
     "pp4-1f1b": dict(strategy="pp", pp=4, pp_schedule="1f1b"),
-    "dp2xtp2-ac": dict(strategy="hybrid", dp_shard=2, tp=2, ac=True),
+    "dp2xtp2-ac-fused": dict(strategy="hybrid", dp_shard=2, tp=2, ac=True, fused_adamw=True),
     "dp2xpp2-gpipe": dict(strategy="hybrid", dp_shard=2, pp=2, pp_schedule="gpipe", microbatches=4),
     "tp2xpp2-interleaved": dict(strategy="hybrid", tp=2, pp=2, pp_schedule="interleaved-1f1b"),
     "dp2xpp2-zbv": dict(strategy="hybrid", dp_shard=2, pp=2, pp_schedule="zbv"),
@@ -350,10 +350,10 @@ def test_plans_are_checked_before_launch(options, world, message):
     strategy = options.pop("strategy")
     degrees = {k: options.pop(k) for k in ("dp", "dp_replicate", "dp_shard", "tp", "pp") if k in options}
     if message is None:
-        ParallelConfig.resolve(strategy, world, **degrees, **options).validate(cfg.model, cfg, cuda=False)
+        ParallelConfig.resolve(strategy, world, **degrees, **options).validate(cfg.model, cfg)
         return
     with pytest.raises(PipelineError) as error:
-        ParallelConfig.resolve(strategy, world, **degrees, **options).validate(cfg.model, cfg, cuda=False)
+        ParallelConfig.resolve(strategy, world, **degrees, **options).validate(cfg.model, cfg)
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
