@@ -74,7 +74,7 @@ def pretrain(
     node_rank: Annotated[int, typer.Option(help="This node's rank (multi-node).")] = 0,
     master_addr: Annotated[Optional[str], typer.Option(help="Address of node 0 (multi-node).")] = None,
     master_port: Annotated[Optional[int], typer.Option(help="Port on node 0 (multi-node).")] = None,
-    strategy: Annotated[Optional[str], typer.Option(help="single, ddp, fsdp, tp, pp or hybrid (default: from the degrees).")] = None,
+    strategy: Annotated[Optional[str], typer.Option(help="single, ddp, fsdp, tp, pp, hybrid, or auto (the planner's top plan; see pipeline plan) (default: from the degrees).")] = None,
     dp: Annotated[Optional[int], typer.Option(help="Data-parallel degree (DDP for ddp, FSDP otherwise).")] = None,
     dp_replicate: Annotated[Optional[int], typer.Option(help="Replicate degree (with --dp-shard: HSDP).")] = None,
     dp_shard: Annotated[Optional[int], typer.Option(help="FSDP shard degree.")] = None,
@@ -89,6 +89,8 @@ def pretrain(
     ac: Annotated[bool, typer.Option("--ac", help="Activation checkpointing of each block.")] = False,
     fused_adamw: Annotated[Optional[bool], typer.Option("--fused-adamw/--no-fused-adamw", help="Fused AdamW (default: on with a GPU).")] = None,
     dist_timeout: Annotated[float, typer.Option(help="Seconds a collective may wait for a peer before the job fails.")] = 300.0,
+    autotune: Annotated[Optional[int], typer.Option(help="With --strategy auto: run 4 steps of each of the planner's top K plans and keep the measured fastest.")] = None,
+    cluster: Annotated[Optional[Path], typer.Option(help="With --strategy auto: cluster TOML file (needed for several nodes; default: measure this machine).")] = None,
     json_output: JsonOption = False,
 ):
     """Train a tokenizer and a GPT-2 on your documents, then export it in Hugging Face format.
@@ -106,6 +108,10 @@ def pretrain(
         pipeline pretrain --nproc 4 --strategy fsdp        # 4 processes (torchrun), sharded data parallel
 
         pipeline pretrain --nproc 4 --strategy hybrid --dp 2 --pp 2 --pp-schedule interleaved-1f1b
+
+        pipeline pretrain --nproc 4 --strategy auto               # the planner's top plan, and why
+
+        pipeline pretrain --nproc 4 --strategy auto --autotune 3  # measure the top 3, keep the fastest
     """
     import torch
 
@@ -117,8 +123,13 @@ def pretrain(
     ws = Workspace(workspace).create()
     nproc = nproc if nproc is not None else default_nproc()
     cuda = torch.cuda.is_available()
+    auto = strategy == "auto"
+    if auto and any(v is not None for v in (dp, dp_replicate, dp_shard, tp, pp, microbatches, stages_per_rank, pp_split)):
+        raise PipelineError("--strategy auto chooses the degrees, schedule and split itself; drop --dp/--tp/--pp and the pipeline options")
+    if (autotune is not None or cluster is not None) and not auto:
+        raise PipelineError("--autotune and --cluster go with --strategy auto")
     plan = ParallelConfig.resolve(
-        strategy, nproc * nnodes, dp=dp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp,
+        None if auto else strategy, nproc * nnodes, dp=dp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp,
         pp_schedule=pp_schedule, microbatches=microbatches or 0, stages_per_rank=stages_per_rank or 0,
         pp_split=parse_split(pp_split), bf16=cuda if bf16 is None else bf16, compile=compile_model, ac=ac,
         fused_adamw=cuda if fused_adamw is None else fused_adamw, timeout_s=dist_timeout,
@@ -131,6 +142,10 @@ def pretrain(
         cfg = config_from_checkpoint(checkpoints[-1])
         if max_steps is not None:
             cfg.max_steps = max_steps
+        if auto:  # any plan can resume a checkpoint
+            from pretrain.autoplan import apply_estimate, choose_plan
+
+            plan, cfg = apply_estimate(plan, cfg, choose_plan(ws, cfg, nproc, nnodes, cluster, plan.bf16)[1])
         summary = run_training(ws, cfg, plan, checkpoints[-1], **launch_args)
     else:
         if preset not in PRESETS:
@@ -153,9 +168,17 @@ def pretrain(
         cfg.model = model_config_for(preset, vocab, seq_len, **overrides)
         if cfg.model.n_embd % cfg.model.n_head:
             raise PipelineError(f"--n-embd {cfg.model.n_embd} is not divisible by --n-head {cfg.model.n_head}")
+        if auto:
+            from pretrain.autoplan import apply_estimate, autotune_plan, choose_plan
+
+            base, (result, best) = plan, choose_plan(ws, cfg, nproc, nnodes, cluster, plan.bf16)
+            plan, cfg = apply_estimate(base, cfg, best)
         plan.validate(cfg.model, cfg)  # fail before the data is prepared
         meta = prepare_data(ws, list(data or []), text_field, cfg)  # once, in this process: workers only train
         cfg.model = model_config_for(preset, meta["vocab_size"], seq_len, **overrides)
+        if auto and autotune:
+            best = autotune_plan(ws, cfg, base, result, autotune, 4, launch_args)
+            plan, cfg = apply_estimate(base, cfg, best)
         summary = run_training(ws, cfg, plan, None, **launch_args)
     if json_output:
         out.print_json(json.dumps(summary))

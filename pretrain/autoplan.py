@@ -120,7 +120,7 @@ def prediction(est: Estimate) -> dict:
     return {"plan": est.label, "step_s": est.step_s, "peak_mem_mb": est.memory_bytes / 2**20, "main_cost": est.main_cost}
 
 
-def autotune(ws: Workspace, cfg: TrainConfig, base, result: PlanResult, k: int, steps: int, nproc: int, launch_args: dict) -> Estimate:
+def autotune_plan(ws: Workspace, cfg: TrainConfig, base, result: PlanResult, k: int, steps: int, launch_args: dict) -> Estimate:
     """Run `steps` steps of each of the top k plans in one job (scratch workspaces sharing the token files)
     and return the estimate of the measured fastest; prints predicted vs measured."""
     from pretrain.launch import RunSpec, launch
@@ -141,12 +141,12 @@ def autotune(ws: Workspace, cfg: TrainConfig, base, result: PlanResult, k: int, 
             specs.append(RunSpec(str(root), asdict(run_cfg), config.to_dict(), None, export=False))
             roots.append(root)
         info(f"autotune: {steps} steps of each of the top {len(top)} plans")
-        if nproc * launch_args.get("nnodes", 1) == 1:
+        if launch_args["nproc"] * launch_args.get("nnodes", 1) == 1:
             for spec, est in zip(specs, top):
                 config, run_cfg = apply_estimate(base, trial_cfg, est)
                 train(Workspace(Path(spec.workspace)), run_cfg, plan=config, export=False)
         else:
-            launch(specs, nproc, **launch_args)
+            launch(specs, **launch_args)
         measured = [_median_step(root) for root in roots]
     info(f"{'plan':40} {'predicted ms':>12} {'measured ms':>12}")
     for est, m in zip(top, measured):
@@ -162,3 +162,42 @@ def _median_step(root: Path) -> float:
     times = [s["step_s"] for s in steps if s.get("event") == "train"]
     times = times[1:] if len(times) > 1 else times  # the first step warms up (pipeline shape inference, allocator)
     return statistics.median(times)
+
+
+# ---------------------------------------------------------------- predicted beside measured, in every run
+
+def memory_now_mb(device) -> float:
+    """Memory in use now: allocated GPU memory, or this process's resident set on CPU (the baseline that
+    the measured peak is counted from, so it compares with the planner's estimate)."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**20
+    try:
+        import os
+
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def predict_run(ws: Workspace, cfg: TrainConfig, config) -> dict | None:
+    """The planner's step time and peak memory for this run's plan, if the workspace holds a cluster
+    measurement for its world size (training never measures by itself). Never fails the run."""
+    from pretrain.cluster import cache_key
+    from pretrain.plan import Candidate, estimate
+
+    try:
+        cache = ws.root / CLUSTER_CACHE
+        key = cache_key(config.world_size)
+        if not cache.exists():
+            return None
+        raw = json.loads(cache.read_text()).get(key)
+        if raw is None:
+            return None
+        work = Workload(cfg.model, cfg.seq_len, cfg.batch_size, act_bytes=2 if config.bf16 else 4)
+        est = estimate(Candidate(config, cfg.grad_accum), work, Cluster.from_dict(raw))
+        return prediction(est)
+    except Exception as e:  # noqa: BLE001 - a prediction is informative; training goes on without it
+        info(f"no step-time prediction for this plan ({type(e).__name__}: {e})")
+        return None

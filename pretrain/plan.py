@@ -250,7 +250,6 @@ def _profile_cached(cfg_items: tuple, seq_len: int, act_bytes: int) -> ModelProf
     with init_empty_weights():
         model = GPT(cfg)
         block = model.layers["0"] if cfg.n_layer else None
-    total = model.num_params()
     block_params = sum(p.numel() for p in block.parameters()) if block is not None else 0
     sharded = 0
     if block is not None:
@@ -260,6 +259,9 @@ def _profile_cached(cfg_items: tuple, seq_len: int, act_bytes: int) -> ModelProf
                 sharded += p.numel()
     embed = cfg.vocab_size * cfg.n_embd + cfg.block_size * cfg.n_embd
     head = 2 * cfg.n_embd + cfg.vocab_size * cfg.n_embd
+    # Not model.num_params(): init_empty_weights re-creates a parameter when it is assigned, which unties
+    # lm_head from tok_emb on the meta device. The tied weight counts once.
+    total = cfg.n_layer * block_params + embed + 2 * cfg.n_embd
     return ModelProfile(cfg, seq_len, act_bytes, total, block_params, sharded, embed, head)
 
 

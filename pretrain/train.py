@@ -33,6 +33,7 @@ from pretrain.data import TokenWindows, step_sample_indices, write_token_files
 from pretrain.default_corpus import stdlib_documents
 from pretrain.export import export_model
 from pretrain.hardware import measure_matmul_flops
+from pretrain.autoplan import memory_now_mb, predict_run
 from pretrain.metrics import CommunicationTimer, Stopwatch, peak_memory_mb
 from pretrain.model import GPT, lm_loss
 from pretrain.parallel import (Parallel, ParallelConfig, ParallelModel, build_mesh, clip_grad_norm, describe_rank,
@@ -341,6 +342,10 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
     plan.validate(cfg.model, cfg)
     par = build_mesh(plan)
     main = par.rank == 0
+    # The planner's prediction for this plan (from the workspace's cached cluster measurement, if any),
+    # logged beside the measured step time and peak memory; memory is counted from here.
+    prediction = predict_run(ws, cfg, plan) if main else None
+    memory_base_mb = memory_now_mb(par.device)
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model)  # the full model, identical on every rank; parallelize() splits and shards it
     n_params, flops_per_token = model.num_params(), model.flops_per_token(cfg.seq_len)
@@ -406,6 +411,10 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
                           "comm_fraction": sum(r[1] / r[2] for r in ranks) / len(ranks),
                           "tokens_seen": done * tokens_per_step, "elapsed_s": now - run_start,
                           "world_size": par.world_size, "strategy": plan.strategy}
+                if prediction:
+                    record.update(predicted_step_s=prediction["step_s"], measured_step_s=watch.seconds,
+                                  predicted_peak_mem_mb=prediction["peak_mem_mb"],
+                                  measured_peak_mem_mb=max(r[0] for r in ranks) - memory_base_mb)
                 if plan.pp > 1:
                     bubbles = [max(0.0, 1 - r[3] / r[2]) for r in ranks]
                     record.update(bubble_fraction=sum(bubbles) / len(bubbles), bubble_fraction_per_rank=bubbles,
@@ -429,7 +438,7 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
         return {}
     summary = {"path": "model", "preset": cfg.preset, "steps": cfg.max_steps, "final_loss": loss_value,
                "final_val_loss": val_loss, "parameters": n_params, "config": asdict(cfg.model),
-               "plan": plan.to_dict()}
+               "plan": plan.to_dict(), **({"prediction": prediction} if prediction else {})}
     if export:
         export_model(state, cfg.model, load_tokenizer(ws.tokenizer_dir), ws.model_dir)
         summary["fingerprint"] = model_fingerprint(ws.model_dir)

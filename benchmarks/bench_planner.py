@@ -1,0 +1,186 @@
+"""Does the planner pick the plan that is really fastest? Predicted vs measured, per network scenario.
+
+On this machine, for 2 and 4 CPU ranks (gloo), two sites (2 ranks: one per site; 4 ranks: two per site)
+joined by a link of 0, 5, 20 or 50 ms latency and 1 Gbit/s or 100 Mbit/s, emulated by pretrain/linkemu.py
+(this kernel has no netem; see that module). For every plan of a bounded search space (bench_space):
+
+    predicted step time and peak memory per device   pretrain.plan.estimate, from the cluster measured
+                                                     here once per world size (pretrain.cluster) with the
+                                                     scenario's link added to the links between sites
+    measured step time                               median of the steps after the first (real training
+                                                     through pretrain.train, all plans of a scenario in
+                                                     one torchrun job)
+    measured peak memory                             the resident memory a run added, largest rank
+                                                     (benchmarks/planner_worker.py)
+
+Per scenario: Spearman rank correlation of predicted vs measured step time (scipy), memory error, and
+regret = measured time of the planner's pick / measured time of the measured fastest plan.
+Targets: memory within 15%, regret <= 1.10. Writes benchmarks/results/planner.json.
+
+    .venv/bin/python benchmarks/bench_planner.py                  # all 16 scenarios (~15-25 min on 2 cores)
+    .venv/bin/python benchmarks/bench_planner.py --worlds 2 --latencies 0 50 --bandwidths 1000
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks_common import REPO, write_result  # noqa: E402
+
+from common.workspace import Workspace  # noqa: E402
+from pretrain.cluster import Cluster, Link, measure_cluster  # noqa: E402
+from pretrain.config import ModelConfig, TrainConfig  # noqa: E402
+from pretrain.launch import RunSpec, launch  # noqa: E402
+from pretrain.linkemu import ENV, EmulatedLinks  # noqa: E402
+from pretrain.plan import SearchSpace, Workload, plan  # noqa: E402
+
+STEPS = 4  # the first warms up; the median of the other three is the measurement
+MODEL = dict(n_layer=4, n_head=4, n_embd=128)
+SEQ, BATCH, VOCAB = 64, 16, 512
+WORDS = ("the a of model data token train loss step rank shard pipeline stage tensor parallel batch gradient "
+         "optimizer learning rate layer head attention mesh device process group checkpoint export").split()
+
+
+def bench_space(world: int) -> SearchSpace:
+    """Every plan of these shapes is run, so the space is kept to one or two schedules and few microbatch counts."""
+    schedules = ("1f1b", "interleaved-1f1b") if world == 2 else ("1f1b",)
+    return SearchSpace(schedules=schedules, max_microbatch_factor=2, stages_per_rank=(2,), hsdp=False, grad_accum=False, placements=False)
+
+
+def prepare(root: Path) -> tuple[Path, TrainConfig]:
+    from pretrain.train import prepare_data
+
+    corpus = root / "corpus"
+    corpus.mkdir(parents=True)
+    rng = random.Random(0)
+    for i in range(20):
+        (corpus / f"doc{i}.txt").write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) + "." for _ in range(200)))
+    cfg = TrainConfig(max_steps=STEPS, seq_len=SEQ, batch_size=BATCH, vocab_size=VOCAB, eval_every=10**6, eval_batches=1,
+                      checkpoint_every=10**6, log_every=1, measure_comm=False)
+    ws = Workspace(root / "prepared").create()
+    meta = prepare_data(ws, [corpus], None, cfg)
+    cfg.model = ModelConfig(vocab_size=meta["vocab_size"], block_size=SEQ, **MODEL)
+    return ws.root, cfg
+
+
+def with_sites(base: Cluster, per_site: int, link: Link) -> Cluster:
+    """The measured cluster with the emulated link added between sites: its latency adds, its bandwidth
+    caps (the emulator delays on top of the real loopback transfer)."""
+    n = base.world_size
+    lat = [[base.latency_s[a][b] + (link.latency_s if a // per_site != b // per_site else 0.0) for b in range(n)] for a in range(n)]
+    bw = [[base.bandwidth_Bps[a][b] if a // per_site == b // per_site or a == b
+           else 1 / (1 / base.bandwidth_Bps[a][b] + 1 / link.bandwidth_Bps) for b in range(n)] for a in range(n)]
+    devices = [replace(d, node=r // per_site) for r, d in enumerate(base.devices)]
+    return replace(base, devices=devices, nodes=[f"site{k}" for k in range(n // per_site)], latency_s=lat, bandwidth_Bps=bw,
+                   source=f"{base.source} + emulated {link.latency_s * 1e3:g} ms / {link.bandwidth_Bps * 8 / 1e6:g} Mbit/s between sites")
+
+
+def run_scenario(prepared: Path, cfg: TrainConfig, base: Cluster, world: int, latency_ms: float, mbit: float, scratch: Path) -> dict:
+    per_site = world // 2
+    link = Link(latency_ms / 1e3, mbit * 1e6 / 8)
+    cluster = with_sites(base, per_site, link)
+    result = plan(Workload(cfg.model, cfg.seq_len, cfg.batch_size), cluster, space=bench_space(world))
+    estimates = result.ranked
+    specs, roots = [], []
+    for i, est in enumerate(estimates):
+        root = scratch / f"w{world}-l{latency_ms:g}-b{mbit:g}-{i}"
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        (root / "data").symlink_to(prepared / "data")
+        (root / "tokenizer").symlink_to(prepared / "tokenizer")
+        specs.append(RunSpec(str(root), asdict(replace(cfg, grad_accum=est.candidate.grad_accum)), est.candidate.config.to_dict(), None, export=False))
+        roots.append(root)
+    # A first, discarded run of the first plan pays the job's one-time costs (gloo connections, lazy
+    # initialisation), which would otherwise count as that plan's memory.
+    warm = scratch / f"w{world}-warmup"
+    shutil.copytree(roots[0], warm, symlinks=True, dirs_exist_ok=True)
+    specs.insert(0, replace(specs[0], workspace=str(warm)))
+    env = {ENV: EmulatedLinks.sites(world, per_site, link).to_json(), "OMP_NUM_THREADS": str(max(1, 2 // world)),
+           "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    start = time.perf_counter()
+    try:
+        launch(specs, world, module="benchmarks.planner_worker")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    wall = time.perf_counter() - start
+    plans = []
+    for est, root in zip(estimates, roots):
+        steps = [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines() if line]
+        times = [s["step_s"] for s in steps if s.get("event") == "train"][1:]
+        mem = max(json.loads(p.read_text())["peak_added_mb"] for p in root.glob("mem_rank*.json"))
+        plans.append({"plan": est.label, "predicted_step_s": est.step_s, "measured_step_s": statistics.median(times),
+                      "measured_steps_s": times, "predicted_mem_mb": est.memory_bytes / 2**20, "measured_mem_mb": mem,
+                      "main_cost": est.main_cost})
+    return summarize(world, latency_ms, mbit, plans, wall)
+
+
+def summarize(world: int, latency_ms: float, mbit: float, plans: list[dict], wall: float) -> dict:
+    from scipy.stats import spearmanr
+
+    predicted = [p["predicted_step_s"] for p in plans]
+    measured = [p["measured_step_s"] for p in plans]
+    pick = min(range(len(plans)), key=lambda i: predicted[i])
+    best = min(range(len(plans)), key=lambda i: measured[i])
+    mem_err = [abs(p["predicted_mem_mb"] - p["measured_mem_mb"]) / p["measured_mem_mb"] for p in plans]
+    rho = spearmanr(predicted, measured).statistic if len(plans) > 2 else float("nan")
+    tp = [p for p in plans if "tp" in p["plan"]]
+    return {"world": world, "latency_ms": latency_ms, "bandwidth_mbit": mbit, "plans": plans, "spearman": rho,
+            "regret": measured[pick] / measured[best], "pick": plans[pick]["plan"], "fastest": plans[best]["plan"],
+            "memory_error_median": statistics.median(mem_err), "memory_error_max": max(mem_err),
+            "best_tp_vs_fastest": min(p["measured_step_s"] for p in tp) / measured[best] if tp else None, "wall_s": wall}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--latencies", type=float, nargs="+", default=[0, 5, 20, 50], help="ms between sites")
+    parser.add_argument("--bandwidths", type=float, nargs="+", default=[1000, 100], help="Mbit/s between sites")
+    args = parser.parse_args()
+    os.chdir(REPO)  # the workers import benchmarks.planner_worker from here
+    scenarios = []
+    with tempfile.TemporaryDirectory(prefix="bench-planner-") as tmp:
+        prepared, cfg = prepare(Path(tmp))
+        for world in args.worlds:
+            base = measure_cluster(world)
+            print(f"measured {base.describe()}: collective overhead {base.collective_overhead_s * 1e3:.2f} ms", flush=True)
+            for latency in args.latencies:
+                for mbit in args.bandwidths:
+                    s = run_scenario(prepared, cfg, base, world, latency, mbit, Path(tmp) / "runs")
+                    scenarios.append(s)
+                    print(f"world {world} {latency:g} ms {mbit:g} Mbit/s: spearman {s['spearman']:.2f} regret {s['regret']:.2f} "
+                          f"pick {s['pick']} fastest {s['fastest']} mem err median {s['memory_error_median']:.0%} "
+                          f"max {s['memory_error_max']:.0%} ({s['wall_s']:.0f} s)", flush=True)
+                    shutil.rmtree(Path(tmp) / "runs", ignore_errors=True)
+    finding = {
+        "tp_collapses_at_tens_of_ms": all((s["best_tp_vs_fastest"] or 0) > 1.5 for s in scenarios if s["latency_ms"] >= 20),
+        "fastest_at_tens_of_ms": sorted({s["fastest"] for s in scenarios if s["latency_ms"] >= 20}),
+    }
+    write_result("planner", {
+        "model": {**MODEL, "seq_len": SEQ, "global_batch": BATCH, "vocab": cfg.model.vocab_size}, "steps_per_plan": STEPS,
+        "network": "two sites, pretrain/linkemu.py emulated link between them (no netem in this kernel)",
+        "targets": {"memory_error": 0.15, "regret": 1.10},
+        "summary": [{k: s[k] for k in ("world", "latency_ms", "bandwidth_mbit", "spearman", "regret", "pick", "fastest",
+                                       "memory_error_median", "memory_error_max", "best_tp_vs_fastest")} for s in scenarios],
+        "finding": finding, "scenarios": scenarios,
+    })
+
+
+if __name__ == "__main__":
+    main()

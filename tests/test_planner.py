@@ -1,0 +1,260 @@
+"""The strategy planner: cluster descriptions, the meta-device model profile, the schedule simulation,
+plan choices that follow the hardware, bad input, and the link emulator and cluster measurement on a
+real gloo job. Benchmarks (benchmarks/bench_planner.py) check predictions against measured runs."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.errors import PipelineError
+from conftest import run_cli
+from pretrain.cluster import Device, Link, load_cluster_toml, measure_cluster, MeasureSettings, uniform_cluster
+from pretrain.config import ModelConfig, model_config_for
+from pretrain.parallel import ParallelConfig
+from pretrain.plan import (Candidate, Workload, check_degrees, enumerate_plans, estimate, filter_degrees, plan, profile_model,
+                           simulate)
+
+GB = 1e9
+TWO_SITES = """
+[[nodes]]
+name = "site-a"
+devices = 4
+device = "A100-40GB"
+memory_gb = 40
+tflops = 150
+
+[[nodes]]
+name = "site-b"
+devices = 4
+device = "A100-40GB"
+memory_gb = 40
+tflops = 150
+
+[links.intra_node]
+bandwidth_gbps = 2400
+latency_ms = 0.01
+
+[links.inter_node]
+bandwidth_gbps = 10
+latency_ms = {latency}
+"""
+
+
+def gpu_sites(latency_ms: float, per_node: int = 4, nodes: int = 2):
+    """Identical GPU nodes: NVLink inside, `latency_ms` and 10 Gbit/s between."""
+    return uniform_cluster(per_node * nodes, 150e12, 40 * GB, Link(10e-6, 300 * GB), Link(latency_ms / 1e3, 10 * GB / 8),
+                           per_node=per_node, mem_bw_Bps=1.5e12, dispatch_s=5e-6)
+
+
+# ---------------------------------------------------------------- cluster files
+
+def test_cluster_toml_gives_a_link_matrix_with_slow_links_only_between_sites(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(TWO_SITES.format(latency=30))
+    cluster = load_cluster_toml(path)
+    assert cluster.world_size == 8 and cluster.nodes == ["site-a", "site-b"]
+    assert cluster.link(0, 3).latency_s == pytest.approx(1e-5) and cluster.link(0, 3).bandwidth_Bps == pytest.approx(300e9)
+    assert cluster.link(3, 4).latency_s == pytest.approx(0.03) and cluster.link(3, 4).bandwidth_Bps == pytest.approx(1.25e9)
+    assert cluster.ring([0, 1, 2, 3]).latency_s < 1e-3 and cluster.ring([0, 4]).latency_s == pytest.approx(0.03)
+    assert cluster.devices[5].memory_bytes == 40e9 and cluster.devices[5].flops == 150e12
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.replace("memory_gb = 40\n", "", 1), "nodes[0]: missing field 'memory_gb'"),
+    (lambda t: t.replace("tflops = 150", "tflops = -3", 1), "nodes[0]: 'tflops' must be positive, got -3"),
+    (lambda t: t.replace("bandwidth_gbps = 10", "bandwidth_gbps = 0"), "[links.inter_node]: 'bandwidth_gbps' must be positive, got 0"),
+    (lambda t: t.replace("devices = 4", 'devices = "four"', 1), "nodes[0]: 'devices' must be a number"),
+    (lambda t: t[: t.index("[links.inter_node]")], "[links.inter_node]: missing table"),
+    (lambda t: "nodes = 3", "missing [[nodes]]"),
+    (lambda t: t + "\n[[[", "invalid TOML"),
+])
+def test_bad_cluster_files_are_one_error_naming_the_field(tmp_path, edit, message):
+    path = tmp_path / "c.toml"
+    path.write_text(edit(TWO_SITES.format(latency=30)))
+    with pytest.raises(PipelineError) as e:
+        load_cluster_toml(path)
+    assert message in str(e.value) and str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------- the model profile
+
+def test_profile_of_gpt2_large_is_built_on_the_meta_device_without_memory():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    profile = profile_model(model_config_for("large", 50257, 1024), 1024)
+    block = profile.block(4)
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert 770e6 < profile.total_params < 780e6  # GPT-2 large: 774M
+    assert grown_mb < 300  # a real GPT-2 large is 3 GB of fp32 weights alone
+    # a TP shard of 4 has a quarter of the matmul FLOPs and about a quarter of the block's parameters
+    assert block.fwd.flops == pytest.approx(profile.block(1).fwd.flops / 4, rel=0.05)
+    assert profile.block_params_on_rank(4) == pytest.approx(profile.block_params / 4, rel=0.01)
+
+
+def test_activation_bytes_counted_on_meta_match_what_autograd_saves_on_cpu():
+    """The meta trace corrects for attention's math path: it must equal the real CPU saved bytes."""
+    from pretrain.model import Block
+
+    cfg = ModelConfig(vocab_size=256, n_layer=1, n_head=4, n_embd=64, block_size=32)
+    profile = profile_model(cfg, 32)
+    block = Block(cfg)
+    params = {p.untyped_storage()._cdata for p in block.parameters()}
+    saved = {}
+
+    def pack(t):
+        if t.untyped_storage()._cdata not in params:
+            saved[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+        return t
+
+    x = torch.randn(3, 32, 64, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x).float().sum()
+    assert profile.block(1).saved_bytes * 3 == pytest.approx(sum(saved.values()), rel=0.02)
+
+
+# ---------------------------------------------------------------- the schedule simulation
+
+def test_simulated_1f1b_and_gpipe_have_the_textbook_bubble_and_in_flight_microbatches():
+    p, m, tf, tb = 4, 8, 1.0, 2.0
+    no_comm = {(a, b): 0.0 for a in range(p) for b in range(p) if a != b}
+    for schedule, in_flight in (("1f1b", p), ("gpipe", m)):
+        config = ParallelConfig(strategy="pp", pp=p, pp_schedule=schedule, microbatches=m)
+        sim = simulate(config, [tf] * p, [tb] * p, [1.0] * p, no_comm)
+        assert sim.makespan == pytest.approx((m + p - 1) * (tf + tb))  # bubble (p-1)/(m+p-1)
+        assert sim.peak_inflight[0] == in_flight
+    # a transfer between stages delays every hop of the critical path
+    slow = simulate(ParallelConfig(strategy="pp", pp=p, pp_schedule="1f1b", microbatches=m), [tf] * p, [tb] * p, [1.0] * p,
+                    {k: 0.5 for k in no_comm})
+    assert slow.makespan >= (m + p - 1) * (tf + tb) + 2 * (p - 1) * 0.5
+
+
+def test_interleaved_and_zero_bubble_orders_come_from_torch_and_shrink_the_bubble():
+    p, m = 4, 8
+    no_comm = {(a, b): 0.0 for a in range(p) for b in range(p) if a != b}
+    one = simulate(ParallelConfig(strategy="pp", pp=p, pp_schedule="1f1b", microbatches=m), [1.0] * p, [2.0] * p, [1.0] * p, no_comm)
+    v = 2  # the same work in twice as many stages of half the size
+    inter = simulate(ParallelConfig(strategy="pp", pp=p, pp_schedule="interleaved-1f1b", microbatches=m, stages_per_rank=v),
+                     [0.5] * p * v, [1.0] * p * v, [0.5] * p * v, no_comm)
+    zb = simulate(ParallelConfig(strategy="pp", pp=p, pp_schedule="zero-bubble", microbatches=m, stages_per_rank=v),
+                  [0.5] * p * v, [1.0] * p * v, [0.5] * p * v, no_comm)
+    busy = m * 3.0
+    assert busy < zb.makespan <= inter.makespan < one.makespan
+
+
+# ---------------------------------------------------------------- choices that follow the hardware
+
+def test_tensor_parallelism_stays_inside_a_node_and_slow_sites_get_the_pipeline():
+    work = Workload(model_config_for("medium", 32768, 1024), 1024, 64)
+    far = plan(work, gpu_sites(30))
+    best = far.ranked[0].candidate.config
+    assert best.pp > 1 and best.tp <= 4  # the pipeline crosses the 30 ms link, nothing else does
+    tp8 = [e for e in far.ranked if e.candidate.config.tp == 8]
+    assert not tp8 or tp8[0].step_s > 3 * far.ranked[0].step_s
+    near = plan(work, gpu_sites(0.005))  # one fast network: no reason to pay a pipeline bubble
+    assert near.ranked[0].step_s < far.ranked[0].step_s
+
+
+def test_tensor_parallel_step_time_grows_with_latency_faster_than_pipeline():
+    work = Workload(model_config_for("small", 8192, 512), 512, 32)
+    tp = Candidate(ParallelConfig(strategy="tp", tp=2))
+    pp = Candidate(ParallelConfig(strategy="pp", pp=2, pp_schedule="1f1b", microbatches=4))
+    def fast_link(latency_ms):  # NVLink-class bandwidth, only the latency changes
+        return uniform_cluster(2, 150e12, 40 * GB, Link(latency_ms / 1e3, 300 * GB), per_node=1, mem_bw_Bps=1.5e12, dispatch_s=5e-6)
+
+    times = {lat: (estimate(tp, work, fast_link(lat)).step_s, estimate(pp, work, fast_link(lat)).step_s) for lat in (0.0, 20.0)}
+    ratio = {lat: tp_s / pp_s for lat, (tp_s, pp_s) in times.items()}
+    assert ratio[0.0] < 1.5  # a fast link: TP is competitive
+    assert ratio[20.0] > 5 * ratio[0.0]  # 20 ms: TP's per-layer all-reduces collapse it, PP pays a few hops
+
+
+def test_mixed_devices_get_an_uneven_pipeline_split_with_more_layers_on_the_faster_one():
+    fast = Device("H100", 0, 80 * GB, 400e12, 3e12, 5e-6)
+    slow = Device("T4", 1, 16 * GB, 40e12, 0.3e12, 5e-6)
+    cluster = uniform_cluster(2, 1, 1, Link(1e-5, 25 * GB), per_node=1)
+    cluster.devices = [fast, slow]
+    work = Workload(ModelConfig(vocab_size=8192, n_layer=12, n_head=12, n_embd=768, block_size=512), 512, 16)
+    result = filter_degrees(plan(work, cluster), dp=1, tp=1, pp=2)
+    split = result.ranked[0].candidate.config.pp_split
+    order = result.ranked[0].candidate.node_order
+    fast_stage = 0 if order[0] == 0 else 1
+    assert split is not None and split[fast_stage] > split[1 - fast_stage]
+
+
+def test_memory_estimate_shards_with_fsdp_and_counts_in_flight_microbatches():
+    work = Workload(model_config_for("small", 32768, 1024), 1024, 32)
+    cluster = gpu_sites(0.01)
+    ddp = estimate(Candidate(ParallelConfig(strategy="ddp", dp_replicate=8)), work, cluster)
+    fsdp = estimate(Candidate(ParallelConfig(strategy="fsdp", dp_shard=8)), work, cluster)
+    assert fsdp.memory_parts["optimizer"] == pytest.approx(ddp.memory_parts["optimizer"] / 8)
+    gpipe = estimate(Candidate(ParallelConfig(strategy="pp", pp=8, pp_schedule="gpipe", microbatches=16)), Workload(work.model, 1024, 32), cluster)
+    onef = estimate(Candidate(ParallelConfig(strategy="pp", pp=8, pp_schedule="1f1b", microbatches=16)), Workload(work.model, 1024, 32), cluster)
+    assert gpipe.memory_parts["activations"] > 1.8 * onef.memory_parts["activations"]  # 16 vs 8 microbatches in flight
+
+
+def test_every_enumerated_plan_is_one_training_accepts():
+    work = Workload(ModelConfig(vocab_size=512, n_layer=4, n_head=4, n_embd=64, block_size=64), 64, 16)
+    plans = enumerate_plans(4, work)
+    kinds = {c.label().split()[0].rstrip("0123456789x") for c in plans}
+    assert {"ddp", "fsdp", "hsdp", "tp", "pp"} <= {k.split("-")[0].rstrip("0123456789") for k in kinds}
+    for c in plans:
+        assert c.config.world_size == 4
+        ParallelConfig.resolve(c.config.strategy, 4, dp_replicate=c.config.dp_replicate if c.config.dp_replicate > 1 else None,
+                               dp_shard=c.config.dp_shard if c.config.dp_shard > 1 else None,
+                               tp=c.config.tp if c.config.tp > 1 else None, pp=c.config.pp if c.config.pp > 1 else None)
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_bad_planning_input_names_the_problem():
+    cfg = ModelConfig(vocab_size=512, n_layer=1, n_head=3, n_embd=48, block_size=64)  # no TP or PP of 2 or 4: dp = 4
+    with pytest.raises(PipelineError, match="--global-batch 3 cannot be divided"):
+        plan(Workload(cfg, 64, 3), uniform_cluster(4, 1e12, 8 * GB, Link(1e-5, 1e10)))
+    with pytest.raises(PipelineError, match=r"fits no plan on 8 device\(s\): the smallest plan .* needs [0-9.]+ GiB per device, the devices have 1.00 GiB"):
+        plan(Workload(model_config_for("large", 50257, 1024), 1024, 64), uniform_cluster(8, 1e12, 2**30, Link(1e-5, 1e10)))
+    with pytest.raises(PipelineError, match="--dp 3 × --tp 1 × --pp 1 = 3, not the world size 4"):
+        check_degrees(4, 3, 1, 1)
+    with pytest.raises(PipelineError, match="do not divide the world size 4"):
+        check_degrees(4, None, 3, None)
+
+
+def test_plan_command_table_json_and_errors(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(TWO_SITES.format(latency=30))
+    table = run_cli("plan", "--preset", "medium", "--cluster", str(path), "--seq-len", "1024", "--global-batch", "64", "--top", "5")
+    assert "step ms" in table.stdout and "tokens/s" in table.stdout and "best:" in table.stdout
+    data = json.loads(run_cli("plan", "--preset", "tiny", "--cluster", str(path), "--json").stdout)
+    first = data["plans"][0]
+    assert data["world_size"] == 8 and first["fits"] and first["step_s"] > 0 and first["memory_mb"] > 0 and first["main_cost"]
+    assert all(a["step_s"] <= b["step_s"] for a, b in zip(data["plans"], data["plans"][1:]))
+    bad = run_cli("plan", "--cluster", str(path), "--preset", "tiny", "--dp", "3", check=False)
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: the degrees given (dp=3 = 3) do not divide the world size 8"
+    path.write_text(TWO_SITES.format(latency=30).replace("tflops = 150\n", "", 1))
+    missing = run_cli("plan", "--cluster", str(path), check=False)
+    assert missing.returncode == 2 and missing.stderr.strip() == f"error: {path}: nodes[0]: missing field 'tflops'"
+
+
+# ---------------------------------------------------------------- real processes: emulator and measurement
+
+def test_measured_links_show_the_emulated_latency_and_bandwidth(monkeypatch):
+    """A real 2-process gloo job measures this machine; the link emulator adds 25 ms and 80 Mbit/s."""
+    from pretrain.linkemu import ENV, EmulatedLinks
+
+    monkeypatch.setenv(ENV, EmulatedLinks.sites(2, 1, Link(0.025, 10e6)).to_json())
+    cluster = measure_cluster(2, MeasureSettings(seconds=0.05, large_bytes=2**20, repeats=2))
+    link = cluster.link(0, 1)
+    assert 0.025 <= link.latency_s < 0.045
+    assert 6e6 < link.bandwidth_Bps < 11e6
+    assert cluster.devices[0].flops > 1e8 and cluster.devices[1].memory_bytes > 0
+
+
+def test_cluster_is_measured_once_and_cached_in_the_workspace(tmp_path):
+    from pretrain.cluster import local_cluster
+
+    first, cached = local_cluster(tmp_path / "cluster.json", 1)
+    assert not cached and first.world_size == 1
+    again, cached = local_cluster(tmp_path / "cluster.json", 1)
+    assert cached and again.devices[0].flops == first.devices[0].flops
