@@ -168,6 +168,10 @@ def main() -> None:
                           f"pick {s['pick']} fastest {s['fastest']} mem err median {s['memory_error_median']:.0%} "
                           f"max {s['memory_error_max']:.0%} ({s['wall_s']:.0f} s)", flush=True)
                     shutil.rmtree(Path(tmp) / "runs", ignore_errors=True)
+                    report(scenarios, cfg)  # after every scenario: a long run stopped early keeps what it measured
+
+
+def report(scenarios: list[dict], cfg: TrainConfig) -> None:
     finding = {
         "tp_collapses_at_tens_of_ms": all((s["best_tp_vs_fastest"] or 0) > 1.5 for s in scenarios if s["latency_ms"] >= 20),
         "fastest_at_tens_of_ms": sorted({s["fastest"] for s in scenarios if s["latency_ms"] >= 20}),
