@@ -61,6 +61,7 @@ def summarize(ws: Path, plan: dict, world: int) -> dict:
     result = {"world": world, "plan": plan, "tokens_per_s": mean("tokens_per_s"), "mfu": mean("mfu"),
               "step_s": mean("step_s"), "comm_fraction": mean("comm_fraction"),
               "peak_mem_mb_per_rank": [max(r["peak_mem_mb_per_rank"][i] for r in train) for i in range(world)],
+              "model_state_mb_per_rank": train[-1]["model_state_mb_per_rank"],
               "loss": train[-1]["loss"]}
     if "bubble_fraction" in train[-1]:
         result.update(bubble_measured=mean("bubble_fraction"), bubble_theory=train[-1]["bubble_theory"])
@@ -99,12 +100,14 @@ def main() -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
-    print(f"\n{'model':7} {'ranks':>5} {'plan':22} {'tokens/s':>9} {'mfu':>6} {'comm':>5} {'bubble':>7} {'theory':>7}  peak MB per rank")
+    print(f"\n{'model':7} {'ranks':>5} {'plan':22} {'tokens/s':>9} {'mfu':>6} {'comm':>5} {'bubble':>7} {'theory':>7}  "
+          "peak RSS MB per rank | weights+Adam MB per rank")
     for r in results:
         bubble = f"{r['bubble_measured']:.0%}" if "bubble_measured" in r else ""
         theory = f"{r['bubble_theory']:.0%}" if r.get("bubble_theory") is not None else ""
         print(f"{r['model']:7} {r['world']:>5} {r['name']:22} {r['tokens_per_s']:>9,.0f} {r['mfu']:>6.1%} {r['comm_fraction']:>5.0%} "
-              f"{bubble:>7} {theory:>7}  {' '.join(f'{m:.0f}' for m in r['peak_mem_mb_per_rank'])}")
+              f"{bubble:>7} {theory:>7}  {' '.join(f'{m:.0f}' for m in r['peak_mem_mb_per_rank'])} | "
+              f"{' '.join(f'{m:.1f}' for m in r['model_state_mb_per_rank'])}")
     write_result("parallel", {"steps": STEPS, "seq_len": base.seq_len, "batch_size": base.batch_size,
                               "microbatches": MICROBATCHES, "models": MODELS, "runs": results})
 

@@ -50,6 +50,7 @@ def launch(runs: list[RunSpec], nproc: int, nnodes: int = 1, node_rank: int = 0,
 
     `module` is the workers' entry point (python -m module SPEC_JSON): this one, unless a test wraps it.
     """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -59,6 +60,8 @@ def launch(runs: list[RunSpec], nproc: int, nnodes: int = 1, node_rank: int = 0,
         run(parse_args(args))
     except ChildFailedError as e:
         raise PipelineError(f"training failed: {failure_summary(e.failures)}") from None
+    except SignalException as e:  # Ctrl-C or a kill of this process: the agent has stopped the workers
+        raise PipelineError(f"training interrupted by {signal.Signals(e.sigval).name}; workers stopped") from None
 
 
 def default_nproc() -> int:

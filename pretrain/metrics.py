@@ -6,15 +6,39 @@ import resource
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """Peak memory of this process: allocated GPU memory on CUDA, resident set size on CPU."""
+    """Peak memory of this process since reset_peak_memory: allocated GPU memory on CUDA, resident
+    set size on CPU (which includes the Python and PyTorch runtime, some 300-400 MB)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak: each run of a job that runs several reports its own."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # Linux: resets the peak RSS to the current RSS
+    except OSError:
+        pass
+
+
+def model_state_mb(modules: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]) -> float:
+    """Memory of this rank's share of the weights and optimizer state: what sharding divides."""
+    tensors = {id(p): p for m in modules for p in m.parameters()}
+    for optimizer in optimizers:
+        for state in optimizer.state.values():
+            tensors.update({id(t): t for t in state.values() if isinstance(t, torch.Tensor)})
+    local = (t.to_local() if isinstance(t, DTensor) else t for t in tensors.values())
+    return sum(t.numel() * t.element_size() for t in local) / 2**20
 
 
 @contextmanager
@@ -46,7 +70,9 @@ class CommunicationTimer:
 
     Uses the PyTorch profiler: on CPU the `gloo:*` spans (from posting to completion, waiting for
     peers included), on GPU the NCCL kernels. Overlapping transfers count once; transfers hidden
-    behind computation count too (this is time in communication, not exposed time).
+    behind computation count too (this is time in communication, not exposed time). Pipeline
+    schedules post their receives early, so under PP this is close to the whole step: the
+    pipeline's bubble (ParallelModel.bubble_fraction) says how long a stage really waited.
     """
 
     def __init__(self, device: torch.device, enabled: bool):

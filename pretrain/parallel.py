@@ -19,9 +19,10 @@ summed (sync_tied_embeddings), so both copies take identical optimizer steps, as
 from __future__ import annotations
 
 import copy
+import os
 import time
-from contextlib import nullcontext
 from collections import defaultdict
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 
@@ -100,9 +101,7 @@ class ParallelConfig:
         if dp is not None and (dp_replicate is not None or dp_shard is not None):
             raise PipelineError("give either --dp or --dp-replicate/--dp-shard, not both")
         if strategy is None:
-            dims = {k for k, v in given.items() if v > 1}
-            strategy = ("single" if world_size == 1 and not dims else "hybrid" if len(dims & {"tp", "pp"}) + bool(dims & {"dp", "dp_replicate", "dp_shard"}) > 1
-                        else "tp" if dims == {"tp"} else "pp" if dims == {"pp"} else "fsdp" if "dp_shard" in dims else "ddp")
+            strategy = _infer_strategy(world_size, {k for k, v in given.items() if v > 1})
         if strategy not in STRATEGIES:
             raise PipelineError(f"--strategy: unknown strategy '{strategy}' (choose from {', '.join(STRATEGIES)})")
         own = {"single": set(), "ddp": {"dp", "dp_replicate"}, "fsdp": {"dp", "dp_replicate", "dp_shard"}, "tp": {"tp"},
@@ -171,6 +170,18 @@ class ParallelConfig:
         return asdict(self)
 
 
+def _infer_strategy(world_size: int, dims: set[str]) -> str:
+    """--strategy left out: the one the degrees name (several dimensions: hybrid; none: ddp on several processes)."""
+    data, model = dims & {"dp", "dp_replicate", "dp_shard"}, dims & {"tp", "pp"}
+    if len(model) + bool(data) > 1:
+        return "hybrid"
+    if model:
+        return model.pop()
+    if "dp_shard" in data:
+        return "fsdp"
+    return "ddp" if data or world_size > 1 else "single"
+
+
 # ---------------------------------------------------------------- the mesh
 
 @dataclass
@@ -207,7 +218,6 @@ def init_distributed(config: ParallelConfig) -> tuple[int, int, torch.device]:
     if config.world_size == 1 and not dist.is_initialized():
         return 0, 1, torch.device("cuda" if cuda else "cpu")
     if not dist.is_initialized():
-        import os
         if "RANK" not in os.environ:
             raise PipelineError(f"a plan of {config.world_size} processes must be started with torchrun (pipeline pretrain --nproc N)")
         if cuda:
@@ -411,6 +421,7 @@ class ParallelModel:
     has_first: bool = True
     has_last: bool = True
     tie_group: object | None = None
+    pipeline_s: float = 0.0  # seconds of the last schedule step
 
     @classmethod
     def single(cls, model: nn.Module) -> "ParallelModel":
@@ -429,7 +440,9 @@ class ParallelModel:
         with torch.autocast(self.par.device.type, dtype=torch.bfloat16, enabled=self.par.config.bf16):
             if self.schedule is not None:
                 losses: list[torch.Tensor] = []
+                start = time.perf_counter()
                 self.schedule.step(*([x] if self.has_first else []), target=y, losses=losses)
+                self.pipeline_s = time.perf_counter() - start
                 local = torch.stack(losses).mean().detach() if self.has_last else torch.zeros((), device=self.par.device)
             else:
                 model = self.parts[0]
@@ -467,8 +480,13 @@ class ParallelModel:
         for stage in self.stages:
             stage.timing, stage.busy_s = on, 0.0
 
-    def busy_seconds(self) -> float:
-        return sum(stage.busy_s for stage in self.stages)
+    def bubble_fraction(self) -> float:
+        """Share of the last schedule step this rank spent not computing its stages (measured when timing)."""
+        if not self.stages or self.pipeline_s <= 0:
+            return 0.0
+        if self.par.device.type == "cuda":
+            torch.cuda.synchronize(self.par.device)
+        return max(0.0, 1 - sum(stage.busy_s for stage in self.stages) / self.pipeline_s)
 
 
 def parallelize(model: nn.Module, par: Parallel, loss_fn) -> ParallelModel:

@@ -34,7 +34,7 @@ from pretrain.default_corpus import stdlib_documents
 from pretrain.export import export_model
 from pretrain.hardware import measure_matmul_flops
 from pretrain.autoplan import memory_now_mb, predict_run
-from pretrain.metrics import CommunicationTimer, Stopwatch, peak_memory_mb
+from pretrain.metrics import CommunicationTimer, Stopwatch, model_state_mb, peak_memory_mb, reset_peak_memory
 from pretrain.model import GPT, lm_loss
 from pretrain.parallel import (Parallel, ParallelConfig, ParallelModel, build_mesh, clip_grad_norm, describe_rank,
                                parallelize, stage_layers)
@@ -341,6 +341,7 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
     plan = plan or ParallelConfig()
     plan.validate(cfg.model, cfg)
     par = build_mesh(plan)
+    reset_peak_memory(par.device)
     main = par.rank == 0
     # The planner's prediction for this plan (from the workspace's cached cluster measurement, if any),
     # logged beside the measured step time and peak memory; memory is counted from here.
@@ -400,15 +401,17 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
             now = time.perf_counter()
             tokens_per_s = steps_since_log * tokens_per_step / (now - last_log)
             eta = (cfg.max_steps - done) * tokens_per_step / tokens_per_s
-            # Per rank: peak memory, seconds in communication, step seconds, seconds computing pipeline chunks.
-            ranks = gather_floats(par, [peak_memory_mb(par.device), comm.seconds, watch.seconds, pm.busy_seconds()])
+            # Per rank: peak memory, weights + optimizer state, seconds in communication, step seconds, bubble.
+            ranks = gather_floats(par, [peak_memory_mb(par.device), model_state_mb(pm.parts, optimizers), comm.seconds,
+                                        watch.seconds, pm.bubble_fraction()])
             if main:
                 record = {"event": "train", "step": done, "loss": loss_value, "lr": schedulers[0].get_last_lr()[0],
                           "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
                           "mfu": tokens_per_s * flops_per_token / peak_flops,
                           "peak_rss_mb": peak_rss_mb(), "peak_mem_mb_per_rank": [r[0] for r in ranks],
-                          "step_s": watch.seconds, "comm_s_per_rank": [r[1] for r in ranks],
-                          "comm_fraction": sum(r[1] / r[2] for r in ranks) / len(ranks),
+                          "model_state_mb_per_rank": [r[1] for r in ranks],
+                          "step_s": watch.seconds, "comm_s_per_rank": [r[2] for r in ranks],
+                          "comm_fraction": sum(r[2] / r[3] for r in ranks) / len(ranks),
                           "tokens_seen": done * tokens_per_step, "elapsed_s": now - run_start,
                           "world_size": par.world_size, "strategy": plan.strategy}
                 if prediction:
@@ -416,7 +419,7 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
                                   predicted_peak_mem_mb=prediction["peak_mem_mb"],
                                   measured_peak_mem_mb=max(r[0] for r in ranks) - memory_base_mb)
                 if plan.pp > 1:
-                    bubbles = [max(0.0, 1 - r[3] / r[2]) for r in ranks]
+                    bubbles = [r[4] for r in ranks]
                     record.update(bubble_fraction=sum(bubbles) / len(bubbles), bubble_fraction_per_rank=bubbles,
                                   bubble_theory=theoretical_bubble(plan))
                 metrics.write(record)

@@ -5,6 +5,8 @@ the other (pretrain.launch takes a list of runs), so the cost of starting proces
 world size. Every plan is compared step by step with the single-process run on the same global
 batches: loss, and the gradient norm before clipping (AdamW and clipping hide a wrongly scaled
 gradient from the loss, not from its norm).
+
+The 8-process job (data × tensor × pipeline parallel) is skipped unless PIPELINE_SLOW_TESTS=1.
 """
 from __future__ import annotations
 
@@ -56,7 +58,10 @@ PLANS_4 = {
     "dp2xpp2-zbv": dict(strategy="hybrid", dp_shard=2, pp=2, pp_schedule="zbv"),
 }
 PLANS_8 = {"dp2xtp2xpp2": dict(strategy="hybrid", dp_shard=2, tp=2, pp=2, pp_schedule="1f1b")}
-EXPORTED = {"fsdp", "pp-zbv", "dp2xtp2xpp2"}  # DTensor shards; two stages per rank; FSDP + TP + PP
+# Gathering the full weights: FSDP shards across pipeline stages; TP shards across two stages per rank.
+EXPORTED = {"dp2xpp2-gpipe", "tp2xpp2-interleaved"}
+# Eight processes on a small machine take most of a minute to start: opt in.
+SLOW = pytest.mark.skipif(not os.environ.get("PIPELINE_SLOW_TESTS"), reason="set PIPELINE_SLOW_TESTS=1 for the 8-process job")
 # Saved under one plan at step 3, resumed under another: name -> (run whose checkpoint, plan).
 RESUMED_2 = {
     "pp-1f1b->fsdp": ("pp-1f1b", dict(strategy="fsdp", dp_shard=2)),
@@ -181,6 +186,7 @@ def test_four_process_plans_train_like_one_process(world4, single, name):
     assert_same_training(world4[name], single)
 
 
+@SLOW
 def test_three_dimensional_plan_on_eight_processes_trains_like_one_process(world8, single):
     assert_same_training(world8["dp2xtp2xpp2"], single)
 
@@ -203,7 +209,7 @@ def test_pipeline_checkpoint_resumes_in_one_process(prepared, world2, single):
     assert_same_training(ws.root, single, first_step=4)
 
 
-def test_every_plan_exports_the_same_hugging_face_model(prepared, world2, world8, single):
+def test_every_plan_exports_the_same_hugging_face_model(prepared, world4, single):
     """The exports hold the same files and config, and the weights of the single-process run."""
     from safetensors.torch import load_file
 
@@ -216,7 +222,7 @@ def test_every_plan_exports_the_same_hugging_face_model(prepared, world2, world8
     optimizer = build_optimizer(model, cfg)
     load_checkpoint(Path(checkpoint(single, STEPS)), model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0))
     want = to_hf_state_dict(model.state_dict(), cfg.model)
-    model_dirs = [{**world2, **world8}[name] / "model" for name in sorted(EXPORTED)]
+    model_dirs = [world4[name] / "model" for name in sorted(EXPORTED)]
     files = {d.name: sorted(p.relative_to(d) for p in d.rglob("*") if p.is_file()) for d in model_dirs}
     assert "model.safetensors" in map(str, files[model_dirs[0].name])
     for model_dir in model_dirs:

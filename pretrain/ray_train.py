@@ -1,0 +1,73 @@
+"""Pretraining on a Ray cluster: the same train() under a Ray Train TorchTrainer.
+
+Ray starts one worker per process of the plan (per GPU, or per CPU slot on CPU clusters) and sets
+up the process group; train() builds its DeviceMesh on top of it, exactly as under torchrun. Every
+checkpoint train() writes (torch.distributed.checkpoint, into the workspace) is reported to Ray
+Train, which copies it to `storage_path`. When a worker dies, Ray (up to --max-failures times)
+starts a new worker group, and the loop resumes from the latest reported checkpoint.
+
+The workspace must be on storage every node sees (NFS or similar): workers read the token files
+from it and write the checkpoints and the export into it.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from common.console import info
+from common.errors import PipelineError
+from common.ray_cluster import connect
+from common.workspace import Workspace
+
+
+def train_loop_per_worker(config: dict) -> None:
+    """Runs on every Ray Train worker."""
+    import ray.train
+
+    from pretrain.config import train_config_from_dict
+    from pretrain.parallel import ParallelConfig
+    from pretrain.train import train
+
+    ws = Workspace(Path(config["workspace"]))
+    resume_from = Path(config["resume_from"]) if config["resume_from"] else None
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:  # a restarted worker group: continue from the latest reported checkpoint
+        resume_from = Path(checkpoint.path)
+
+    def report(path: Path, step: int, metrics: dict) -> None:
+        is_rank_0 = ray.train.get_context().get_world_rank() == 0
+        ray.train.report({"step": step, **metrics},
+                         checkpoint=ray.train.Checkpoint.from_directory(str(path)) if is_rank_0 else None,
+                         checkpoint_dir_name=path.name)
+
+    train(ws, train_config_from_dict(config["train"]), resume_from=resume_from,
+          plan=ParallelConfig(**config["plan"]), on_checkpoint=report)
+
+
+def run_on_ray(ws: Workspace, cfg, plan, resume_from: Path | None, address: str, max_failures: int,
+               storage_path: Path | None = None) -> dict:
+    ray = connect(address)
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    use_gpu = ray.cluster_resources().get("GPU", 0) >= plan.world_size
+    storage = (storage_path or ws.root / "ray").resolve()
+    info(f"training on Ray ({address}): {plan.world_size} workers, {'one GPU' if use_gpu else 'one CPU'} each; "
+         f"checkpoints reported to {storage}; up to {max_failures} worker failures recovered")
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"workspace": str(ws.root.resolve()), "train": asdict(cfg), "plan": plan.to_dict(),
+                           "resume_from": str(resume_from.resolve()) if resume_from else None},
+        scaling_config=ScalingConfig(num_workers=plan.world_size, use_gpu=use_gpu, resources_per_worker={"CPU": 1}),
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(plan.timeout_s)),
+        run_config=RunConfig(name="pretrain", storage_path=str(storage), failure_config=FailureConfig(max_failures=max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=2)),
+    )
+    try:
+        trainer.fit()
+    except Exception as e:  # Ray wraps worker errors; show the root cause in one line
+        cause = e
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        raise PipelineError(f"training on Ray failed: {type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}") from None
+    return ws.read_manifest().get("model", {})
