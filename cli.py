@@ -3,7 +3,10 @@
     pipeline pretrain            tokenizer + GPT-2 trained on your documents
     pipeline embed               chunk and embed documents into the workspace's DuckDB
     pipeline index               build the FAISS index over the stored vectors
-    pipeline search "query"      ranked documents for a query
+    pipeline search "query"      ranked documents for a query (dense, lexical or hybrid)
+    pipeline eval                nDCG@10, Recall@100, MRR@10 on BEIR-format queries and judgements
+    pipeline tune                contrastive fine-tuning of the model into a sentence embedder
+    pipeline serve               HTTP API and web page for search
     pipeline status              what the workspace holds, and whether it is consistent
 
 Every stage reads and writes the workspace (--workspace, or $PIPELINE_WORKSPACE, default ./workspace).
@@ -28,6 +31,8 @@ WorkspaceOption = Annotated[Path, typer.Option("--workspace", "-w", envvar=WORKS
 DataOption = Annotated[Optional[list[Path]], typer.Option("--data", "-d", help="File or directory (.txt .md .jsonl .json .csv .parquet); repeatable.")]
 TextFieldOption = Annotated[Optional[str], typer.Option(help="Field holding the text in structured files (auto-detected by default).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
+ModeOption = Annotated[Optional[str], typer.Option(help="dense, lexical or hybrid (default: hybrid, the best on our benchmark).")]
+DenseWeightOption = Annotated[float, typer.Option(help="Hybrid only: weight of the dense ranking in the fusion (lexical gets 1 - it).")]
 
 
 @app.callback()
@@ -247,6 +252,10 @@ def search(
     query: Annotated[str, typer.Argument(help="What to look for.")],
     workspace: WorkspaceOption = Path("workspace"),
     k: Annotated[int, typer.Option("-k", help="Number of documents to return.")] = 10,
+    mode: ModeOption = None,
+    dense_weight: DenseWeightOption = 0.5,
+    source: Annotated[Optional[str], typer.Option(help="Only documents whose source path matches this glob, e.g. 'docs/*.md'.")] = None,
+    title: Annotated[Optional[str], typer.Option(help="Only documents whose title contains this text (case-insensitive).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="One JSON object per result line.")] = False,
 ):
     """Search the indexed documents; one row per document, with its best-matching chunk.
@@ -256,12 +265,15 @@ def search(
         pipeline search "how do I parse command line options"
 
         pipeline search "vitamin D and bone density" -k 5 --json
+
+        pipeline search "bone density" --mode lexical --source 'papers/*.jsonl'
     """
     from rich.table import Table
 
-    from search.engine import SearchEngine
+    from search.engine import Filters, SearchEngine
 
-    hits = SearchEngine(Workspace(workspace)).search(query, k)
+    engine = SearchEngine(Workspace(workspace), load_model=False)
+    hits = engine.search(query, k, mode, Filters(source, title), dense_weight)
     if json_output:
         for hit in hits:
             print(json.dumps(hit.to_dict(), ensure_ascii=False))
@@ -272,6 +284,109 @@ def search(
     for hit in hits:
         table.add_row(str(hit.rank), f"{hit.score:.3f}", f"{hit.title}\n[dim]{hit.source}[/dim]" if hit.title else hit.source, hit.snippet)
     out.print(table)
+
+
+@app.command(name="eval")
+@user_errors
+def eval_command(
+    queries: Annotated[Path, typer.Option(help="BEIR queries.jsonl: {\"_id\": ..., \"text\": ...} per line.")],
+    qrels: Annotated[Path, typer.Option(help="BEIR qrels .tsv: query-id, corpus-id, score (header line optional).")],
+    workspace: WorkspaceOption = Path("workspace"),
+    mode: Annotated[Optional[str], typer.Option(help="dense, lexical, hybrid, or all (default: the search default, hybrid).")] = None,
+    k: Annotated[int, typer.Option("-k", help="Documents retrieved per query (Recall@100 needs 100).")] = 100,
+    dense_weight: DenseWeightOption = 0.5,
+    json_output: JsonOption = False,
+):
+    """Retrieval quality on judged queries: nDCG@10, Recall@100 and MRR@10 (pytrec_eval).
+
+    Examples:
+
+        pipeline eval --queries scifact/queries.jsonl --qrels scifact/qrels/test.tsv
+
+        pipeline eval --queries q.jsonl --qrels qrels.tsv --mode all --json
+    """
+    from search.engine import SearchEngine
+    from search.evaluate import evaluate, modes_to_run, read_qrels, read_queries
+
+    judged, texts = read_qrels(qrels), read_queries(queries)
+    engine = SearchEngine(Workspace(workspace), load_model=False)
+    modes = modes_to_run(engine, mode) if mode else [None]
+    reports = [evaluate(engine, texts, judged, m, k, dense_weight) for m in modes]
+    if json_output:
+        out.print_json(json.dumps(reports if len(reports) > 1 else reports[0]))
+        return
+    for r in reports:
+        out.print(f"{r['mode']:8} nDCG@10 {r['ndcg@10']:.4f}  Recall@100 {r['recall@100']:.4f}  MRR@10 {r['mrr@10']:.4f}  "
+                  f"({r['queries']} queries, {r['queries_per_s']:.1f}/s)", highlight=False)
+
+
+@app.command()
+@user_errors
+def tune(
+    workspace: WorkspaceOption = Path("workspace"),
+    data: DataOption = None,
+    text_field: TextFieldOption = None,
+    pairs_from: Annotated[str, typer.Option(help="Pairs the corpus gives, comma-separated: title, ict, neighbours, dropout.")] = "title,ict",
+    pairs: Annotated[Optional[Path], typer.Option(help="Labelled pairs, JSON lines: {\"query\": ..., \"document\": text} or {\"query\": ..., \"doc_id\": ...}.")] = None,
+    pooling: Annotated[str, typer.Option(help="mean, weightedmean (position-weighted, SGPT) or lasttoken.")] = "mean",
+    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 300,
+    batch_size: Annotated[int, typer.Option(help="Pairs per batch; the other pairs are each one's negatives.")] = 64,
+    mini_batch: Annotated[Optional[int], typer.Option(help="Use CachedMultipleNegativesRankingLoss with this many texts per pass (large batches, little memory).")] = None,
+    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 3e-4,
+    max_seq_length: Annotated[int, typer.Option(help="Tokens per training text (longer ones are truncated).")] = 128,
+    seed: Annotated[int, typer.Option(help="Random seed (pairs, order, weights).")] = 0,
+    json_output: JsonOption = False,
+):
+    """Contrastive tuning of the pretrained model into a sentence embedder, from your unlabelled documents.
+
+    Pairs the corpus provides (title <-> text, a sentence <-> its passage, neighbouring spans, dropout
+    views) are trained with in-batch negatives (MultipleNegativesRankingLoss). The result goes to the
+    workspace's tuned/ directory; `pipeline embed` uses it from then on.
+
+    Examples:
+
+        pipeline tune                                    # the documents pretraining used
+
+        pipeline tune --data docs/ --steps 1000 --pooling weightedmean
+
+        pipeline tune --pairs labelled.jsonl --batch-size 256 --mini-batch 32
+
+        pipeline tune && pipeline embed && pipeline index
+    """
+    from embed.run import source_documents
+    from embed.tune import TuneSettings, run_tune
+
+    ws = Workspace(workspace)
+    settings = TuneSettings(pooling=pooling, pair_kinds=tuple(k.strip() for k in pairs_from.split(",") if k.strip()),
+                            pairs_file=pairs, steps=steps, batch_size=batch_size, mini_batch=mini_batch, lr=lr,
+                            max_seq_length=max_seq_length, seed=seed)
+    docs = list(source_documents(ws, list(data or []), text_field))
+    summary = run_tune(ws, docs, settings)
+    if json_output:
+        out.print_json(json.dumps(summary))
+
+
+@app.command()
+@user_errors
+def serve(
+    workspace: WorkspaceOption = Path("workspace"),
+    host: Annotated[str, typer.Option(help="Address to listen on (loopback by default; 0.0.0.0 exposes it to the network).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    api_key: Annotated[Optional[str], typer.Option(envvar="PIPELINE_API_KEY", help="Require this key (X-API-Key header or ?api_key=) on every request but /health.")] = None,
+):
+    """Serve search over HTTP: a web page at /, the JSON API (/search, /documents/{id}, /health), docs at /docs.
+
+    The model and indexes load once; a rebuilt index (`pipeline index`) is picked up without a restart.
+
+    Examples:
+
+        pipeline serve                                   # http://127.0.0.1:8000/
+
+        pipeline serve --port 9000 --api-key s3cret      # then: curl -H 'X-API-Key: s3cret' 'localhost:9000/search?q=cancer'
+    """
+    from search.serve import run_server
+
+    run_server(Workspace(workspace), host, port, api_key)
 
 
 @app.command()

@@ -21,11 +21,12 @@ from common.readers import Document, read_documents
 from common.store import ChunkRow, Store
 from common.workspace import Workspace, model_fingerprint
 from embed.chunking import chunk_texts
+from embed.tune import default_model_dir
 
 
 @dataclass
 class EmbedSettings:
-    model_dir: Path | None = None  # default: the model pretrain exported into the workspace
+    model_dir: Path | None = None  # default: the tuned model if any, else the model pretrain exported
     chunk_tokens: int | None = None  # default: the model's max_seq_length less TITLE_TOKENS
     overlap: int = 32
     batch_size: int = 64
@@ -58,7 +59,7 @@ def source_documents(ws: Workspace, data: list[Path], text_field: str | None) ->
 
 
 def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings: EmbedSettings) -> dict:
-    model_dir = settings.model_dir or ws.model_dir
+    model_dir = settings.model_dir or default_model_dir(ws)  # the tuned model if `pipeline tune` made one
     if settings.model_dir is None and not (model_dir / "config.json").exists():
         raise PipelineError(f"no model in {model_dir}: run `pipeline pretrain` first, or pass --model DIR")
     if not model_dir.exists():

@@ -1,13 +1,16 @@
-"""`pipeline index`: build a FAISS index over the vectors in the store.
+"""`pipeline index`: build a FAISS index over the vectors in the store, and a BM25 index over the chunks' text.
 
 Vectors are L2-normalised, so every index uses inner product (= cosine similarity). Chunk ids are
 kept through IndexIDMap2. The index file is written to a temporary name and renamed, so a crash
-mid-build leaves the previous index usable.
+mid-build leaves the previous index usable. The lexical index (search/lexical.py) goes into a new
+versioned directory; the manifest's "index" section, written last, names both files, so a reader
+that follows the manifest (`pipeline serve`) always sees a matching pair.
 """
 from __future__ import annotations
 
 import math
 import time
+import uuid
 from pathlib import Path
 
 import faiss
@@ -17,6 +20,7 @@ from common.console import info
 from common.errors import PipelineError
 from common.store import Store
 from common.workspace import Workspace, atomic_write_bytes
+from search.lexical import LexicalIndex, remove_old_versions
 
 INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")
 EXACT_LIMIT = 50_000  # below this many vectors exact search is fast enough and has perfect recall
@@ -73,6 +77,8 @@ def build_index(ws: Workspace, kind: str = "auto") -> dict:
     embedder = ws.require("embedder", "run `pipeline embed` first")
     with Store(ws.db_path, read_only=True) as store:
         ids, vectors = store.load_vectors()
+        chunk_rows = store.con.execute(
+            "SELECT c.chunk_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) ORDER BY c.chunk_id").fetchall()
     if len(ids) == 0:
         raise PipelineError(f"{ws.db_path}: no vectors stored; run `pipeline embed` first")
     reason = f"--type {kind}"
@@ -95,12 +101,21 @@ def build_index(ws: Workspace, kind: str = "auto") -> dict:
         info(f"recall@10 against exact search on a sample: {recall:.3f}")
     path = ws.index_dir / "faiss.index"
     atomic_write_bytes(path, faiss.serialize_index(index).tobytes())
+    info(f"built in {build_seconds:.2f}s; written to {path}")
+
+    start = time.perf_counter()
+    lexical_dir = LexicalIndex.build(chunk_rows).save(ws.index_dir)
+    lexical_seconds = time.perf_counter() - start
+    info(f"BM25 index over {len(chunk_rows):,} chunks built in {lexical_seconds:.2f}s; written to {lexical_dir}")
+
     summary = {"path": "index/faiss.index", "type": kind, "reason": reason, "vectors": int(len(ids)),
                "dim": int(vectors.shape[1]), "embedder_fingerprint": embedder["fingerprint"],
                "embedder_chunking": [embedder["chunk_tokens"], embedder["overlap"]],
-               "build_seconds": build_seconds, "recall_at_10": recall}
+               "build_seconds": build_seconds, "recall_at_10": recall,
+               "lexical_path": str(lexical_dir.relative_to(ws.root)), "lexical_chunks": len(chunk_rows),
+               "lexical_seconds": lexical_seconds, "build_id": uuid.uuid4().hex}
     ws.update_manifest("index", summary)
-    info(f"built in {build_seconds:.2f}s; written to {path}")
+    remove_old_versions(ws.index_dir, keep=lexical_dir)
     return summary
 
 

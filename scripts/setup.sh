@@ -33,5 +33,11 @@ fi
 "${PIP[@]}" install -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" >&2 || true
 .venv/bin/python -c "import torch, transformers, sentence_transformers, faiss, duckdb" \
     || { echo "setup: installation failed" >&2; exit 1; }
+# The web page's browser test drives Debian's chromium (Playwright never downloads a browser here).
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && [ ! -x /usr/bin/chromium ]; then
+    echo "setup: installing Debian's chromium for the browser test" >&2
+    { apt-get update -q && apt-get install -y -q chromium chromium-driver; } >/dev/null 2>&1 \
+        || echo "setup: could not install chromium; the browser test will be skipped" >&2
+fi
 rm -f .venv/.installed-*
 touch "$stamp"

@@ -1,18 +1,39 @@
-"""Dense search over the workspace: query -> embedding -> FAISS -> best chunk per document."""
+"""Search over the workspace: dense (embedding + FAISS), lexical (BM25) or hybrid (reciprocal rank fusion).
+
+Both retrievers rank chunks; results are documents, each shown with its best-matching chunk.
+Hybrid fuses the two document rankings: score(d) = w / (60 + rank_dense(d)) + (1 - w) / (60 + rank_lexical(d)),
+where a document missing from one list gets nothing from it (Cormack et al., 2009).
+
+The engine loads the indexes and the model once; `search` can then be called many times, from
+several threads (FAISS and bm25s searches only read; each call uses its own DuckDB cursor).
+"""
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import duckdb
 import faiss
 import numpy as np
 
 from common.errors import PipelineError
 from common.models import encode, load_embedder
-from common.store import Store
 from common.workspace import Workspace, model_fingerprint
+from search.lexical import LexicalIndex
 
+MODES = ("dense", "lexical", "hybrid")
+# Chosen from benchmarks/results/search_quality.json (SciFact, tuned tiny model): hybrid is best.
+DEFAULT_MODE = "hybrid"
+DEFAULT_DENSE_WEIGHT = 0.5
+RRF_K = 60  # the constant of reciprocal rank fusion
+FUSION_DEPTH = 100  # documents taken from each retriever before fusing
 MAX_QUERY_CHARS = 2000
+MAX_K = 1000
+# Hugging Face fast tokenizers fail ("Already borrowed") when one is used from two threads at once, and
+# torch already spreads one forward pass over every core: queries are encoded one batch at a time.
+_ENCODE_LOCK = threading.Lock()
 
 
 @dataclass
@@ -29,55 +50,227 @@ class Hit:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Filters:
+    """Restrict results to documents whose source path matches a glob (`docs/*.md`) and/or whose title contains a text."""
+    source: str | None = None
+    title: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.source or self.title)
+
+
 def snippet(text: str, limit: int = 240) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " …"
 
 
-class SearchEngine:
-    """Loads the index and its model once; `search` can then be called many times."""
+def check_request(query: str, k: int, mode: str | None) -> str:
+    """Validate one request; returns the stripped query. Raises PipelineError naming the problem."""
+    query = query.strip()
+    if not query:
+        raise PipelineError("empty query")
+    if len(query) > MAX_QUERY_CHARS:
+        raise PipelineError(f"query too long: {len(query)} characters (limit {MAX_QUERY_CHARS})")
+    if not 1 <= k <= MAX_K:
+        raise PipelineError(f"k must be between 1 and {MAX_K}, got {k}")
+    if mode is not None and mode not in MODES:
+        raise PipelineError(f"unknown mode '{mode}' (choose from {', '.join(MODES)})")
+    return query
 
-    def __init__(self, ws: Workspace):
+
+class SearchEngine:
+    """Everything one index generation needs: FAISS, BM25, the query model and the chunk metadata.
+
+    in_memory=True copies the documents and chunks tables into an in-memory DuckDB at load time: the
+    server then holds no lock on the workspace's database file (so `pipeline embed` can write to it
+    while serving) and answers from the same snapshot the indexes were loaded with.
+    """
+
+    def __init__(self, ws: Workspace, in_memory: bool = False, load_model: bool = True, reuse_model=None):
         self.ws = ws
-        index_entry = ws.require("index", "run `pipeline embed` and `pipeline index` first")
+        self.index_entry = ws.require("index", "run `pipeline embed` and `pipeline index` first")
         embedder = ws.require("embedder", "run `pipeline embed` first")
-        index_path = ws.root / index_entry["path"]
+        index_path = ws.root / self.index_entry["path"]
         if not index_path.exists():
             raise PipelineError(f"{index_path}: index file missing; run `pipeline index`")
-        model_dir = Path(embedder["model_path"])
-        if not model_dir.exists():
-            raise PipelineError(f"{model_dir}: the embedding model recorded in the manifest is gone")
-        current = model_fingerprint(model_dir)
-        if index_entry["embedder_fingerprint"] != current:
-            raise PipelineError(
-                f"the index was built with model {index_entry['embedder_fingerprint']} but {model_dir} now holds "
-                f"model {current}: run `pipeline embed` and `pipeline index` again")
+        self.model_dir = Path(embedder["model_path"])
         self.index = faiss.deserialize_index(np.fromfile(index_path, dtype=np.uint8))
-        self.model = load_embedder(model_dir)
+        lexical_path = self.index_entry.get("lexical_path")
+        self.lexical = LexicalIndex.load(ws.root / lexical_path) if lexical_path else None
+        self._model = reuse_model
+        self._model_lock = threading.Lock()
+        self._memory: duckdb.DuckDBPyConnection | None = None
+        if in_memory:
+            self._memory = snapshot_store(ws.db_path)
+        if load_model and self._model is None:
+            self.model  # noqa: B018 -- load now rather than on the first query
 
-    def search(self, query: str, k: int = 10) -> list[Hit]:
-        query = query.strip()
-        if not query:
-            raise PipelineError("empty query")
-        if len(query) > MAX_QUERY_CHARS:
-            raise PipelineError(f"query too long: {len(query)} characters (limit {MAX_QUERY_CHARS})")
-        if k < 1:
-            raise PipelineError(f"k must be at least 1, got {k}")
-        vector = encode(self.model, [query])
-        total = self.index.ntotal
-        fetch = min(total, 4 * k)
-        while True:
-            scores, ids = self.index.search(vector, fetch)
-            with Store(self.ws.db_path, read_only=True) as store:
-                details = store.chunk_details([int(i) for i in ids[0] if i >= 0])
-            per_doc: dict[str, tuple[float, dict]] = {}
-            for score, chunk_id in zip(scores[0], ids[0]):
-                row = details.get(int(chunk_id))
-                if row is not None and row["doc_id"] not in per_doc:  # results come best-first
-                    per_doc[row["doc_id"]] = (float(score), row)
-            if len(per_doc) >= k or fetch >= total:
-                break
-            fetch = min(total, fetch * 4)
-        ranked = list(per_doc.values())[:k]
-        return [Hit(rank, score, row["doc_id"], row["title"] or "", row["source"] or "", snippet(row["text"] or ""), row["chunk_id"])
-                for rank, (score, row) in enumerate(ranked, start=1)]
+    # ---- resources
+    @property
+    def model(self):
+        with self._model_lock:
+            if self._model is None:
+                if not self.model_dir.exists():
+                    raise PipelineError(f"{self.model_dir}: the embedding model recorded in the manifest is gone")
+                current = model_fingerprint(self.model_dir)
+                if self.index_entry["embedder_fingerprint"] != current:
+                    raise PipelineError(
+                        f"the index was built with model {self.index_entry['embedder_fingerprint']} but {self.model_dir} now holds "
+                        f"model {current}: run `pipeline embed` and `pipeline index` again")
+                self._model = load_embedder(self.model_dir)
+            return self._model
+
+    @contextmanager
+    def connect(self):
+        """A DuckDB connection for one request: a cursor on the snapshot, or a read-only file connection."""
+        if self._memory is not None:
+            cursor = self._memory.cursor()
+            try:
+                yield cursor
+            finally:
+                cursor.close()
+            return
+        if not self.ws.db_path.exists():
+            raise PipelineError(f"{self.ws.db_path}: no document store yet; run `pipeline embed` first")
+        try:
+            con = duckdb.connect(str(self.ws.db_path), read_only=True)
+        except duckdb.Error as e:
+            raise PipelineError(f"{self.ws.db_path}: cannot open the DuckDB store ({str(e).splitlines()[0]})") from None
+        try:
+            yield con
+        finally:
+            con.close()
+
+    def resolve_mode(self, mode: str | None) -> str:
+        if mode is None:
+            return DEFAULT_MODE if self.lexical is not None else "dense"
+        if mode in ("lexical", "hybrid") and self.lexical is None:
+            raise PipelineError(f"--mode {mode}: this index has no lexical part; run `pipeline index` again")
+        return mode
+
+    # ---- search
+    def search(self, query: str, k: int = 10, mode: str | None = None, filters: Filters | None = None,
+               dense_weight: float = DEFAULT_DENSE_WEIGHT) -> list[Hit]:
+        return self.search_many([query], k, mode, filters, dense_weight)[0]
+
+    def search_many(self, queries: list[str], k: int = 10, mode: str | None = None, filters: Filters | None = None,
+                    dense_weight: float = DEFAULT_DENSE_WEIGHT) -> list[list[Hit]]:
+        """Results for each query; queries are embedded in one batch (what `pipeline eval` uses)."""
+        queries = [check_request(q, k, mode) for q in queries]
+        mode = self.resolve_mode(mode)
+        if not 0.0 <= dense_weight <= 1.0:
+            raise PipelineError(f"dense weight must be between 0 and 1, got {dense_weight}")
+        depth = k if mode != "hybrid" else max(k, FUSION_DEPTH)
+        vectors = None
+        if mode != "lexical":
+            model = self.model
+            with _ENCODE_LOCK:
+                vectors = encode(model, queries)
+        results = []
+        with self.connect() as con:
+            allowed = self._allowed_chunks(con, filters) if filters else None
+            for i, query in enumerate(queries):
+                if allowed is not None and len(allowed) == 0:
+                    results.append([])
+                    continue
+                dense = self._dense(con, vectors[i:i + 1], depth, allowed) if mode != "lexical" else []
+                lexical = self._lexical(con, query, depth, allowed) if mode != "dense" else []
+                if mode == "hybrid":
+                    ranked = fuse(dense, lexical, dense_weight)
+                else:
+                    ranked = dense or lexical
+                results.append([Hit(rank, score, row["doc_id"], row["title"] or "", row["source"] or "",
+                                    snippet(row["text"] or ""), row["chunk_id"])
+                                for rank, (score, row) in enumerate(ranked[:k], start=1)])
+        return results
+
+    def _dense(self, con, vector: np.ndarray, n_docs: int, allowed: np.ndarray | None) -> list[tuple[float, dict]]:
+        params = faiss.SearchParameters(sel=faiss.IDSelectorBatch(allowed)) if allowed is not None else None
+        total = self.index.ntotal if allowed is None else min(self.index.ntotal, len(allowed))
+
+        def fetch(n: int):
+            scores, ids = self.index.search(vector, n, params=params)
+            keep = ids[0] >= 0
+            return ids[0][keep], scores[0][keep]
+        return best_chunk_per_document(con, fetch, n_docs, total)
+
+    def _lexical(self, con, query: str, n_docs: int, allowed: np.ndarray | None) -> list[tuple[float, dict]]:
+        total = len(self.lexical) if allowed is None else min(len(self.lexical), len(allowed))
+        return best_chunk_per_document(con, lambda n: self.lexical.search(query, n, allowed), n_docs, total)
+
+    def _allowed_chunks(self, con, filters: Filters) -> np.ndarray:
+        rows = con.execute(
+            """SELECT c.chunk_id FROM chunks c JOIN documents d USING (doc_id)
+               WHERE ($source IS NULL OR d.source GLOB $source)
+                 AND ($title IS NULL OR contains(lower(coalesce(d.title, '')), lower($title)))
+               ORDER BY c.chunk_id""",
+            {"source": filters.source or None, "title": filters.title or None},
+        ).fetchall()
+        return np.array([r[0] for r in rows], dtype=np.int64)
+
+    def document(self, doc_id: str) -> dict | None:
+        with self.connect() as con:
+            rows = con.execute("SELECT doc_id, title, source, text FROM documents WHERE doc_id = ?", [doc_id]).fetchall()
+            if not rows:
+                return None
+            n_chunks = con.execute("SELECT count(*) FROM chunks WHERE doc_id = ?", [doc_id]).fetchall()[0][0]
+        return {**dict(zip(("doc_id", "title", "source", "text"), rows[0])), "chunks": n_chunks}
+
+
+def best_chunk_per_document(con, fetch, n_docs: int, total: int) -> list[tuple[float, dict]]:
+    """Ask `fetch(n)` for the best n chunks (ids, scores), growing n until n_docs documents are covered;
+    returns [(score, chunk row)] with each document's best chunk, best first."""
+    n = min(total, 4 * n_docs)
+    while True:
+        ids, scores = fetch(n)
+        details = chunk_details(con, [int(i) for i in ids])
+        per_doc: dict[str, tuple[float, dict]] = {}
+        for chunk_id, score in zip(ids, scores):
+            row = details.get(int(chunk_id))
+            if row is not None and row["doc_id"] not in per_doc:  # results come best-first
+                per_doc[row["doc_id"]] = (float(score), row)
+        if len(per_doc) >= n_docs or n >= total or len(ids) < n:
+            return list(per_doc.values())[:n_docs]
+        n = min(total, n * 4)
+
+
+def chunk_details(con, chunk_ids: list[int]) -> dict[int, dict]:
+    """chunk_id -> doc_id, title, source, chunk text."""
+    if not chunk_ids:
+        return {}
+    rows = con.execute(
+        """SELECT c.chunk_id, c.doc_id, d.title, d.source, c.text
+           FROM chunks c JOIN documents d USING (doc_id) WHERE list_contains($ids, c.chunk_id)""",
+        {"ids": chunk_ids},
+    ).fetchall()
+    keys = ("chunk_id", "doc_id", "title", "source", "text")
+    return {r[0]: dict(zip(keys, r)) for r in rows}
+
+
+def fuse(dense: list[tuple[float, dict]], lexical: list[tuple[float, dict]], dense_weight: float) -> list[tuple[float, dict]]:
+    """Weighted reciprocal rank fusion of two document rankings; the shown chunk is the dense one if any."""
+    scores: dict[str, float] = {}
+    rows: dict[str, dict] = {}
+    for weight, ranking in ((dense_weight, dense), (1.0 - dense_weight, lexical)):
+        for rank, (_, row) in enumerate(ranking, start=1):
+            scores[row["doc_id"]] = scores.get(row["doc_id"], 0.0) + weight / (RRF_K + rank)
+            rows.setdefault(row["doc_id"], row)
+    order = sorted(scores, key=lambda d: (-scores[d], d))
+    return [(scores[d], rows[d]) for d in order]
+
+
+def snapshot_store(db_path: Path) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB holding a copy of the store's documents and chunks tables (no vectors)."""
+    if not db_path.exists():
+        raise PipelineError(f"{db_path}: no document store yet; run `pipeline embed` first")
+    memory = duckdb.connect(":memory:")
+    try:
+        memory.execute("ATTACH ? AS store (READ_ONLY)", [str(db_path)])
+        memory.execute("CREATE TABLE documents AS SELECT doc_id, title, source, text FROM store.documents")
+        memory.execute("CREATE TABLE chunks AS SELECT chunk_id, doc_id, chunk_index, text FROM store.chunks")
+        memory.execute("DETACH store")
+    except duckdb.Error as e:
+        memory.close()
+        raise PipelineError(f"{db_path}: cannot read the DuckDB store ({str(e).splitlines()[0]})") from None
+    return memory

@@ -1,0 +1,269 @@
+"""`pipeline tune`: contrastive adaptation of the pretrained GPT-2 into a sentence embedder.
+
+The raw hidden states of a small language model trained from scratch make poor embeddings (every
+text lands in nearly the same direction). Tuning teaches the model which texts belong together,
+using pairs that the user's own, unlabelled corpus provides:
+
+    title      a document's title            <->  its text
+    ict        one sentence of a passage     <->  the rest of the passage with that sentence taken out
+               (inverse cloze task, Lee et al. 2019: sentence-like queries against their context)
+    neighbours one span of a document        <->  the span that follows it
+    dropout    a passage                     <->  the same passage (two dropout noise draws, SimCSE)
+
+plus, optionally, labelled (query, relevant document) pairs the user has. Training uses
+sentence-transformers' SentenceTransformerTrainer with MultipleNegativesRankingLoss: every other
+positive in the batch is a negative (CachedMultipleNegativesRankingLoss with --mini-batch for large
+batches on little memory). The tuned model is saved as a sentence-transformers directory in the
+workspace (tuned/) and recorded in the manifest; embed uses it by default afterwards.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.console import info, warn
+from common.errors import PipelineError
+from common.models import embedding_text
+from common.readers import Document
+from common.workspace import Workspace, model_fingerprint
+
+POOLING_MODES = ("mean", "weightedmean", "lasttoken")
+PAIR_KINDS = ("title", "ict", "neighbours", "dropout")
+TUNED_DIR = "tuned"
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9(\[])")
+
+
+@dataclass
+class TuneSettings:
+    pooling: str = "mean"
+    pair_kinds: tuple[str, ...] = ("title", "ict")
+    pairs_file: Path | None = None  # labelled (query, document) pairs, JSON lines
+    steps: int = 300
+    batch_size: int = 64
+    mini_batch: int | None = None  # with a value: CachedMultipleNegativesRankingLoss, this many texts per forward pass
+    lr: float = 3e-4
+    max_seq_length: int = 128
+    dropout: float = 0.1
+    seed: int = 0
+    log_every: int = 10
+
+
+def tuned_model_dir(ws: Workspace) -> Path | None:
+    """The tuned model recorded in the manifest, if it is there and was tuned from the current pretrained model."""
+    tuned = ws.read_manifest().get("tuned")
+    if not tuned:
+        return None
+    path = ws.root / tuned["path"]
+    if not (path / "modules.json").exists():
+        warn(f"the tuned model {path} is missing: using the pretrained model (run `pipeline tune` again)")
+        return None
+    if (ws.model_dir / "config.json").exists() and model_fingerprint(ws.model_dir) != tuned["base_fingerprint"]:
+        warn("the pretrained model changed since `pipeline tune`: using the pretrained model (run `pipeline tune` again)")
+        return None
+    return path
+
+
+def default_model_dir(ws: Workspace) -> Path:
+    """What embed uses without --model: the tuned model if there is one, else the pretrained export."""
+    return tuned_model_dir(ws) or ws.model_dir
+
+
+# ---- pairs
+def sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+
+
+def pair_for(doc: Document, kind: str, rng: random.Random, max_chars: int) -> tuple[str, str] | None:
+    """One (anchor, positive) pair of this kind from a document, or None if the document cannot give one."""
+    text = " ".join(doc.text.split())
+    if kind == "title":
+        if not doc.title.strip() or len(text) < 20:
+            return None
+        return doc.title.strip(), text[:max_chars]
+    if kind == "dropout":
+        passage = embedding_text(doc.title, text)[:max_chars]
+        return passage, passage
+    parts = sentences(text)
+    if kind == "ict":
+        if len(parts) < 3:
+            return None
+        # A window of sentences around the anchor keeps the context within the model's input length.
+        i = rng.randrange(len(parts))
+        lo = max(0, i - rng.randint(2, 6))
+        window = parts[lo:i] + parts[i + 1:i + 1 + rng.randint(2, 6)]
+        if rng.random() < 0.1:  # as in the ICT paper: sometimes keep the sentence, so lexical overlap still counts
+            window = parts[lo:i + 1 + rng.randint(2, 6)]
+        return parts[i], embedding_text(doc.title, " ".join(window))[:max_chars]
+    if kind == "neighbours":
+        if len(parts) < 4:
+            return None
+        cut = rng.randrange(2, len(parts) - 1)
+        return " ".join(parts[max(0, cut - 3):cut])[:max_chars], " ".join(parts[cut:cut + 3])[:max_chars]
+    raise ValueError(kind)
+
+
+def read_labelled_pairs(path: Path, documents: dict[str, Document]) -> list[tuple[str, str]]:
+    """JSON lines with "query" and either "document" (its text) or "doc_id" (a document of the corpus)."""
+    if not path.is_file():
+        raise PipelineError(f"--pairs {path}: no such file")
+    pairs = []
+    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PipelineError(f"{path}:{line_no}: invalid JSON ({e.msg} at column {e.colno})") from None
+        query = row.get("query") if isinstance(row, dict) else None
+        if not isinstance(query, str) or not query.strip():
+            raise PipelineError(f"{path}:{line_no}: a pair needs a non-empty \"query\"")
+        if isinstance(row.get("document"), str) and row["document"].strip():
+            positive = row["document"]
+        elif row.get("doc_id") is not None:
+            doc = documents.get(str(row["doc_id"]))
+            if doc is None:
+                raise PipelineError(f"{path}:{line_no}: doc_id '{row['doc_id']}' is not in the corpus")
+            positive = embedding_text(doc.title, doc.text)
+        else:
+            raise PipelineError(f"{path}:{line_no}: a pair needs a \"document\" text or a \"doc_id\"")
+        pairs.append((query.strip(), positive))
+    if not pairs:
+        raise PipelineError(f"--pairs {path}: no pairs")
+    return pairs
+
+
+def make_pairs(docs: list[Document], settings: TuneSettings, labelled: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], dict]:
+    """Enough (anchor, positive) pairs for settings.steps batches: rounds over the corpus, one pair per
+    document per round, of a kind drawn at random among those the document can give."""
+    rng = random.Random(settings.seed)
+    max_chars = settings.max_seq_length * 6  # ample for max_seq_length tokens; the tokenizer truncates the rest
+    needed = settings.steps * settings.batch_size
+    pairs: list[tuple[str, str]] = []
+    counts = {kind: 0 for kind in (*settings.pair_kinds, "labelled")}
+    while len(pairs) < needed:
+        before = len(pairs)
+        for doc in rng.sample(docs, len(docs)):
+            for kind in rng.sample(settings.pair_kinds, len(settings.pair_kinds)):
+                pair = pair_for(doc, kind, rng, max_chars)
+                if pair is not None:
+                    pairs.append(pair)
+                    counts[kind] += 1
+                    break
+        pairs.extend(labelled)
+        counts["labelled"] += len(labelled)
+        if len(pairs) == before:
+            raise PipelineError(f"no document gives a training pair of kind {', '.join(settings.pair_kinds)} "
+                                "(titles need text, ict needs 3+ sentences); try --pairs-from dropout")
+    return pairs, counts
+
+
+# ---- training
+def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings) -> dict:
+    if settings.pooling not in POOLING_MODES:
+        raise PipelineError(f"--pooling: unknown mode '{settings.pooling}' (choose from {', '.join(POOLING_MODES)})")
+    unknown = [k for k in settings.pair_kinds if k not in PAIR_KINDS]
+    if unknown or not settings.pair_kinds:
+        raise PipelineError(f"--pairs-from: unknown kind '{','.join(unknown)}' (choose from {', '.join(PAIR_KINDS)})")
+    for name in ("steps", "batch_size", "max_seq_length"):
+        if getattr(settings, name) < 1:
+            raise PipelineError(f"--{name.replace('_', '-')} must be positive, got {getattr(settings, name)}")
+    if settings.batch_size < 2:
+        raise PipelineError("--batch-size must be at least 2: the other pairs in a batch are the negatives")
+    if not (ws.model_dir / "config.json").exists():
+        raise PipelineError(f"no pretrained model in {ws.model_dir}: run `pipeline pretrain` first")
+
+    import torch
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    from sentence_transformers.sentence_transformer.training_args import BatchSamplers
+    from transformers import TrainerCallback
+
+    labelled = read_labelled_pairs(settings.pairs_file, {d.id: d for d in docs}) if settings.pairs_file else []
+    pairs, counts = make_pairs(docs, settings, labelled)
+    info(f"{len(pairs):,} training pairs from {len(docs):,} documents: "
+         + ", ".join(f"{n:,} {kind}" for kind, n in counts.items() if n))
+
+    torch.manual_seed(settings.seed)
+    base_fingerprint = model_fingerprint(ws.model_dir)
+    drop = settings.dropout
+    base_max_length = json.loads((ws.model_dir / "sentence_bert_config.json").read_text()).get("max_seq_length")
+    transformer = Transformer(str(ws.model_dir), max_seq_length=settings.max_seq_length,
+                              config_kwargs={"resid_pdrop": drop, "embd_pdrop": drop, "attn_pdrop": drop})
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode=settings.pooling)], device=device)
+    if model.tokenizer.pad_token is None:
+        model.tokenizer.pad_token = model.tokenizer.eos_token
+    if settings.mini_batch:
+        loss = CachedMultipleNegativesRankingLoss(model, mini_batch_size=settings.mini_batch)
+    else:
+        loss = MultipleNegativesRankingLoss(model)
+
+    dataset = Dataset.from_dict({"anchor": [a for a, _ in pairs], "positive": [p for _, p in pairs]})
+    scratch = Path(tempfile.mkdtemp(dir=ws.root, prefix=".tune."))
+    start = time.perf_counter()
+
+    class Progress(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                elapsed = time.perf_counter() - start
+                eta = elapsed / max(state.global_step, 1) * (state.max_steps - state.global_step)
+                info(f"tune step {state.global_step}/{state.max_steps}  loss {logs['loss']:.4f}  "
+                     f"lr {logs.get('learning_rate', 0):.2e}  {elapsed:.0f}s  eta {eta:.0f}s")
+
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(scratch), max_steps=settings.steps, per_device_train_batch_size=settings.batch_size,
+        learning_rate=settings.lr, warmup_steps=max(1, settings.steps // 10), lr_scheduler_type="linear", weight_decay=0.01,
+        batch_sampler=BatchSamplers.NO_DUPLICATES,  # an identical text twice in a batch would be its own negative
+        logging_steps=settings.log_every, save_strategy="no", report_to="none", disable_tqdm=True,
+        seed=settings.seed, data_seed=settings.seed, dataloader_drop_last=True, use_cpu=device == "cpu",
+    )
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss, callbacks=[Progress()])
+    trainer.remove_callback(next(c for c in trainer.callback_handler.callbacks if type(c).__name__ == "PrinterCallback"))
+    try:
+        result = trainer.train()
+        seconds = time.perf_counter() - start
+        losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        model.eval()
+        model.max_seq_length = base_max_length  # trained on shorter inputs for speed; embed full-length chunks as before
+        out_dir = ws.root / TUNED_DIR
+        save_swapped(model, out_dir, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    summary = {"path": TUNED_DIR, "fingerprint": model_fingerprint(out_dir), "base_fingerprint": base_fingerprint,
+               "pooling": settings.pooling, "pairs": counts, "steps": settings.steps, "batch_size": settings.batch_size,
+               "loss": "cached_mnrl" if settings.mini_batch else "mnrl", "lr": settings.lr,
+               "max_seq_length": settings.max_seq_length, "dropout": settings.dropout,
+               "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else result.training_loss,
+               "seconds": seconds}
+    ws.update_manifest("tuned", summary)
+    info(f"tuned in {seconds:.0f}s (loss {summary['first_loss'] or 0:.3f} -> {summary['final_loss']:.3f}); saved to {out_dir}; "
+         "`pipeline embed` now uses it")
+    return summary
+
+
+def save_swapped(model, out_dir: Path, scratch: Path) -> None:
+    """Save into scratch, then swap in: a crash leaves the previous tuned model intact."""
+    staged = scratch / "model"
+    model.save(str(staged))
+    for p in staged.rglob("*"):  # inference needs no dropout; keep the saved config clean
+        if p.name == "config.json" and (p.parent == staged):
+            config = json.loads(p.read_text())
+            config.update({k: 0.0 for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop") if k in config})
+            p.write_text(json.dumps(config, indent=2))
+    old = out_dir.with_name(f".{out_dir.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if out_dir.exists():
+        out_dir.rename(old)
+    staged.rename(out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+

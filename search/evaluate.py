@@ -1,0 +1,111 @@
+"""`pipeline eval`: retrieval quality on BEIR-format queries and relevance judgements.
+
+    queries.jsonl   one JSON object per line: {"_id": "q1", "text": "..."}
+    qrels.tsv       query-id <TAB> corpus-id <TAB> score, with a header line (BEIR's format)
+
+Document ids in the qrels are the stored doc_ids (the `_id`/`id` fields of the embedded files).
+Metrics come from pytrec_eval (trec_eval's own code): nDCG@10, Recall@100, MRR@10. Only queries
+that have judgements are run.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytrec_eval
+
+from common.errors import PipelineError
+from search.engine import DEFAULT_DENSE_WEIGHT, MODES, SearchEngine
+
+METRICS = ("ndcg@10", "recall@100", "mrr@10")
+
+
+def read_queries(path: Path) -> dict[str, str]:
+    if not path.is_file():
+        raise PipelineError(f"{path}: no such file")
+    queries: dict[str, str] = {}
+    with open(path, encoding="utf-8", errors="strict") as f:
+        try:
+            for line_no, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise PipelineError(f"{path}:{line_no}: invalid JSON ({e.msg} at column {e.colno})") from None
+                if not isinstance(row, dict):
+                    raise PipelineError(f"{path}:{line_no}: expected a JSON object")
+                qid = row.get("_id", row.get("id"))
+                text = row.get("text", row.get("query"))
+                if qid is None or not isinstance(text, str) or not text.strip():
+                    raise PipelineError(f"{path}:{line_no}: a query needs an \"_id\" and a non-empty \"text\"")
+                queries[str(qid)] = text
+        except UnicodeDecodeError:
+            raise PipelineError(f"{path}: not UTF-8 text") from None
+    if not queries:
+        raise PipelineError(f"{path}: no queries")
+    return queries
+
+
+def read_qrels(path: Path) -> dict[str, dict[str, int]]:
+    if not path.is_file():
+        raise PipelineError(f"{path}: no such file")
+    qrels: dict[str, dict[str, int]] = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise PipelineError(f"{path}: not UTF-8 text") from None
+    for line_no, line in enumerate(lines, start=1):
+        fields = line.split("\t") if "\t" in line else line.split()
+        if not line.strip():
+            continue
+        if line_no == 1 and not fields[-1].strip().lstrip("-").isdigit():
+            continue  # the header: query-id corpus-id score
+        if len(fields) == 4:  # TREC's query-id 0 doc-id relevance
+            fields = [fields[0], fields[2], fields[3]]
+        if len(fields) != 3 or not fields[2].strip().lstrip("-").isdigit():
+            raise PipelineError(f"{path}:{line_no}: expected query-id, corpus-id and an integer score separated by tabs")
+        qid, doc_id, score = (x.strip() for x in fields)
+        qrels.setdefault(qid, {})[doc_id] = int(score)
+    if not qrels:
+        raise PipelineError(f"{path}: no relevance judgements")
+    return qrels
+
+
+def evaluate(engine: SearchEngine, queries: dict[str, str], qrels: dict[str, dict[str, int]], mode: str | None = None,
+             depth: int = 100, dense_weight: float = DEFAULT_DENSE_WEIGHT) -> dict:
+    """Run every judged query and score the rankings; returns the mean metrics and the run's details."""
+    judged = [q for q in qrels if q in queries]
+    if not judged:
+        raise PipelineError("no query in the qrels file has a text in the queries file (are the ids the same?)")
+    mode = engine.resolve_mode(mode)
+    start = time.perf_counter()
+    results = engine.search_many([queries[q] for q in judged], k=depth, mode=mode, dense_weight=dense_weight)
+    seconds = time.perf_counter() - start
+    # A document's score in the run must order it as the engine ranked it: use the negative rank.
+    run = {q: {hit.doc_id: float(-hit.rank) for hit in hits} for q, hits in zip(judged, results)}
+    top10 = {q: {d: s for d, s in ranking.items() if s >= -10} for q, ranking in run.items()}
+    judgements = {q: qrels[q] for q in judged}
+    per_query = pytrec_eval.RelevanceEvaluator(judgements, {"ndcg_cut.10", "recall.100"}).evaluate(run)
+    reciprocal = pytrec_eval.RelevanceEvaluator(judgements, {"recip_rank"}).evaluate(top10)
+
+    def mean(values):
+        return sum(values) / len(judged)
+    # pytrec_eval leaves out queries with an empty run: they score 0, so divide by all judged queries.
+    metrics = {
+        "ndcg@10": mean(m["ndcg_cut_10"] for m in per_query.values()),
+        "recall@100": mean(m["recall_100"] for m in per_query.values()),
+        "mrr@10": mean(m["recip_rank"] for m in reciprocal.values()),
+    }
+    return {"mode": mode, "queries": len(judged), "skipped_queries": len(qrels) - len(judged), "depth": depth,
+            "dense_weight": dense_weight if mode == "hybrid" else None, **metrics,
+            "seconds": seconds, "queries_per_s": len(judged) / seconds if seconds else None}
+
+
+def modes_to_run(engine: SearchEngine, mode: str) -> list[str | None]:
+    if mode == "all":
+        return [m for m in MODES if m == "dense" or engine.lexical is not None]
+    if mode not in MODES:
+        raise PipelineError(f"--mode: unknown mode '{mode}' (choose from {', '.join(MODES)} or all)")
+    return [mode]

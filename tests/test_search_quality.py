@@ -1,0 +1,141 @@
+"""Lexical and hybrid search, filters, and `pipeline eval` on the SciFact slice of the shared workspace."""
+import json
+import shutil
+
+import pytest
+
+from common.errors import PipelineError
+from common.workspace import Workspace
+from conftest import run_cli
+from search.engine import Filters, SearchEngine, fuse
+from search.evaluate import evaluate, read_qrels, read_queries
+
+
+def corpus_rows(corpus_file):
+    return [json.loads(line) for line in corpus_file.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def engine(trained_workspace):
+    return SearchEngine(Workspace(trained_workspace))
+
+
+def test_index_builds_a_lexical_index_recorded_in_the_manifest(trained_workspace):
+    entry = json.loads((trained_workspace / "manifest.json").read_text())["index"]
+    lexical = trained_workspace / entry["lexical_path"]
+    assert lexical.is_dir() and (lexical / "chunk_ids.npy").exists()
+    assert entry["lexical_chunks"] == entry["vectors"]  # the same chunks as the dense index
+    assert [p.name for p in (trained_workspace / "index").iterdir() if p.name.startswith(".")] == []  # no staging left
+
+
+def test_rebuilding_replaces_the_lexical_index_and_removes_the_old_one(trained_workspace, tmp_path):
+    ws = tmp_path / "ws"
+    shutil.copytree(trained_workspace, ws)
+    first = json.loads(run_cli("index", "-w", str(ws), "--json").stdout)
+    second = json.loads(run_cli("index", "-w", str(ws), "--json").stdout)
+    assert first["lexical_path"] != second["lexical_path"] and first["build_id"] != second["build_id"]
+    assert sorted(p.name for p in (ws / "index").iterdir()) == sorted(["faiss.index", second["lexical_path"].split("/")[-1]])
+
+
+def test_lexical_search_finds_a_document_by_its_title_words(engine, corpus_file):
+    row = corpus_rows(corpus_file)[7]
+    hits = engine.search(row["title"], k=3, mode="lexical")
+    assert hits[0].doc_id == row["_id"]
+    assert [h.rank for h in hits] == list(range(1, len(hits) + 1))
+    assert all(a.score >= b.score for a, b in zip(hits, hits[1:]))
+    assert engine.search("zzzqqq xyzzy", k=3, mode="lexical") == []  # no shared word, no result
+
+
+def test_hybrid_keeps_what_lexical_finds_and_returns_distinct_documents(engine, corpus_file):
+    rows = corpus_rows(corpus_file)
+    for row in rows[10:15]:
+        hits = engine.search(row["title"], k=10, mode="hybrid")
+        assert row["_id"] in [h.doc_id for h in hits[:3]]
+        assert len({h.doc_id for h in hits}) == len(hits) == 10
+
+
+def test_reciprocal_rank_fusion_weights():
+    dense = [(0.9, {"doc_id": "a"}), (0.8, {"doc_id": "b"}), (0.7, {"doc_id": "c"})]
+    lexical = [(9.0, {"doc_id": "c"}), (8.0, {"doc_id": "d"})]
+    assert [r["doc_id"] for _, r in fuse(dense, lexical, 1.0)][:3] == ["a", "b", "c"]
+    assert [r["doc_id"] for _, r in fuse(dense, lexical, 0.0)][:2] == ["c", "d"]
+    balanced = fuse(dense, lexical, 0.5)
+    assert balanced[0][1]["doc_id"] == "c"  # in both lists: 0.5/63 + 0.5/61 beats 0.5/61
+    assert balanced[0][0] == pytest.approx(0.5 / 63 + 0.5 / 61)
+
+
+def test_filters_restrict_results(engine, corpus_file):
+    rows = corpus_rows(corpus_file)
+    word = "cell"
+    for mode in ("dense", "lexical", "hybrid"):
+        hits = engine.search("cells in tumours", k=5, mode=mode, filters=Filters(title=word.upper()))
+        assert hits and all(word in h.title.lower() for h in hits), mode
+        assert engine.search("cells", k=5, mode=mode, filters=Filters(source="/no/such/dir/*")) == []
+    everything = engine.search("cells", k=5, mode="dense", filters=Filters(source=str(corpus_file.parent / "*.jsonl")))
+    assert len(everything) == 5 and {h.source for h in everything} == {str(corpus_file)}
+    assert len(rows) > 5
+
+
+def test_bad_requests_are_pipeline_errors(engine):
+    for query, k, mode, message in [("", 5, None, "empty query"), ("x" * 2001, 5, None, "query too long"),
+                                    ("q", 0, None, "k must be between"), ("q", 5, "fuzzy", "unknown mode")]:
+        with pytest.raises(PipelineError, match=message):
+            engine.search(query, k, mode)
+
+
+@pytest.fixture(scope="module")
+def judged_titles(corpus_file, tmp_path_factory):
+    """Queries that are documents' titles, each judged relevant to its own document: an easy, known answer."""
+    rows = corpus_rows(corpus_file)[:30]
+    folder = tmp_path_factory.mktemp("eval")
+    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": r["title"]}) + "\n" for i, r in enumerate(rows)))
+    (folder / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\t{r['_id']}\t1\n" for i, r in enumerate(rows)))
+    return folder
+
+
+def test_eval_scores_every_mode_with_pytrec_eval(trained_workspace, judged_titles):
+    result = run_cli("eval", "-w", str(trained_workspace), "--queries", str(judged_titles / "queries.jsonl"),
+                     "--qrels", str(judged_titles / "qrels.tsv"), "--mode", "all", "--json")
+    reports = {r["mode"]: r for r in json.loads(result.stdout)}
+    assert set(reports) == {"dense", "lexical", "hybrid"}
+    for report in reports.values():
+        assert report["queries"] == 30
+        for metric in ("ndcg@10", "recall@100", "mrr@10"):
+            assert 0.0 <= report[metric] <= 1.0
+    # A title finds its own document by its words: near-perfect lexical scores, and fusion keeps most of it.
+    assert reports["lexical"]["mrr@10"] > 0.9 and reports["lexical"]["recall@100"] == 1.0
+    assert reports["hybrid"]["ndcg@10"] > 0.6
+    assert reports["dense"]["ndcg@10"] < reports["lexical"]["ndcg@10"]  # the barely trained, untuned test model
+    table = run_cli("eval", "-w", str(trained_workspace), "--queries", str(judged_titles / "queries.jsonl"),
+                    "--qrels", str(judged_titles / "qrels.tsv"), "--mode", "lexical").stdout
+    assert table.startswith("lexical ") and "nDCG@10" in table and "Recall@100 1.0000" in table and "MRR@10" in table
+
+
+def test_eval_agrees_with_a_hand_computed_reciprocal_rank(judged_titles, engine):
+    """pytrec_eval's MRR@10 for one query equals 1/rank of its relevant document in the engine's own ranking."""
+    queries = read_queries(judged_titles / "queries.jsonl")
+    qrels = {"q3": read_qrels(judged_titles / "qrels.tsv")["q3"]}
+    hits = engine.search(queries["q3"], k=10, mode="dense")
+    rank = next((h.rank for h in hits if h.doc_id in qrels["q3"]), None)
+    report = evaluate(engine, queries, qrels, mode="dense", depth=10)
+    assert report["queries"] == 1 and report["skipped_queries"] == 0
+    assert report["mrr@10"] == pytest.approx(1 / rank if rank else 0.0)
+    assert report["recall@100"] == (1.0 if rank else 0.0)
+
+
+def test_eval_bad_input_is_one_line(trained_workspace, judged_titles, tmp_path):
+    bad = tmp_path / "qrels.tsv"
+    bad.write_text("query-id\tcorpus-id\tscore\nq1\tdoc\tvery\n")
+    result = run_cli("eval", "-w", str(trained_workspace), "--queries", str(judged_titles / "queries.jsonl"), "--qrels", str(bad), check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {bad}:2: expected query-id, corpus-id and an integer score separated by tabs"
+    queries = tmp_path / "q.jsonl"
+    queries.write_text('{"_id": "x", "text": "fine"}\n{"_id": "y"\n')
+    result = run_cli("eval", "-w", str(trained_workspace), "--queries", str(queries), "--qrels", str(judged_titles / "qrels.tsv"), check=False)
+    assert result.returncode == 2 and result.stderr.startswith(f"error: {queries}:2: invalid JSON")
+    other = tmp_path / "other.tsv"
+    other.write_text("nope\tdoc\t1\n")
+    result = run_cli("eval", "-w", str(trained_workspace), "--queries", str(judged_titles / "queries.jsonl"), "--qrels", str(other), check=False)
+    assert result.returncode == 2 and "no query in the qrels file has a text in the queries file" in result.stderr
+    result = run_cli("search", "-w", str(trained_workspace), "cells", "--mode", "fuzzy", check=False)
+    assert result.returncode == 2 and result.stderr.strip() == "error: unknown mode 'fuzzy' (choose from dense, lexical, hybrid)"

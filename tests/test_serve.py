@@ -1,0 +1,213 @@
+"""`pipeline serve`: a real uvicorn server on loopback, real HTTP requests, a real headless browser."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import REPO, run_cli
+
+KEY = "test-key-0123456789"
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def workspace(trained_workspace, tmp_path_factory) -> Path:
+    ws = tmp_path_factory.mktemp("serve") / "ws"
+    shutil.copytree(trained_workspace, ws)
+    manifest = json.loads((ws / "manifest.json").read_text())
+    manifest["embedder"]["model_path"] = str(ws / "model")
+    (ws / "manifest.json").write_text(json.dumps(manifest))
+    return ws
+
+
+@pytest.fixture(scope="module")
+def server(workspace):
+    port = free_port()
+    process = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "serve", "-w", str(workspace), "--port", str(port), "--api-key", KEY],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"server exited: {process.stdout.read()}")
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    else:
+        process.kill()
+        pytest.fail("server did not start in time")
+    yield base
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+@pytest.fixture()
+def client(server):
+    with httpx.Client(base_url=server, headers={"X-API-Key": KEY}, timeout=60) as c:
+        yield c
+
+
+def test_search_get_and_post_return_ranked_documents(client):
+    got = client.get("/search", params={"q": "cancer cells and tumour growth", "k": 5})
+    assert got.status_code == 200
+    body = got.json()
+    assert body["mode"] == "hybrid" and [h["rank"] for h in body["results"]] == [1, 2, 3, 4, 5]
+    assert len({h["doc_id"] for h in body["results"]}) == 5
+    assert all(a["score"] >= b["score"] for a, b in zip(body["results"], body["results"][1:]))
+    assert all(h["title"] and h["snippet"] for h in body["results"])
+
+    lexical_get = client.get("/search", params={"q": "vitamin D deficiency", "k": 3, "mode": "lexical"}).json()
+    lexical_post = client.post("/search", json={"q": "vitamin D deficiency", "k": 3, "mode": "lexical"}).json()
+    assert lexical_get["results"] == lexical_post["results"] and lexical_post["mode"] == "lexical"
+
+    filtered = client.post("/search", json={"q": "cells", "k": 5, "mode": "dense", "filter": {"title": "cell"}}).json()
+    assert filtered["results"] and all("cell" in h["title"].lower() for h in filtered["results"])
+    nothing = client.get("/search", params={"q": "cells", "source": "/no/such/*"}).json()
+    assert nothing["results"] == []
+
+
+def test_documents_endpoint(client):
+    hit = client.get("/search", params={"q": "cancer", "k": 1}).json()["results"][0]
+    doc = client.get(f"/documents/{hit['doc_id']}")
+    assert doc.status_code == 200
+    assert doc.json()["doc_id"] == hit["doc_id"] and doc.json()["title"] == hit["title"] and doc.json()["chunks"] >= 1
+    missing = client.get("/documents/no-such-id")
+    assert missing.status_code == 404 and missing.json() == {"error": "no document with id 'no-such-id'"}
+
+
+def test_bad_requests_get_4xx_json_and_the_server_lives_on(client):
+    bad = [
+        client.get("/search"),
+        client.get("/search", params={"q": ""}),
+        client.get("/search", params={"q": "x" * 2001}),
+        client.get("/search", params={"q": "x", "k": 0}),
+        client.get("/search", params={"q": "x", "k": 101}),
+        client.get("/search", params={"q": "x", "k": "ten"}),
+        client.get("/search", params={"q": "x", "mode": "fuzzy"}),
+        client.get("/search", params={"q": "x", "dense_weight": 2}),
+        client.get("/search", params={"q": "   "}),
+        client.post("/search", content=b"not json", headers={"content-type": "application/json"}),
+        client.post("/search", json={"q": "x", "filter": "nope"}),
+        client.post("/search", json=["q"]),
+        client.get("/nowhere"),
+    ]
+    for response in bad:
+        assert 400 <= response.status_code < 500, (response.request.url, response.status_code, response.text)
+        assert isinstance(response.json()["error"], str) and response.json()["error"]
+    assert client.get("/search", params={"q": "   "}).json() == {"error": "empty query"}
+    assert client.get("/health").json()["status"] == "ok"
+
+
+def test_api_key_is_required_for_data_but_not_for_health(server):
+    assert httpx.get(f"{server}/search", params={"q": "cancer"}).status_code == 401
+    assert httpx.get(f"{server}/search", params={"q": "cancer"}, headers={"X-API-Key": "wrong-key-000"}).status_code == 401
+    assert httpx.get(f"{server}/documents/1").json() == {"error": "missing or wrong API key (send it in the X-API-Key header)"}
+    assert httpx.get(f"{server}/search", params={"q": "cancer", "api_key": KEY}).status_code == 200
+    health = httpx.get(f"{server}/health").json()
+    assert health["auth"] is True and health["index"]["lexical"] is True
+    assert httpx.get(f"{server}/openapi.json").json()["paths"].keys() >= {"/search", "/documents/{doc_id}", "/health"}
+
+
+def test_concurrent_requests_all_succeed_with_consistent_answers(client):
+    queries = ["cancer", "vitamin D", "stem cells", "bone density"] * 12
+
+    def ask(q):
+        response = client.get("/search", params={"q": q, "k": 5})
+        return q, response.status_code, [h["doc_id"] for h in response.json().get("results", [])]
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(ask, queries))
+    assert all(status == 200 for _, status, _ in answers)
+    by_query = {}
+    for q, _, ids in answers:
+        by_query.setdefault(q, set()).add(tuple(ids))
+    assert all(len(variants) == 1 for variants in by_query.values())
+
+
+def test_a_rebuilt_index_is_picked_up_without_a_failed_request(client, workspace):
+    before = client.get("/health").json()
+    failures, done = [], threading.Event()
+
+    def hammer():
+        while not done.is_set():
+            response = client.get("/search", params={"q": "cancer", "k": 3})
+            if response.status_code != 200 or len(response.json()["results"]) != 3:
+                failures.append(response.text)
+
+    thread = threading.Thread(target=hammer)
+    thread.start()
+    try:
+        run_cli("index", "-w", str(workspace), "--type", "hnsw")
+        deadline = time.monotonic() + 60
+        while client.get("/health").json()["index"]["build_id"] == before["index"]["build_id"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        done.set()
+        thread.join()
+    after = client.get("/health").json()
+    assert after["index"]["type"] == "hnsw" and after["reloads"] == before["reloads"] + 1
+    assert failures == []
+
+
+def test_port_in_use_is_a_one_line_error(workspace):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("serve", "-w", str(workspace), "--port", str(port), check=False)
+    assert result.returncode == 2 and result.stderr.strip() == f"error: cannot listen on 127.0.0.1:{port} (Address already in use)"
+
+
+def test_web_page_searches_in_a_real_browser(server, tmp_path):
+    if not CHROMIUM.exists():
+        pytest.skip("no browser: /usr/bin/chromium is missing (scripts/setup.sh installs Debian's chromium when run as root)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--no-first-run"])
+        try:
+            page = browser.new_page()
+            page.goto(f"{server}/?api_key={KEY}")
+            page.fill("#q", "cancer cells")
+            page.click("#go")
+            page.wait_for_selector("li.result", timeout=60_000)
+            results = page.locator("li.result")
+            assert results.count() == 10
+            first = results.nth(0)
+            assert first.locator(".title").inner_text().strip()
+            assert first.locator(".snippet").inner_text().strip()
+            assert first.locator(".meta").inner_text().startswith("score ")
+            assert "10 results (hybrid" in page.inner_text("#status")
+            page.screenshot(path=str(tmp_path / "search.png"))
+
+            page.goto(f"{server}/")  # without the key: the page asks for one and shows the server's refusal
+            page.wait_for_selector("#key:not([hidden])")
+            page.fill("#q", "cancer")
+            page.click("#go")
+            page.wait_for_selector("#status.error")
+            assert "API key" in page.inner_text("#status")
+        finally:
+            browser.close()

@@ -1,0 +1,112 @@
+"""`pipeline tune`: pairs from the corpus, contrastive training, and the tuned model becoming embed's default."""
+import json
+import random
+import shutil
+
+import numpy as np
+import pytest
+
+from common.errors import PipelineError
+from common.models import encode, load_embedder
+from common.readers import Document, read_documents
+from common.workspace import Workspace
+from conftest import run_cli
+from embed.tune import TuneSettings, make_pairs, pair_for, read_labelled_pairs, sentences
+
+ABSTRACT = ("Vitamin D is made in the skin. Sunlight drives its synthesis. Older people make less of it. "
+            "Supplements raise blood levels. Bone density depends on it. Deficiency is common in winter.")
+
+
+def test_pairs_the_corpus_provides():
+    doc = Document("d1", "Vitamin D and bone", "src", ABSTRACT)
+    assert len(sentences(ABSTRACT)) == 6
+    assert pair_for(doc, "title", random.Random(0), 1000) == ("Vitamin D and bone", ABSTRACT)
+    for seed in range(20):
+        anchor, positive = pair_for(doc, "ict", random.Random(seed), 1000)
+        assert anchor in sentences(ABSTRACT) and positive.startswith("Vitamin D and bone\n")
+    removed = sum(pair_for(doc, "ict", random.Random(s), 1000)[0] not in pair_for(doc, "ict", random.Random(s), 1000)[1]
+                  for s in range(200))
+    assert 150 < removed < 200  # the anchor sentence is taken out of its context about 90% of the time
+    first, second = pair_for(doc, "neighbours", random.Random(1), 1000)
+    assert ABSTRACT.index(first) < ABSTRACT.index(second)
+    assert pair_for(doc, "dropout", random.Random(0), 1000)[0] == pair_for(doc, "dropout", random.Random(0), 1000)[1]
+    assert pair_for(Document("d2", "", "src", "One sentence only."), "title", random.Random(0), 1000) is None
+    assert pair_for(Document("d2", "", "src", "One sentence only."), "ict", random.Random(0), 1000) is None
+
+
+def test_make_pairs_covers_the_steps_one_pair_per_document_per_round(corpus_file):
+    docs = list(read_documents([corpus_file]))
+    pairs, counts = make_pairs(docs, TuneSettings(steps=10, batch_size=32), [("a query", "its document")])
+    assert len(pairs) >= 320 and counts["title"] > 0 and counts["ict"] > 0
+    rounds = -(-320 // (len(docs) + 1))
+    assert counts["labelled"] == rounds and sum(counts.values()) == len(pairs)
+
+
+def test_labelled_pairs_file(tmp_path):
+    docs = {"7": Document("7", "T", "src", "Body text.")}
+    good = tmp_path / "pairs.jsonl"
+    good.write_text('{"query": "q1", "document": "some text"}\n\n{"query": "q2", "doc_id": 7}\n')
+    assert read_labelled_pairs(good, docs) == [("q1", "some text"), ("q2", "T\nBody text.")]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"query": "q1", "doc_id": "404"}\n')
+    with pytest.raises(PipelineError, match=f"^{bad}:1: doc_id '404' is not in the corpus$"):
+        read_labelled_pairs(bad, docs)
+    bad.write_text('{"query": "q1"}\n')
+    with pytest.raises(PipelineError, match="needs a \"document\" text or a \"doc_id\""):
+        read_labelled_pairs(bad, docs)
+
+
+def mean_pairwise_cosine(vectors: np.ndarray) -> float:
+    sims = vectors @ vectors.T
+    n = len(vectors)
+    return float((sims.sum() - np.trace(sims)) / (n * (n - 1)))
+
+
+@pytest.fixture(scope="module")
+def tuned_workspace(trained_workspace, tmp_path_factory):
+    ws = tmp_path_factory.mktemp("tuned") / "ws"
+    shutil.copytree(trained_workspace, ws)
+    run_cli("tune", "-w", str(ws), "--steps", "40", "--batch-size", "16", "--max-seq-length", "48",
+            "--lr", "2e-3", "--pooling", "weightedmean")
+    return ws
+
+
+def test_tune_saves_a_sentence_transformer_recorded_in_the_manifest(tuned_workspace, trained_workspace, corpus_file):
+    tuned = json.loads((tuned_workspace / "manifest.json").read_text())["tuned"]
+    assert tuned["path"] == "tuned" and tuned["pooling"] == "weightedmean" and tuned["steps"] == 40
+    assert tuned["final_loss"] < tuned["first_loss"]  # it learned something
+    pooling = json.loads((tuned_workspace / "tuned" / "1_Pooling" / "config.json").read_text())
+    assert pooling["pooling_mode"] == "weightedmean"
+    assert json.loads((tuned_workspace / "tuned" / "config.json").read_text())["resid_pdrop"] == 0.0
+
+    # Raw hidden states put every text in about the same direction (cosine ~0.9998); tuning spreads them apart.
+    texts = [d.title + "\n" + d.text for d in list(read_documents([corpus_file]))[:40]]
+    raw = mean_pairwise_cosine(encode(load_embedder(trained_workspace / "model"), texts))
+    after = mean_pairwise_cosine(encode(load_embedder(tuned_workspace / "tuned"), texts))
+    assert 1 - after > 10 * (1 - raw), (raw, after)
+
+
+def test_embed_uses_the_tuned_model_by_default_and_search_follows(tuned_workspace, tmp_path):
+    ws = tmp_path / "ws"
+    shutil.copytree(tuned_workspace, ws)
+    summary = json.loads(run_cli("embed", "-w", str(ws), "--chunk-tokens", "64", "--overlap", "8", "--json").stdout)
+    assert summary["model_path"] == str((ws / "tuned").resolve())
+    run_cli("index", "-w", str(ws))
+    hits = [json.loads(line) for line in run_cli("search", "-w", str(ws), "cancer", "--mode", "dense", "-k", "3", "--json").stdout.splitlines()]
+    assert len(hits) == 3
+    # A pretrained model newer than the tuning makes embed fall back to it, saying why.
+    manifest = json.loads((ws / "manifest.json").read_text())
+    manifest["tuned"]["base_fingerprint"] = "0" * 16
+    (ws / "manifest.json").write_text(json.dumps(manifest))
+    from embed.tune import default_model_dir
+    assert default_model_dir(Workspace(ws)) == ws / "model"
+
+
+def test_tune_bad_options_are_one_line(trained_workspace, tmp_path):
+    for args, message in [(["--pooling", "max"], "error: --pooling: unknown mode 'max' (choose from mean, weightedmean, lasttoken)"),
+                          (["--pairs-from", "title,magic"], "error: --pairs-from: unknown kind 'magic' (choose from title, ict, neighbours, dropout)"),
+                          (["--batch-size", "1"], "error: --batch-size must be at least 2: the other pairs in a batch are the negatives")]:
+        result = run_cli("tune", "-w", str(trained_workspace), *args, check=False)
+        assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == message
+    result = run_cli("tune", "-w", str(tmp_path / "empty"), "--data", str(trained_workspace / "nope.jsonl"), check=False)
+    assert result.returncode == 2
