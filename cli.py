@@ -96,6 +96,8 @@ def pretrain(
     dist_timeout: Annotated[float, typer.Option(help="Seconds a collective may wait for a peer before the job fails.")] = 300.0,
     autotune: Annotated[Optional[int], typer.Option(help="With --strategy auto: run 4 steps of each of the planner's top K plans and keep the measured fastest.")] = None,
     cluster: Annotated[Optional[Path], typer.Option(help="With --strategy auto: cluster TOML file (needed for several nodes; default: measure this machine).")] = None,
+    ray: Annotated[Optional[str], typer.Option(help="Train on a Ray cluster (Ray Train): local, auto, or the head's address; --nproc is then the number of workers.")] = None,
+    max_failures: Annotated[int, typer.Option(help="With --ray: dead workers replaced (resuming from the latest checkpoint) up to N times.")] = 0,
     json_output: JsonOption = False,
 ):
     """Train a tokenizer and a GPT-2 on your documents, then export it in Hugging Face format.
@@ -117,15 +119,24 @@ def pretrain(
         pipeline pretrain --nproc 4 --strategy auto               # the planner's top plan, and why
 
         pipeline pretrain --nproc 4 --strategy auto --autotune 3  # measure the top 3, keep the fastest
+
+        pipeline pretrain --ray auto --nproc 8 --strategy hybrid --dp 4 --pp 2 --max-failures 3
     """
     import torch
 
     from pretrain.config import PRESET_TRAINING, PRESETS, TrainConfig, model_config_for
-    from pretrain.launch import default_nproc, parse_split, run_training
+    from pretrain.launch import default_nproc, parse_split
+    from pretrain.launch import run_training as launch_training
     from pretrain.parallel import ParallelConfig
     from pretrain.train import checkpoint_dirs, config_from_checkpoint, prepare_data
 
     ws = Workspace(workspace).create()
+    if ray is not None and (nnodes != 1 or node_rank != 0 or master_addr or master_port):
+        raise PipelineError("--ray places the workers itself: drop --nnodes/--node-rank/--master-addr/--master-port")
+    if ray is not None and nproc is None:
+        from pretrain.ray_train import cluster_workers
+
+        nproc = cluster_workers(ray)
     nproc = nproc if nproc is not None else default_nproc()
     cuda = torch.cuda.is_available()
     auto = strategy == "auto"
@@ -140,6 +151,14 @@ def pretrain(
         fused_adamw=cuda if fused_adamw is None else fused_adamw, timeout_s=dist_timeout,
     )
     launch_args = dict(nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port)
+
+    def run_training(ws, cfg, plan, resume_from, **launch_args):
+        if ray is None:  # torchrun, or this process when the plan is one process
+            return launch_training(ws, cfg, plan, resume_from, **launch_args)
+        from pretrain.ray_train import run_on_ray
+
+        plan.validate(cfg.model, cfg)
+        return run_on_ray(ws, cfg, plan, resume_from, ray, max_failures)
     if resume:
         checkpoints = checkpoint_dirs(ws)
         if not checkpoints:

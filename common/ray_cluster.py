@@ -31,10 +31,10 @@ def connect(address: str, num_cpus: int | None = None):
     runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}}
     try:
         if address == "local":
-            ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
+            ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=True,
                      runtime_env=runtime_env, configure_logging=False)
         else:
-            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, configure_logging=False)
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=True, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise PipelineError(f"--ray {address}: cannot connect to a Ray cluster ({str(e).splitlines()[0]})") from None
     return ray

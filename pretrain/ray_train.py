@@ -71,3 +71,10 @@ def run_on_ray(ws: Workspace, cfg, plan, resume_from: Path | None, address: str,
             cause = cause.__cause__
         raise PipelineError(f"training on Ray failed: {type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}") from None
     return ws.read_manifest().get("model", {})
+
+
+def cluster_workers(address: str) -> int:
+    """Default worker count: one per GPU in the cluster, else one per CPU slot."""
+    ray = connect(address)
+    resources = ray.cluster_resources()
+    return int(resources.get("GPU", 0)) or max(1, int(resources.get("CPU", 1)))

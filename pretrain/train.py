@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -332,7 +332,7 @@ def evaluate(pm: ParallelModel, val: TokenWindows, cfg: TrainConfig) -> float:
 
 
 def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan: ParallelConfig | None = None,
-          export: bool = True) -> dict:
+          export: bool = True, on_checkpoint: Callable[[Path, int, dict], None] | None = None) -> dict:
     """Run (or continue) training under a parallel plan (one process by default); export the final model.
 
     Every rank of the job calls this; rank 0 alone writes metrics, the manifest and the export.
@@ -433,7 +433,9 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
                 metrics.write({"event": "val", "step": done, "val_loss": val_loss, "val_ppl": math.exp(val_loss)})
                 info(f"step {done}: validation loss {val_loss:.4f}, perplexity {math.exp(val_loss):.1f}")
         if done % cfg.checkpoint_every == 0 or done == cfg.max_steps:
-            save_checkpoint(ws, done, pm, optimizers, schedulers, cfg)
+            path = save_checkpoint(ws, done, pm, optimizers, schedulers, cfg)
+            if on_checkpoint is not None:  # e.g. reported to Ray Train (pretrain/ray_train.py)
+                on_checkpoint(path, done, {"loss": loss_value})
 
     pm.set_timing(False)
     state = full_state_dict(pm) if export else None

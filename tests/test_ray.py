@@ -26,3 +26,41 @@ def test_ray_embedded_vectors_equal_single_process_ones(trained_workspace, tmp_p
     assert chunks_1 == chunks_r and len(chunks_1) > 30
     np.testing.assert_array_equal(ids_1, ids_r)
     np.testing.assert_allclose(vectors_r, vectors_1, atol=1e-5)
+
+
+def test_ray_training_matches_torchrun_and_survives_a_killed_worker(tmp_path, corpus_file):
+    """One Ray run with a worker SIGKILLed mid-run must end with the losses of an uninterrupted torchrun run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO, TINY_TRAINING, read_metrics
+
+    args = ["--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "24", "--checkpoint-every", "4",
+            "--nproc", "2", "--strategy", "ddp"]
+    reference = tmp_path / "torchrun"
+    run_cli("pretrain", "-w", str(reference), *args)
+
+    ws = tmp_path / "ray"
+    log = open(tmp_path / "ray.log", "w")
+    process = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "pretrain", "-w", str(ws), *args,
+                                "--ray", "local", "--max-failures", "1"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 400
+    while not (ws / "checkpoints" / "step_00000008").exists():
+        assert process.poll() is None, (tmp_path / "ray.log").read_text()[-3000:]
+        assert time.time() < deadline
+        time.sleep(0.05)
+    workers = subprocess.run(["pgrep", "-f", "RayTrainWorker"], capture_output=True, text=True).stdout.split()
+    assert workers, "no Ray Train worker process found"
+    os.kill(int(workers[-1]), signal.SIGKILL)
+    assert process.wait(timeout=max(1, deadline - time.time())) == 0, (tmp_path / "ray.log").read_text()[-3000:]
+
+    output = (tmp_path / "ray.log").read_text()
+    assert "resumed from" in output  # the replacement worker group continued from a checkpoint
+    want = [m["loss"] for m in read_metrics(reference) if m["event"] == "train"]
+    got = [m["loss"] for m in read_metrics(ws) if m["event"] == "train"]
+    assert len(got) == len(want) == 24
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert (ws / "model" / "model.safetensors").exists()
