@@ -41,6 +41,7 @@ RTOL = 1e-4
 # name -> plan; the world size is the product of the degrees.
 PLANS_2 = {
     "ddp": dict(strategy="ddp", dp_replicate=2),
+    "ddp-accum2": dict(strategy="ddp", dp_replicate=2, train=dict(grad_accum=2)),  # DDP's no_sync path
     "fsdp": dict(strategy="fsdp", dp_shard=2),
     "tp": dict(strategy="tp", tp=2),
     **{f"pp-{s}": dict(strategy="pp", pp=2, pp_schedule=s) for s in SCHEDULES},
@@ -146,7 +147,8 @@ def run_job(prepared: Path, nproc: int, runs: dict[str, tuple[dict, str | None]]
     for name, (plan, resume_from) in runs.items():
         ws = new_workspace(prepared, name)
         roots[name] = ws.root
-        run_cfg = dict(cfg, checkpoint_every=3 if name in RESUME_SOURCES else STEPS)  # each save costs a little
+        plan = dict(plan)
+        run_cfg = dict(cfg, checkpoint_every=3 if name in RESUME_SOURCES else STEPS, **plan.pop("train", {}))
         specs.append(RunSpec(str(ws.root), run_cfg, asdict(ParallelConfig(**plan)), resume_from, export=name in EXPORTED))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OMP_NUM_THREADS", "1")
