@@ -29,7 +29,7 @@ from pathlib import Path
 
 from common.console import info, warn
 from common.errors import PipelineError
-from common.models import embedding_text
+from common.models import embedding_text, load_embedder
 from common.readers import Document
 from common.workspace import Workspace, model_fingerprint
 
@@ -195,7 +195,7 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings) -> dic
     torch.manual_seed(settings.seed)
     base_fingerprint = model_fingerprint(ws.model_dir)
     drop = settings.dropout
-    base_max_length = json.loads((ws.model_dir / "sentence_bert_config.json").read_text()).get("max_seq_length")
+    base_max_length = load_embedder(ws.model_dir, device="cpu").max_seq_length
     transformer = Transformer(str(ws.model_dir), max_seq_length=settings.max_seq_length,
                               config_kwargs={"resid_pdrop": drop, "embd_pdrop": drop, "attn_pdrop": drop})
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -234,6 +234,7 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings) -> dic
         losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
         model.eval()
         model.max_seq_length = base_max_length  # trained on shorter inputs for speed; embed full-length chunks as before
+        model.tokenizer.model_max_length = base_max_length
         out_dir = ws.root / TUNED_DIR
         save_swapped(model, out_dir, scratch)
     finally:

@@ -60,8 +60,12 @@ class Filters:
         return bool(self.source or self.title)
 
 
-def snippet(text: str, limit: int = 240) -> str:
+def snippet(text: str, limit: int = 240, starts_mid_text: bool = False) -> str:
+    """The chunk's text on one line, cut at a word boundary; a chunk that starts inside the document
+    (token windows may cut a word) loses its leading word fragment."""
     text = " ".join(text.split())
+    if starts_mid_text and " " in text:
+        text = "… " + text.split(" ", 1)[1]
     return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " …"
 
 
@@ -181,7 +185,7 @@ class SearchEngine:
                 else:
                     ranked = dense or lexical
                 results.append([Hit(rank, score, row["doc_id"], row["title"] or "", row["source"] or "",
-                                    snippet(row["text"] or ""), row["chunk_id"])
+                                    snippet(row["text"] or "", starts_mid_text=row["chunk_index"] > 0), row["chunk_id"])
                                 for rank, (score, row) in enumerate(ranked[:k], start=1)])
         return results
 
@@ -240,24 +244,27 @@ def chunk_details(con, chunk_ids: list[int]) -> dict[int, dict]:
     if not chunk_ids:
         return {}
     rows = con.execute(
-        """SELECT c.chunk_id, c.doc_id, d.title, d.source, c.text
+        """SELECT c.chunk_id, c.doc_id, d.title, d.source, c.text, c.chunk_index
            FROM chunks c JOIN documents d USING (doc_id) WHERE list_contains($ids, c.chunk_id)""",
         {"ids": chunk_ids},
     ).fetchall()
-    keys = ("chunk_id", "doc_id", "title", "source", "text")
+    keys = ("chunk_id", "doc_id", "title", "source", "text", "chunk_index")
     return {r[0]: dict(zip(keys, r)) for r in rows}
 
 
 def fuse(dense: list[tuple[float, dict]], lexical: list[tuple[float, dict]], dense_weight: float) -> list[tuple[float, dict]]:
-    """Weighted reciprocal rank fusion of two document rankings; the shown chunk is the dense one if any."""
+    """Weighted reciprocal rank fusion of two document rankings. A document is shown with the chunk of
+    the retriever that contributed most to its score."""
     scores: dict[str, float] = {}
-    rows: dict[str, dict] = {}
+    rows: dict[str, tuple[float, dict]] = {}
     for weight, ranking in ((dense_weight, dense), (1.0 - dense_weight, lexical)):
         for rank, (_, row) in enumerate(ranking, start=1):
-            scores[row["doc_id"]] = scores.get(row["doc_id"], 0.0) + weight / (RRF_K + rank)
-            rows.setdefault(row["doc_id"], row)
+            contribution = weight / (RRF_K + rank)
+            scores[row["doc_id"]] = scores.get(row["doc_id"], 0.0) + contribution
+            if row["doc_id"] not in rows or contribution > rows[row["doc_id"]][0]:
+                rows[row["doc_id"]] = (contribution, row)
     order = sorted(scores, key=lambda d: (-scores[d], d))
-    return [(scores[d], rows[d]) for d in order]
+    return [(scores[d], rows[d][1]) for d in order]
 
 
 def snapshot_store(db_path: Path) -> duckdb.DuckDBPyConnection:

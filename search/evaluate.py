@@ -83,24 +83,30 @@ def evaluate(engine: SearchEngine, queries: dict[str, str], qrels: dict[str, dic
     start = time.perf_counter()
     results = engine.search_many([queries[q] for q in judged], k=depth, mode=mode, dense_weight=dense_weight)
     seconds = time.perf_counter() - start
-    # A document's score in the run must order it as the engine ranked it: use the negative rank.
-    run = {q: {hit.doc_id: float(-hit.rank) for hit in hits} for q, hits in zip(judged, results)}
-    top10 = {q: {d: s for d, s in ranking.items() if s >= -10} for q, ranking in run.items()}
-    judgements = {q: qrels[q] for q in judged}
-    per_query = pytrec_eval.RelevanceEvaluator(judgements, {"ndcg_cut.10", "recall.100"}).evaluate(run)
-    reciprocal = pytrec_eval.RelevanceEvaluator(judgements, {"recip_rank"}).evaluate(top10)
+    run = {q: [hit.doc_id for hit in hits] for q, hits in zip(judged, results)}
+    metrics = score_run(run, {q: qrels[q] for q in judged})
+    return {"mode": mode, "queries": len(judged), "skipped_queries": len(qrels) - len(judged), "depth": depth,
+            "dense_weight": dense_weight if mode == "hybrid" else None, **metrics,
+            "seconds": seconds, "queries_per_s": len(judged) / seconds if seconds else None}
 
+
+def score_run(run: dict[str, list[str]], qrels: dict[str, dict[str, int]]) -> dict[str, float]:
+    """Mean nDCG@10, Recall@100 and MRR@10 of ranked doc-id lists (best first) against the judgements."""
+    # pytrec_eval orders a run by score: the negative rank keeps the engine's order.
+    scored = {q: {d: float(-rank) for rank, d in enumerate(ranking, start=1)} for q, ranking in run.items()}
+    top10 = {q: {d: s for d, s in ranking.items() if s >= -10} for q, ranking in scored.items()}
+    judged = {q: qrels[q] for q in run}
+    per_query = pytrec_eval.RelevanceEvaluator(judged, {"ndcg_cut.10", "recall.100"}).evaluate(scored)
+    reciprocal = pytrec_eval.RelevanceEvaluator(judged, {"recip_rank"}).evaluate(top10)
+
+    # pytrec_eval leaves out queries with an empty run: they score 0, so divide by all queries.
     def mean(values):
-        return sum(values) / len(judged)
-    # pytrec_eval leaves out queries with an empty run: they score 0, so divide by all judged queries.
-    metrics = {
+        return sum(values) / len(run)
+    return {
         "ndcg@10": mean(m["ndcg_cut_10"] for m in per_query.values()),
         "recall@100": mean(m["recall_100"] for m in per_query.values()),
         "mrr@10": mean(m["recip_rank"] for m in reciprocal.values()),
     }
-    return {"mode": mode, "queries": len(judged), "skipped_queries": len(qrels) - len(judged), "depth": depth,
-            "dense_weight": dense_weight if mode == "hybrid" else None, **metrics,
-            "seconds": seconds, "queries_per_s": len(judged) / seconds if seconds else None}
 
 
 def modes_to_run(engine: SearchEngine, mode: str) -> list[str | None]:

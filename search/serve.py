@@ -159,6 +159,11 @@ def create_app(ws: Workspace, api_key: str | None = None, poll_seconds: float = 
     async def http_error(request: Request, exc: StarletteHTTPException):
         return error(exc.status_code, str(exc.detail))
 
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):
+        log.exception("error while answering %s", request.url.path)
+        return error(500, f"internal error ({type(exc).__name__}); the server keeps running")
+
     def run_search(body: SearchRequest) -> dict:
         engine = generation.current()
         start = time.perf_counter()

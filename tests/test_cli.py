@@ -25,7 +25,7 @@ def test_a_chunk_finds_its_own_document(trained_workspace):
         doc_id, title, text = store.con.execute(
             "SELECT d.doc_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) "
             "WHERE c.chunk_index = 1 ORDER BY c.chunk_id LIMIT 1").fetchall()[0]
-    result = run_cli("search", "-w", str(trained_workspace), embedding_text(title, text), "-k", "3", "--json")
+    result = run_cli("search", "-w", str(trained_workspace), embedding_text(title, text), "-k", "3", "--mode", "dense", "--json")
     best = json.loads(result.stdout.splitlines()[0])
     assert best["doc_id"] == doc_id and best["score"] > 0.9999
 

@@ -10,7 +10,7 @@ from common.errors import PipelineError
 from common.models import encode, load_embedder
 from common.readers import Document, read_documents
 from common.workspace import Workspace
-from conftest import run_cli
+from conftest import run_cli, scifact_slice
 from embed.tune import TuneSettings, make_pairs, pair_for, read_labelled_pairs, sentences
 
 ABSTRACT = ("Vitamin D is made in the skin. Sunlight drives its synthesis. Older people make less of it. "
@@ -89,7 +89,8 @@ def test_tune_saves_a_sentence_transformer_recorded_in_the_manifest(tuned_worksp
 def test_embed_uses_the_tuned_model_by_default_and_search_follows(tuned_workspace, tmp_path):
     ws = tmp_path / "ws"
     shutil.copytree(tuned_workspace, ws)
-    summary = json.loads(run_cli("embed", "-w", str(ws), "--chunk-tokens", "64", "--overlap", "8", "--json").stdout)
+    few = scifact_slice(tmp_path / "few.jsonl", 12)
+    summary = json.loads(run_cli("embed", "-w", str(ws), "--data", str(few), "--prune", "--chunk-tokens", "64", "--overlap", "8", "--json").stdout)
     assert summary["model_path"] == str((ws / "tuned").resolve())
     run_cli("index", "-w", str(ws))
     hits = [json.loads(line) for line in run_cli("search", "-w", str(ws), "cancer", "--mode", "dense", "-k", "3", "--json").stdout.splitlines()]

