@@ -34,6 +34,7 @@ from torch.distributed.tensor import DTensor
 
 from common.errors import PipelineError
 from pretrain.config import ModelConfig, TrainConfig
+from pretrain.model import lm_loss
 
 STRATEGIES = ("single", "ddp", "fsdp", "tp", "pp", "hybrid")
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
@@ -394,7 +395,8 @@ def tied_embedding_group(par: Parallel):
     config = par.config
     if config.pp == 1:
         return None
-    first_rank, last_rank = 0, (config.num_stages - 1) % config.pp if config.pp_schedule != "zbv" else 0
+    first_rank = 0  # stage 0 is on pipeline rank 0; the last stage on rank pp - 1, or 0 in a V
+    last_rank = 0 if config.pp_schedule == "zbv" else (config.num_stages - 1) % config.pp
     if first_rank == last_rank:
         return None
     if config.pp == 2:
@@ -422,6 +424,7 @@ class ParallelModel:
     has_last: bool = True
     tie_group: object | None = None
     pipeline_s: float = 0.0  # seconds of the last schedule step
+    loss_fn: object = lm_loss  # (logits, targets) -> mean loss
 
     @classmethod
     def single(cls, model: nn.Module) -> "ParallelModel":
@@ -435,8 +438,6 @@ class ParallelModel:
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, grad_accum: int) -> torch.Tensor:
         """Loss and gradients of this rank's slice of the batch; returns the mean loss (0 on pipeline
         ranks without the last stage)."""
-        from pretrain.model import lm_loss
-
         with torch.autocast(self.par.device.type, dtype=torch.bfloat16, enabled=self.par.config.bf16):
             if self.schedule is not None:
                 losses: list[torch.Tensor] = []
@@ -450,7 +451,7 @@ class ParallelModel:
                 for i, (mx, my) in enumerate(zip(x.chunk(grad_accum), y.chunk(grad_accum))):
                     sync = i == grad_accum - 1 or not hasattr(model, "no_sync")  # DDP: all-reduce once per step
                     with nullcontext() if sync else model.no_sync():
-                        loss = lm_loss(model(mx), my) / grad_accum
+                        loss = self.loss_fn(model(mx), my) / grad_accum
                         loss.backward()
                     local += loss.detach()
         sync_tied_embeddings(self)
@@ -458,15 +459,13 @@ class ParallelModel:
 
     @torch.no_grad()
     def eval_loss(self, x: torch.Tensor, y: torch.Tensor, chunks: int) -> torch.Tensor:
-        from pretrain.model import lm_loss
-
         with torch.autocast(self.par.device.type, dtype=torch.bfloat16, enabled=self.par.config.bf16):
             if self.schedule is not None:
                 losses: list[torch.Tensor] = []
                 self.schedule.eval(*([x] if self.has_first else []), target=y, losses=losses)
                 return torch.stack(losses).mean().float() if self.has_last else torch.zeros((), device=self.par.device)
             model = self.parts[0]
-            return torch.stack([lm_loss(model(mx), my) for mx, my in zip(x.chunk(chunks), y.chunk(chunks))]).mean()
+            return torch.stack([self.loss_fn(model(mx), my) for mx, my in zip(x.chunk(chunks), y.chunk(chunks))]).mean()
 
     def global_mean(self, local: torch.Tensor) -> float:
         """The mean over data-parallel ranks of a per-rank loss (held by every tp rank of the last stage)."""
@@ -512,11 +511,11 @@ def parallelize(model: nn.Module, par: Parallel, loss_fn) -> ParallelModel:
             module = apply_ddp(module, par.submesh("dp_replicate"))
         parts.append(module)
     if config.pp == 1:
-        return ParallelModel(par, parts)
+        return ParallelModel(par, parts, loss_fn=loss_fn)
     schedule, stages = build_schedule(list(zip([s for s, _ in stage_modules], parts)), par, loss_fn)
     return ParallelModel(par, parts, schedule, stages,
                          has_first=any(s.is_first for s in stages), has_last=any(s.is_last for s in stages),
-                         tie_group=tied_embedding_group(par))
+                         tie_group=tied_embedding_group(par), loss_fn=loss_fn)
 
 
 # ---------------------------------------------------------------- gradients

@@ -12,7 +12,6 @@ import json
 import math
 import resource
 import shutil
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -24,8 +23,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
-from common.console import info, warn
-from common.errors import PipelineError
+from common.console import info
 from common.readers import Document, read_documents
 from common.workspace import Workspace, atomic_write_bytes, atomic_write_json, file_sha256, model_fingerprint
 from pretrain.config import ModelConfig, TrainConfig
