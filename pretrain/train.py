@@ -364,6 +364,8 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
     train_windows = TokenWindows.open(ws.data_dir, "train", cfg.seq_len)
     val_windows = TokenWindows.open(ws.data_dir, "val", cfg.seq_len)
     metrics = MetricsLog(ws.metrics_path, start_step if resume_from else None) if main else None
+    if metrics is not None and resume_from is not None:  # the log says where a resumed run picked up
+        metrics.write({"event": "resume", "step": start_step, "checkpoint": str(resume_from), "world_size": par.world_size})
     peak_flops = job_peak_flops(par)
     tokens_per_step = cfg.batch_size * cfg.seq_len
     local_batch = cfg.batch_size // plan.dp

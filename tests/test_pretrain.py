@@ -87,6 +87,8 @@ def test_killed_run_resumes_to_the_same_final_loss(tmp_path, corpus_file):
 
     result = run_cli("pretrain", "-w", str(killed), "--resume")
     assert "resumed from" in result.stderr
+    (resume,) = [m for m in read_metrics(killed) if m["event"] == "resume"]
+    assert resume["step"] >= 8 and resume["step"] % 4 == 0  # from the latest checkpoint before the kill
     want = [m["loss"] for m in read_metrics(straight) if m["event"] == "train"]
     got = [m["loss"] for m in read_metrics(killed) if m["event"] == "train"]
     assert len(got) == len(want) == 16
