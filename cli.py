@@ -31,7 +31,7 @@ WorkspaceOption = Annotated[Path, typer.Option("--workspace", "-w", envvar=WORKS
 DataOption = Annotated[Optional[list[Path]], typer.Option("--data", "-d", help="File or directory (.txt .md .jsonl .json .csv .parquet); repeatable.")]
 TextFieldOption = Annotated[Optional[str], typer.Option(help="Field holding the text in structured files (auto-detected by default).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
-ModeOption = Annotated[Optional[str], typer.Option(help="dense, lexical or hybrid (default: hybrid, the best on our benchmark).")]
+ModeOption = Annotated[Optional[str], typer.Option(help="dense, lexical or hybrid (default: what `pipeline eval --set-default` measured best, else lexical).")]
 DenseWeightOption = Annotated[float, typer.Option(help="Hybrid only: weight of the dense ranking in the fusion (lexical gets 1 - it).")]
 
 
@@ -311,9 +311,10 @@ def eval_command(
     queries: Annotated[Path, typer.Option(help="BEIR queries.jsonl: {\"_id\": ..., \"text\": ...} per line.")],
     qrels: Annotated[Path, typer.Option(help="BEIR qrels .tsv: query-id, corpus-id, score (header line optional).")],
     workspace: WorkspaceOption = Path("workspace"),
-    mode: Annotated[Optional[str], typer.Option(help="dense, lexical, hybrid, or all (default: the search default, hybrid).")] = None,
+    mode: Annotated[Optional[str], typer.Option(help="dense, lexical, hybrid, or all (default: the search default).")] = None,
     k: Annotated[int, typer.Option("-k", help="Documents retrieved per query (Recall@100 needs 100).")] = 100,
     dense_weight: DenseWeightOption = 0.5,
+    set_default: Annotated[bool, typer.Option("--set-default", help="With --mode all: make the best mode (by nDCG@10) this workspace's default for search and serve.")] = False,
     json_output: JsonOption = False,
 ):
     """Retrieval quality on judged queries: nDCG@10, Recall@100 and MRR@10 (pytrec_eval).
@@ -323,14 +324,24 @@ def eval_command(
         pipeline eval --queries scifact/queries.jsonl --qrels scifact/qrels/test.tsv
 
         pipeline eval --queries q.jsonl --qrels qrels.tsv --mode all --json
+
+        pipeline eval --queries q.jsonl --qrels qrels.tsv --mode all --set-default
     """
     from search.engine import SearchEngine
     from search.evaluate import evaluate, modes_to_run, read_qrels, read_queries
 
     judged, texts = read_qrels(qrels), read_queries(queries)
     engine = SearchEngine(Workspace(workspace), load_model=False)
+    if set_default and mode != "all":
+        raise PipelineError("--set-default needs --mode all: the default is the best of the measured modes")
     modes = modes_to_run(engine, mode) if mode else [None]
     reports = [evaluate(engine, texts, judged, m, k, dense_weight) for m in modes]
+    if set_default:
+        best = max(reports, key=lambda r: r["ndcg@10"])
+        Workspace(workspace).update_manifest("search", {
+            "default_mode": best["mode"], "embedder_fingerprint": engine.index_entry["embedder_fingerprint"],
+            "ndcg@10": {r["mode"]: r["ndcg@10"] for r in reports}, "queries": str(queries), "qrels": str(qrels)})
+        err.print(f"default mode for this workspace: {best['mode']} (nDCG@10 {best['ndcg@10']:.4f})", highlight=False)
     if json_output:
         out.print_json(json.dumps(reports if len(reports) > 1 else reports[0]))
         return

@@ -13,7 +13,8 @@ test queries, so the test set does not pick it. Published references (BEIR paper
 BM25 0.665 and all-MiniLM-L6-v2 0.645 nDCG@10.
 
 The load test starts `pipeline serve` on 127.0.0.1 and sends a bounded number of /search requests
-(default 2,000, 16 at a time) with the test queries, default mode, k=10.
+(default 2,000, 16 at a time) with the test queries, k=10, mode hybrid (the most work per request:
+query encoding, FAISS, BM25 and fusion).
 
     python benchmarks/bench_search_quality.py [--workdir DIR] [--tune-steps N] [--requests N] [--concurrency N]
 
@@ -42,7 +43,7 @@ sys.path.insert(0, str(REPO))
 QUERIES = SCIFACT / "queries.jsonl"
 TEST = SCIFACT / "qrels" / "test.tsv"
 TRAIN = SCIFACT / "qrels" / "train.tsv"
-WEIGHTS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+WEIGHTS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 REFERENCES = {"bm25_ndcg@10": 0.665, "all-MiniLM-L6-v2_ndcg@10": 0.645}
 
 
@@ -126,7 +127,7 @@ def tune(ws: Path, steps: int, batch_size: int, max_seq_length: int, lr: float, 
     return json.loads((ws / "manifest.json").read_text())["tuned"]
 
 
-def load_test(ws: Path, requests: int, concurrency: int) -> dict:
+def load_test(ws: Path, requests: int, concurrency: int, mode: str) -> dict:
     import httpx
 
     from search.evaluate import read_queries
@@ -158,7 +159,7 @@ def load_test(ws: Path, requests: int, concurrency: int) -> dict:
             if not hasattr(local, "client"):
                 local.client = httpx.Client(base_url=base, timeout=60)
             start = time.perf_counter()
-            response = local.client.get("/search", params={"q": texts[i % len(texts)], "k": 10})
+            response = local.client.get("/search", params={"q": texts[i % len(texts)], "k": 10, "mode": mode})
             elapsed = time.perf_counter() - start
             with lock:
                 latencies.append(elapsed)
@@ -175,7 +176,7 @@ def load_test(ws: Path, requests: int, concurrency: int) -> dict:
         server.terminate()
         server.wait(timeout=30)
     ordered = sorted(latencies)
-    return {"requests": requests, "concurrency": concurrency, "errors": errors, "seconds": wall,
+    return {"requests": requests, "concurrency": concurrency, "mode": mode, "errors": errors, "seconds": wall,
             "requests_per_s": requests / wall, "p50_ms": 1000 * statistics.median(ordered),
             "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], "mean_ms": 1000 * statistics.fmean(ordered)}
 
@@ -192,6 +193,7 @@ def main() -> None:
     parser.add_argument("--skip-minilm", action="store_true")
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--load-mode", default="hybrid", help="search mode of the load test (hybrid does the most work)")
     args = parser.parse_args()
 
     source = pretrained_workspace(args.pretrained)
@@ -229,17 +231,24 @@ def main() -> None:
         minilm_eval = evaluate_all(minilm, TEST)
         rows["dense, all-MiniLM-L6-v2 (external, --model)"] = minilm_eval["dense"]
         rows["hybrid, all-MiniLM-L6-v2 (w=0.5)"] = minilm_eval["hybrid"]
+        minilm_sweep = weight_sweep(minilm, TRAIN)
+        minilm_weight = max(minilm_sweep, key=minilm_sweep.get)
+        result["hybrid_weight_minilm"] = {"train_ndcg@10": minilm_sweep, "chosen": minilm_weight}
+        if minilm_weight != 0.5:
+            rows[f"hybrid, all-MiniLM-L6-v2 (w={minilm_weight}, chosen on train)"] = json.loads(pipeline(
+                "eval", "-w", str(minilm), "--queries", str(QUERIES), "--qrels", str(TEST), "--mode", "hybrid",
+                "--dense-weight", str(minilm_weight), "--json").stdout)
 
     result["rows"] = {name: {k: r[k] for k in ("mode", "ndcg@10", "recall@100", "mrr@10", "dense_weight", "queries_per_s")}
                       for name, r in rows.items()}
     log("load test")
-    result["server_load"] = load_test(tuned, args.requests, args.concurrency)
+    result["server_load"] = load_test(tuned, args.requests, args.concurrency, args.load_mode)
     write_result("search_quality", result)
     print("\n| run | nDCG@10 | Recall@100 | MRR@10 |\n|---|---|---|---|")
     for name, r in result["rows"].items():
         print(f"| {name} | {r['ndcg@10']:.4f} | {r['recall@100']:.4f} | {r['mrr@10']:.4f} |")
     load = result["server_load"]
-    print(f"\nserver: {load['requests']} requests, {load['concurrency']} concurrent: p50 {load['p50_ms']:.1f} ms, "
+    print(f"\nserver ({load['mode']}): {load['requests']} requests, {load['concurrency']} concurrent: p50 {load['p50_ms']:.1f} ms, "
           f"p99 {load['p99_ms']:.1f} ms, {load['requests_per_s']:.1f} requests/s, {load['errors']} errors")
 
 

@@ -24,8 +24,11 @@ from common.workspace import Workspace, model_fingerprint
 from search.lexical import LexicalIndex
 
 MODES = ("dense", "lexical", "hybrid")
-# Chosen from benchmarks/results/search_quality.json (SciFact, tuned tiny model): hybrid is best.
-DEFAULT_MODE = "hybrid"
+# From benchmarks/results/search_quality.json (SciFact): with the pipeline's own tiny model, BM25 alone is
+# best (its dense ranking is too weak to add to it); with a real embedding model (all-MiniLM-L6-v2) hybrid
+# is. `pipeline eval --mode all --set-default` measures this on the user's own judged queries and records
+# the winner for the workspace; without that measurement the default is lexical.
+DEFAULT_MODE = "lexical"
 DEFAULT_DENSE_WEIGHT = 0.5
 RRF_K = 60  # the constant of reciprocal rank fusion
 FUSION_DEPTH = 100  # documents taken from each retriever before fusing
@@ -99,10 +102,18 @@ class SearchEngine:
         if not index_path.exists():
             raise PipelineError(f"{index_path}: index file missing; run `pipeline index`")
         self.model_dir = Path(embedder["model_path"])
+        if not self.model_dir.exists():
+            raise PipelineError(f"{self.model_dir}: the embedding model recorded in the manifest is gone")
+        current = model_fingerprint(self.model_dir)  # a stale index is refused whatever the mode, as `pipeline status` does
+        if self.index_entry["embedder_fingerprint"] != current:
+            raise PipelineError(
+                f"the index was built with model {self.index_entry['embedder_fingerprint']} but {self.model_dir} now holds "
+                f"model {current}: run `pipeline embed` and `pipeline index` again")
         self.index = faiss.deserialize_index(np.fromfile(index_path, dtype=np.uint8))
         lexical_path = self.index_entry.get("lexical_path")
         self.lexical = LexicalIndex.load(ws.root / lexical_path) if lexical_path else None
         self._model = reuse_model
+        self._default_mode = self.default_mode()
         self._model_lock = threading.Lock()
         self._memory: duckdb.DuckDBPyConnection | None = None
         if in_memory:
@@ -115,13 +126,6 @@ class SearchEngine:
     def model(self):
         with self._model_lock:
             if self._model is None:
-                if not self.model_dir.exists():
-                    raise PipelineError(f"{self.model_dir}: the embedding model recorded in the manifest is gone")
-                current = model_fingerprint(self.model_dir)
-                if self.index_entry["embedder_fingerprint"] != current:
-                    raise PipelineError(
-                        f"the index was built with model {self.index_entry['embedder_fingerprint']} but {self.model_dir} now holds "
-                        f"model {current}: run `pipeline embed` and `pipeline index` again")
                 self._model = load_embedder(self.model_dir)
             return self._model
 
@@ -146,9 +150,17 @@ class SearchEngine:
         finally:
             con.close()
 
+    def default_mode(self) -> str:
+        """The mode `pipeline eval --set-default` measured best for this index's model, else DEFAULT_MODE."""
+        measured = self.ws.read_manifest().get("search", {})
+        if measured.get("embedder_fingerprint") == self.index_entry["embedder_fingerprint"] and measured.get("default_mode") in MODES:
+            return measured["default_mode"]
+        return DEFAULT_MODE
+
     def resolve_mode(self, mode: str | None) -> str:
         if mode is None:
-            return DEFAULT_MODE if self.lexical is not None else "dense"
+            mode = self._default_mode
+            return mode if self.lexical is not None else "dense"
         if mode in ("lexical", "hybrid") and self.lexical is None:
             raise PipelineError(f"--mode {mode}: this index has no lexical part; run `pipeline index` again")
         return mode
@@ -245,7 +257,7 @@ def chunk_details(con, chunk_ids: list[int]) -> dict[int, dict]:
         return {}
     rows = con.execute(
         """SELECT c.chunk_id, c.doc_id, d.title, d.source, c.text, c.chunk_index
-           FROM chunks c JOIN documents d USING (doc_id) WHERE list_contains($ids, c.chunk_id)""",
+           FROM (SELECT unnest($ids) AS chunk_id) wanted JOIN chunks c USING (chunk_id) JOIN documents d USING (doc_id)""",
         {"ids": chunk_ids},
     ).fetchall()
     keys = ("chunk_id", "doc_id", "title", "source", "text", "chunk_index")

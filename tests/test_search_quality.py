@@ -93,10 +93,23 @@ def judged_titles(corpus_file, tmp_path_factory):
     return folder
 
 
-def test_eval_scores_every_mode_with_pytrec_eval(trained_workspace, judged_titles):
-    result = run_cli("eval", "-w", str(trained_workspace), "--queries", str(judged_titles / "queries.jsonl"),
-                     "--qrels", str(judged_titles / "qrels.tsv"), "--mode", "all", "--json")
+def test_eval_scores_every_mode_with_pytrec_eval_and_sets_the_default(trained_workspace, judged_titles, tmp_path):
+    ws = tmp_path / "ws"
+    shutil.copytree(trained_workspace, ws)
+    result = run_cli("eval", "-w", str(ws), "--queries", str(judged_titles / "queries.jsonl"),
+                     "--qrels", str(judged_titles / "qrels.tsv"), "--mode", "all", "--set-default", "--json")
     reports = {r["mode"]: r for r in json.loads(result.stdout)}
+    best = max(reports, key=lambda m: reports[m]["ndcg@10"])
+    assert json.loads((ws / "manifest.json").read_text())["search"]["default_mode"] == best
+    assert SearchEngine(Workspace(ws), load_model=False).resolve_mode(None) == best
+    assert f"default mode for this workspace: {best}" in result.stderr
+    manifest = json.loads((ws / "manifest.json").read_text())
+    manifest["search"]["default_mode"] = "hybrid"
+    (ws / "manifest.json").write_text(json.dumps(manifest))
+    assert SearchEngine(Workspace(ws), load_model=False).resolve_mode(None) == "hybrid"
+    manifest["search"]["embedder_fingerprint"] = "another model"  # measured for other vectors: not used
+    (ws / "manifest.json").write_text(json.dumps(manifest))
+    assert SearchEngine(Workspace(ws), load_model=False).resolve_mode(None) == "lexical"
     assert set(reports) == {"dense", "lexical", "hybrid"}
     for report in reports.values():
         assert report["queries"] == 30

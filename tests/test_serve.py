@@ -72,7 +72,8 @@ def test_search_get_and_post_return_ranked_documents(client):
     got = client.get("/search", params={"q": "cancer cells and tumour growth", "k": 5})
     assert got.status_code == 200
     body = got.json()
-    assert body["mode"] == "hybrid" and [h["rank"] for h in body["results"]] == [1, 2, 3, 4, 5]
+    assert body["mode"] == client.get("/health").json()["default_mode"] == "lexical"  # no measured default: lexical
+    assert [h["rank"] for h in body["results"]] == [1, 2, 3, 4, 5]
     assert len({h["doc_id"] for h in body["results"]}) == 5
     assert all(a["score"] >= b["score"] for a, b in zip(body["results"], body["results"][1:]))
     assert all(h["title"] and h["snippet"] for h in body["results"])
@@ -200,7 +201,7 @@ def test_web_page_searches_in_a_real_browser(server, tmp_path):
             assert first.locator(".title").inner_text().strip()
             assert first.locator(".snippet").inner_text().strip()
             assert first.locator(".meta").inner_text().startswith("score ")
-            assert "10 results (hybrid" in page.inner_text("#status")
+            assert page.inner_text("#status").startswith("10 results (lexical, ")
             page.screenshot(path=str(tmp_path / "search.png"))
 
             page.goto(f"{server}/")  # without the key: the page asks for one and shows the server's refusal

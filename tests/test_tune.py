@@ -93,8 +93,9 @@ def test_embed_uses_the_tuned_model_by_default_and_search_follows(tuned_workspac
     summary = json.loads(run_cli("embed", "-w", str(ws), "--data", str(few), "--prune", "--chunk-tokens", "64", "--overlap", "8", "--json").stdout)
     assert summary["model_path"] == str((ws / "tuned").resolve())
     run_cli("index", "-w", str(ws))
-    hits = [json.loads(line) for line in run_cli("search", "-w", str(ws), "cancer", "--mode", "dense", "-k", "3", "--json").stdout.splitlines()]
-    assert len(hits) == 3
+    from search.engine import SearchEngine
+    hits = SearchEngine(Workspace(ws)).search("cancer", k=3, mode="dense")
+    assert len(hits) == 3 and SearchEngine(Workspace(ws)).model_dir == (ws / "tuned").resolve()
     # A pretrained model newer than the tuning makes embed fall back to it, saying why.
     manifest = json.loads((ws / "manifest.json").read_text())
     manifest["tuned"]["base_fingerprint"] = "0" * 16
