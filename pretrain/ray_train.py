@@ -11,6 +11,8 @@ from it and write the checkpoints and the export into it.
 """
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 
@@ -20,19 +22,28 @@ from common.ray_cluster import connect
 from common.workspace import Workspace
 
 
+def checkpoint_step(path: Path) -> int:
+    return json.loads((path / "train_state.json").read_text())["step"]
+
+
 def train_loop_per_worker(config: dict) -> None:
     """Runs on every Ray Train worker."""
     import ray.train
 
     from pretrain.config import train_config_from_dict
     from pretrain.parallel import ParallelConfig
-    from pretrain.train import train
+    from pretrain.train import checkpoint_dirs, train
 
     ws = Workspace(Path(config["workspace"]))
-    resume_from = Path(config["resume_from"]) if config["resume_from"] else None
+    # A restarted worker group continues from the newest checkpoint of this run: the one Ray Train
+    # committed, or a newer complete one in the workspace (Ray commits reports with a lag; the
+    # driver emptied the workspace's checkpoints before a fresh run, so all of them are this run's).
+    candidates = [Path(config["resume_from"])] if config["resume_from"] else []
     checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:  # a restarted worker group: continue from the latest reported checkpoint
-        resume_from = Path(checkpoint.path)
+    if checkpoint is not None:
+        candidates.append(Path(checkpoint.path))
+    candidates += checkpoint_dirs(ws)[-1:]
+    resume_from = max(candidates, key=checkpoint_step) if candidates else None
 
     def report(path: Path, step: int, metrics: dict) -> None:
         is_rank_0 = ray.train.get_context().get_world_rank() == 0
@@ -54,6 +65,8 @@ def run_on_ray(ws: Workspace, cfg, plan, resume_from: Path | None, address: str,
     storage = (storage_path or ws.root / "ray").resolve()
     info(f"training on Ray ({address}): {plan.world_size} workers, {'one GPU' if use_gpu else 'one CPU'} each; "
          f"checkpoints reported to {storage}; up to {max_failures} worker failures recovered")
+    if resume_from is None:  # a fresh run: checkpoints left in the workspace belong to an older one
+        shutil.rmtree(ws.checkpoints_dir, ignore_errors=True)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"workspace": str(ws.root.resolve()), "train": asdict(cfg), "plan": plan.to_dict(),
