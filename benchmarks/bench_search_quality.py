@@ -20,6 +20,20 @@ query encoding, FAISS, BM25 and fusion).
 
 Workspaces are kept in --workdir and reused: embed is incremental and a tune with the same settings is
 not repeated, so a second run only evaluates.
+
+Last run (2 shared CPU cores; benchmarks/results/ is not committed, so the numbers are kept here):
+
+    run                                              nDCG@10  Recall@100  MRR@10
+    lexical (BM25, bm25s, stemmed, over chunks)       0.6772    0.9166    0.6396
+    dense, pretrained tiny GPT-2 (raw, mean pooling)  0.0054    0.0684    0.0050
+    hybrid, raw dense (w=0.5)                         0.3683    0.8908    0.2647
+    dense, tuned tiny GPT-2 (300 steps, mean)         0.0141    0.1817    0.0082
+    hybrid, tuned dense (w=0.5)                       0.3249    0.8879    0.2365
+    hybrid, tuned dense (w=0.05, chosen on train)     0.6556    0.9166    0.6079
+    dense, all-MiniLM-L6-v2 (--model)                 0.6622    0.9367    0.6186
+    hybrid, all-MiniLM-L6-v2 (w=0.5)                  0.7118    0.9550    0.6740
+    hybrid, all-MiniLM-L6-v2 (w=0.3, chosen on train) 0.7073    0.9260    0.6673
+    server, hybrid, 2,000 requests, 16 concurrent: p50 451 ms, p99 863 ms, 32.7 requests/s, 0 errors
 """
 from __future__ import annotations
 
