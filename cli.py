@@ -358,11 +358,12 @@ def tune(
     text_field: TextFieldOption = None,
     pairs_from: Annotated[str, typer.Option(help="Pairs the corpus gives, comma-separated: title, ict, neighbours, dropout.")] = "title,ict",
     pairs: Annotated[Optional[Path], typer.Option(help="Labelled pairs, JSON lines: {\"query\": ..., \"document\": text} or {\"query\": ..., \"doc_id\": ...}.")] = None,
-    pooling: Annotated[str, typer.Option(help="mean, weightedmean (position-weighted, SGPT) or lasttoken.")] = "mean",
-    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 300,
-    batch_size: Annotated[int, typer.Option(help="Pairs per batch; the other pairs are each one's negatives.")] = 64,
+    architecture: Annotated[str, typer.Option(help="static (the GPT-2's token embeddings, mean of a text's tokens; fast, best on CPU) or transformer (the whole GPT-2 plus pooling).")] = "static",
+    pooling: Annotated[str, typer.Option(help="With --architecture transformer: mean, weightedmean (position-weighted, SGPT) or lasttoken.")] = "mean",
+    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 500,
+    batch_size: Annotated[int, typer.Option(help="Pairs per batch; the other pairs are each one's negatives.")] = 128,
     mini_batch: Annotated[Optional[int], typer.Option(help="Use CachedMultipleNegativesRankingLoss with this many texts per pass (large batches, little memory).")] = None,
-    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 3e-4,
+    lr: Annotated[Optional[float], typer.Option(help="Peak learning rate [default: 5e-2 static, 3e-4 transformer].")] = None,
     max_seq_length: Annotated[int, typer.Option(help="Tokens per training text (longer ones are truncated).")] = 128,
     seed: Annotated[int, typer.Option(help="Random seed (pairs, order, weights).")] = 0,
     json_output: JsonOption = False,
@@ -370,14 +371,16 @@ def tune(
     """Contrastive tuning of the pretrained model into a sentence embedder, from your unlabelled documents.
 
     Pairs the corpus provides (title <-> text, a sentence <-> its passage, neighbouring spans, dropout
-    views) are trained with in-batch negatives (MultipleNegativesRankingLoss). The result goes to the
-    workspace's tuned/ directory; `pipeline embed` uses it from then on.
+    views) are trained with in-batch negatives (MultipleNegativesRankingLoss). The default embedder is
+    static: the pretrained model's token embeddings, a text being the mean of its tokens' vectors (it
+    measured far better than the tuned transformer for small models trained on a CPU). The result goes
+    to the workspace's tuned/ directory; `pipeline embed` uses it from then on.
 
     Examples:
 
         pipeline tune                                    # the documents pretraining used
 
-        pipeline tune --data docs/ --steps 1000 --pooling weightedmean
+        pipeline tune --architecture transformer --data docs/ --steps 1000 --pooling weightedmean
 
         pipeline tune --pairs labelled.jsonl --batch-size 256 --mini-batch 32
 
@@ -387,7 +390,7 @@ def tune(
     from embed.tune import TuneSettings, run_tune
 
     ws = Workspace(workspace)
-    settings = TuneSettings(pooling=pooling, pair_kinds=tuple(k.strip() for k in pairs_from.split(",") if k.strip()),
+    settings = TuneSettings(architecture=architecture, pooling=pooling, pair_kinds=tuple(k.strip() for k in pairs_from.split(",") if k.strip()),
                             pairs_file=pairs, steps=steps, batch_size=batch_size, mini_batch=mini_batch, lr=lr,
                             max_seq_length=max_seq_length, seed=seed)
     docs = list(source_documents(ws, list(data or []), text_field))

@@ -4,11 +4,16 @@ Embed and search both load the model through here so a query is encoded exactly 
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 
 from common.errors import PipelineError
+
+# Chunk length for models without a token limit (static embeddings): the context of our GPT presets.
+UNLIMITED_MODEL_CHUNK_TOKENS = 256
+
 
 def load_embedder(path: Path, device: str | None = None):
     from sentence_transformers import SentenceTransformer
@@ -18,9 +23,27 @@ def load_embedder(path: Path, device: str | None = None):
         raise PipelineError(f"{path}: not a model directory (no config.json or modules.json)")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = SentenceTransformer(str(path), device=device, local_files_only=True)
-    if model.tokenizer.pad_token is None:  # GPT-style tokenizers have none; padding is masked anyway
+    if getattr(model.tokenizer, "pad_token", "") is None:  # GPT-style tokenizers have none; padding is masked anyway
         model.tokenizer.pad_token = model.tokenizer.eos_token
     return model
+
+
+def text_tokenizer(model):
+    """The model's tokenizer with Hugging Face's calling convention (offsets, batches): static-embedding
+    models hold a bare `tokenizers.Tokenizer`, which gets wrapped."""
+    from tokenizers import Tokenizer
+
+    if isinstance(model.tokenizer, Tokenizer):
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast(tokenizer_object=model.tokenizer)
+    return model.tokenizer
+
+
+def token_limit(model) -> int:
+    """The most tokens the model reads from one text."""
+    limit = model.max_seq_length
+    return int(limit) if limit and math.isfinite(limit) else UNLIMITED_MODEL_CHUNK_TOKENS
 
 
 def embedding_text(title: str, text: str) -> str:

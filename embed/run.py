@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from common.console import err, info
 from common.errors import PipelineError
-from common.models import embedding_text, encode, load_embedder
+from common.models import embedding_text, encode, load_embedder, text_tokenizer, token_limit
 from common.readers import Document, read_documents
 from common.store import ChunkRow, Store
 from common.workspace import Workspace, model_fingerprint
@@ -60,16 +60,17 @@ def source_documents(ws: Workspace, data: list[Path], text_field: str | None) ->
 
 def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings: EmbedSettings) -> dict:
     model_dir = settings.model_dir or default_model_dir(ws)  # the tuned model if `pipeline tune` made one
-    if settings.model_dir is None and not (model_dir / "config.json").exists():
+    if settings.model_dir is None and not any((model_dir / f).exists() for f in ("config.json", "modules.json")):
         raise PipelineError(f"no model in {model_dir}: run `pipeline pretrain` first, or pass --model DIR")
     if not model_dir.exists():
         raise PipelineError(f"--model {model_dir}: no such directory")
     documents = list(source_documents(ws, data, text_field))
     model = load_embedder(model_dir)
     if settings.chunk_tokens is None:
-        settings.chunk_tokens = max(32, model.max_seq_length - TITLE_TOKENS)
+        settings.chunk_tokens = max(32, token_limit(model) - TITLE_TOKENS)
     if settings.chunk_tokens < 8 or not 0 <= settings.overlap < settings.chunk_tokens:
         raise PipelineError(f"--chunk-tokens {settings.chunk_tokens} / --overlap {settings.overlap}: need chunk-tokens >= 8 and 0 <= overlap < chunk-tokens")
+    tokenizer = text_tokenizer(model)
     fingerprint = model_fingerprint(model_dir)
     dim = model.get_embedding_dimension()
     embedder_key = f"{fingerprint}|chunk={settings.chunk_tokens}|overlap={settings.overlap}"
@@ -105,7 +106,7 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
             task = bar.add_task("embed", total=len(todo), rate="")
             for g in range(0, len(todo), settings.group_size):
                 group = todo[g:g + settings.group_size]
-                doc_chunks = chunk_texts([d.text for d in group], model.tokenizer, settings.chunk_tokens, settings.overlap)
+                doc_chunks = chunk_texts([d.text for d in group], tokenizer, settings.chunk_tokens, settings.overlap)
                 rows: list[ChunkRow] = []
                 texts: list[str] = []
                 for doc, chunks in zip(group, doc_chunks):

@@ -66,14 +66,15 @@ def mean_pairwise_cosine(vectors: np.ndarray) -> float:
 def tuned_workspace(trained_workspace, tmp_path_factory):
     ws = tmp_path_factory.mktemp("tuned") / "ws"
     shutil.copytree(trained_workspace, ws)
-    run_cli("tune", "-w", str(ws), "--steps", "40", "--batch-size", "16", "--max-seq-length", "48",
-            "--lr", "2e-3", "--pooling", "weightedmean")
+    run_cli("tune", "-w", str(ws), "--architecture", "transformer", "--steps", "40", "--batch-size", "16",
+            "--max-seq-length", "48", "--lr", "2e-3", "--pooling", "weightedmean")
     return ws
 
 
 def test_tune_saves_a_sentence_transformer_recorded_in_the_manifest(tuned_workspace, trained_workspace, corpus_file):
     tuned = json.loads((tuned_workspace / "manifest.json").read_text())["tuned"]
-    assert tuned["path"] == "tuned" and tuned["pooling"] == "weightedmean" and tuned["steps"] == 40
+    assert tuned["path"] == "tuned" and tuned["architecture"] == "transformer"
+    assert tuned["pooling"] == "weightedmean" and tuned["steps"] == 40
     assert tuned["final_loss"] < tuned["first_loss"]  # it learned something
     pooling = json.loads((tuned_workspace / "tuned" / "1_Pooling" / "config.json").read_text())
     assert pooling["pooling_mode"] == "weightedmean"
@@ -104,8 +105,38 @@ def test_embed_uses_the_tuned_model_by_default_and_search_follows(tuned_workspac
     assert default_model_dir(Workspace(ws)) == ws / "model"
 
 
+def title_hit_rate(ws, docs: list[Document]) -> float:
+    """Share of documents that a dense search for their title puts first."""
+    from search.engine import SearchEngine
+
+    engine = SearchEngine(Workspace(ws))
+    return float(np.mean([engine.search(d.title, k=1, mode="dense")[0].doc_id == d.id for d in docs]))
+
+
+def test_static_tune_from_the_pretrained_token_embeddings_finds_documents_by_title(trained_workspace, corpus_file, tmp_path):
+    docs = list(read_documents([corpus_file]))
+    rates = {}
+    for name, tune_args in (("raw", None), ("static", ["--steps", "150", "--batch-size", "32"])):
+        ws = tmp_path / name
+        shutil.copytree(trained_workspace, ws)
+        if tune_args:
+            run_cli("tune", "-w", str(ws), *tune_args)
+        run_cli("embed", "-w", str(ws))
+        run_cli("index", "-w", str(ws))
+        rates[name] = title_hit_rate(ws, docs[:40])
+    tuned = json.loads((tmp_path / "static" / "manifest.json").read_text())["tuned"]
+    assert tuned["architecture"] == "static" and tuned["lr"] == 5e-2 and tuned["final_loss"] < tuned["first_loss"]
+    modules = json.loads((tmp_path / "static" / "tuned" / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["StaticEmbedding"]
+    # The untuned transformer's mean-pooled states rarely put a document first for its own title; the tuned static embedder mostly does.
+    assert rates["static"] >= 0.6 and rates["static"] > rates["raw"] + 0.3, rates
+
+
 def test_tune_bad_options_are_one_line(trained_workspace, tmp_path):
     for args, message in [(["--pooling", "max"], "error: --pooling: unknown mode 'max' (choose from mean, weightedmean, lasttoken)"),
+                          (["--architecture", "rnn"], "error: --architecture: unknown 'rnn' (choose from static, transformer)"),
+                          (["--pooling", "lasttoken"], "error: --pooling lasttoken: a static embedding is the mean of its token vectors; "
+                                                       "pooling modes apply to --architecture transformer"),
                           (["--pairs-from", "title,magic"], "error: --pairs-from: unknown kind 'magic' (choose from title, ict, neighbours, dropout)"),
                           (["--batch-size", "1"], "error: --batch-size must be at least 2: the other pairs in a batch are the negatives")]:
         result = run_cli("tune", "-w", str(trained_workspace), *args, check=False)
