@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -32,7 +31,7 @@ DataOption = Annotated[Optional[list[Path]], typer.Option("--data", "-d", help="
 TextFieldOption = Annotated[Optional[str], typer.Option(help="Field holding the text in structured files (auto-detected by default).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
 ModeOption = Annotated[Optional[str], typer.Option(help="dense, lexical or hybrid (default: what `pipeline eval --set-default` measured best, else lexical).")]
-DenseWeightOption = Annotated[float, typer.Option(help="Hybrid only: weight of the dense ranking in the fusion (lexical gets 1 - it).")]
+DenseWeightOption = Annotated[Optional[float], typer.Option(help="Hybrid only: weight of the dense ranking in the fusion (lexical gets 1 - it) [default: the workspace's, set by eval --set-default, else 0.5].")]
 
 
 @app.callback()
@@ -272,7 +271,7 @@ def search(
     workspace: WorkspaceOption = Path("workspace"),
     k: Annotated[int, typer.Option("-k", help="Number of documents to return.")] = 10,
     mode: ModeOption = None,
-    dense_weight: DenseWeightOption = 0.5,
+    dense_weight: DenseWeightOption = None,
     source: Annotated[Optional[str], typer.Option(help="Only documents whose source path matches this glob, e.g. 'docs/*.md'.")] = None,
     title: Annotated[Optional[str], typer.Option(help="Only documents whose title contains this text (case-insensitive).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="One JSON object per result line.")] = False,
@@ -313,8 +312,8 @@ def eval_command(
     workspace: WorkspaceOption = Path("workspace"),
     mode: Annotated[Optional[str], typer.Option(help="dense, lexical, hybrid, or all (default: the search default).")] = None,
     k: Annotated[int, typer.Option("-k", help="Documents retrieved per query (Recall@100 needs 100).")] = 100,
-    dense_weight: DenseWeightOption = 0.5,
-    set_default: Annotated[bool, typer.Option("--set-default", help="With --mode all: make the best mode (by nDCG@10) this workspace's default for search and serve.")] = False,
+    dense_weight: DenseWeightOption = None,
+    set_default: Annotated[bool, typer.Option("--set-default", help="With --mode all: make the best mode (by nDCG@10), and the --dense-weight used, this workspace's default for search and serve.")] = False,
     json_output: JsonOption = False,
 ):
     """Retrieval quality on judged queries: nDCG@10, Recall@100 and MRR@10 (pytrec_eval).
@@ -339,7 +338,8 @@ def eval_command(
     if set_default:
         best = max(reports, key=lambda r: r["ndcg@10"])
         Workspace(workspace).update_manifest("search", {
-            "default_mode": best["mode"], "embedder_fingerprint": engine.index_entry["embedder_fingerprint"],
+            "default_mode": best["mode"], "dense_weight": engine.resolve_dense_weight(dense_weight),
+            "embedder_fingerprint": engine.index_entry["embedder_fingerprint"],
             "ndcg@10": {r["mode"]: r["ndcg@10"] for r in reports}, "queries": str(queries), "qrels": str(qrels)})
         err.print(f"default mode for this workspace: {best['mode']} (nDCG@10 {best['ndcg@10']:.4f})", highlight=False)
     if json_output:

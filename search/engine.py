@@ -27,7 +27,8 @@ MODES = ("dense", "lexical", "hybrid")
 # Measured by benchmarks/bench_search_quality.py on SciFact (nDCG@10): with the pipeline's own tiny model
 # BM25 alone is best (lexical 0.677; tuned dense 0.014; hybrid at best 0.656), with a real embedding model
 # hybrid is (all-MiniLM-L6-v2: dense 0.662, hybrid 0.712). `pipeline eval --mode all --set-default` measures
-# this on the user's own judged queries and records the winner for the workspace; without it: lexical.
+# this on the user's own judged queries and records the winner (and the --dense-weight it used) for the
+# workspace; without it: lexical.
 DEFAULT_MODE = "lexical"
 DEFAULT_DENSE_WEIGHT = 0.5
 RRF_K = 60  # the constant of reciprocal rank fusion
@@ -113,7 +114,7 @@ class SearchEngine:
         lexical_path = self.index_entry.get("lexical_path")
         self.lexical = LexicalIndex.load(ws.root / lexical_path) if lexical_path else None
         self._model = reuse_model
-        self._default_mode = self.default_mode()
+        self._default_mode, self._default_dense_weight = self.measured_defaults()
         self._model_lock = threading.Lock()
         self._memory: duckdb.DuckDBPyConnection | None = None
         if in_memory:
@@ -150,12 +151,16 @@ class SearchEngine:
         finally:
             con.close()
 
-    def default_mode(self) -> str:
-        """The mode `pipeline eval --set-default` measured best for this index's model, else DEFAULT_MODE."""
+    def measured_defaults(self) -> tuple[str, float]:
+        """The mode and hybrid weight `pipeline eval --set-default` measured best for this index's model,
+        else DEFAULT_MODE and DEFAULT_DENSE_WEIGHT."""
         measured = self.ws.read_manifest().get("search", {})
         if measured.get("embedder_fingerprint") == self.index_entry["embedder_fingerprint"] and measured.get("default_mode") in MODES:
-            return measured["default_mode"]
-        return DEFAULT_MODE
+            return measured["default_mode"], float(measured.get("dense_weight", DEFAULT_DENSE_WEIGHT))
+        return DEFAULT_MODE, DEFAULT_DENSE_WEIGHT
+
+    def resolve_dense_weight(self, dense_weight: float | None) -> float:
+        return self._default_dense_weight if dense_weight is None else dense_weight
 
     def resolve_mode(self, mode: str | None) -> str:
         if mode is None:
@@ -167,14 +172,16 @@ class SearchEngine:
 
     # ---- search
     def search(self, query: str, k: int = 10, mode: str | None = None, filters: Filters | None = None,
-               dense_weight: float = DEFAULT_DENSE_WEIGHT) -> list[Hit]:
+               dense_weight: float | None = None) -> list[Hit]:
         return self.search_many([query], k, mode, filters, dense_weight)[0]
 
     def search_many(self, queries: list[str], k: int = 10, mode: str | None = None, filters: Filters | None = None,
-                    dense_weight: float = DEFAULT_DENSE_WEIGHT) -> list[list[Hit]]:
-        """Results for each query; queries are embedded in one batch (what `pipeline eval` uses)."""
+                    dense_weight: float | None = None) -> list[list[Hit]]:
+        """Results for each query; queries are embedded in one batch (what `pipeline eval` uses).
+        mode and dense_weight default to the workspace's measured defaults."""
         queries = [check_request(q, k, mode) for q in queries]
         mode = self.resolve_mode(mode)
+        dense_weight = self.resolve_dense_weight(dense_weight)
         if not 0.0 <= dense_weight <= 1.0:
             raise PipelineError(f"dense weight must be between 0 and 1, got {dense_weight}")
         depth = k if mode != "hybrid" else max(k, FUSION_DEPTH)

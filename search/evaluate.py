@@ -16,7 +16,7 @@ from pathlib import Path
 import pytrec_eval
 
 from common.errors import PipelineError
-from search.engine import DEFAULT_DENSE_WEIGHT, MODES, SearchEngine
+from search.engine import MODES, SearchEngine
 
 METRICS = ("ndcg@10", "recall@100", "mrr@10")
 
@@ -74,7 +74,7 @@ def read_qrels(path: Path) -> dict[str, dict[str, int]]:
 
 
 def evaluate(engine: SearchEngine, queries: dict[str, str], qrels: dict[str, dict[str, int]], mode: str | None = None,
-             depth: int = 100, dense_weight: float = DEFAULT_DENSE_WEIGHT) -> dict:
+             depth: int = 100, dense_weight: float | None = None) -> dict:
     """Run every judged query and score the rankings; returns the mean metrics and the run's details."""
     judged = [q for q in qrels if q in queries]
     if not judged:
@@ -86,7 +86,7 @@ def evaluate(engine: SearchEngine, queries: dict[str, str], qrels: dict[str, dic
     run = {q: [hit.doc_id for hit in hits] for q, hits in zip(judged, results)}
     metrics = score_run(run, {q: qrels[q] for q in judged})
     return {"mode": mode, "queries": len(judged), "skipped_queries": len(qrels) - len(judged), "depth": depth,
-            "dense_weight": dense_weight if mode == "hybrid" else None, **metrics,
+            "dense_weight": engine.resolve_dense_weight(dense_weight) if mode == "hybrid" else None, **metrics,
             "seconds": seconds, "queries_per_s": len(judged) / seconds if seconds else None}
 
 

@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from common.console import info, warn
 from common.errors import PipelineError
 from common.workspace import Workspace
-from search.engine import DEFAULT_DENSE_WEIGHT, MAX_QUERY_CHARS, Filters, SearchEngine
+from search.engine import MAX_QUERY_CHARS, Filters, SearchEngine
 
 MAX_SERVE_K = 100
 POLL_SECONDS = 1.0
@@ -120,7 +120,7 @@ class SearchRequest(BaseModel):
     q: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, description="The query.")
     k: int = Field(10, ge=1, le=MAX_SERVE_K, description="Number of documents.")
     mode: Optional[Literal["dense", "lexical", "hybrid"]] = Field(None, description="Default: the workspace's default mode (see /health).")
-    dense_weight: float = Field(DEFAULT_DENSE_WEIGHT, ge=0.0, le=1.0, description="Hybrid: weight of the dense ranking.")
+    dense_weight: Optional[float] = Field(None, ge=0.0, le=1.0, description="Hybrid: weight of the dense ranking (default: the workspace's, see /health).")
     filter: Optional[SearchFilter] = None
 
 
@@ -180,7 +180,7 @@ def create_app(ws: Workspace, api_key: str | None = None, poll_seconds: float = 
     def search_get(q: str = Query(..., min_length=1, max_length=MAX_QUERY_CHARS),
                    k: int = Query(10, ge=1, le=MAX_SERVE_K),
                    mode: Optional[Literal["dense", "lexical", "hybrid"]] = None,
-                   dense_weight: float = Query(DEFAULT_DENSE_WEIGHT, ge=0.0, le=1.0),
+                   dense_weight: Optional[float] = Query(None, ge=0.0, le=1.0),
                    source: Optional[str] = Query(None, max_length=500),
                    title: Optional[str] = Query(None, max_length=500)):
         wanted = SearchFilter(source=source, title=title) if source or title else None
@@ -201,7 +201,7 @@ def create_app(ws: Workspace, api_key: str | None = None, poll_seconds: float = 
         entry = engine.index_entry
         return {"status": "ok", "index": {"type": entry.get("type"), "vectors": entry.get("vectors"), "build_id": entry.get("build_id"),
                                           "lexical": engine.lexical is not None},
-                "default_mode": engine.resolve_mode(None), "model": str(engine.model_dir), "reloads": generation.reloads,
+                "default_mode": engine.resolve_mode(None), "default_dense_weight": engine.resolve_dense_weight(None), "model": str(engine.model_dir), "reloads": generation.reloads,
                 "loaded_at": generation.loaded_at, "last_reload_error": generation.last_error, "auth": bool(api_key)}
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)

@@ -97,11 +97,13 @@ def test_eval_scores_every_mode_with_pytrec_eval_and_sets_the_default(trained_wo
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
     result = run_cli("eval", "-w", str(ws), "--queries", str(judged_titles / "queries.jsonl"),
-                     "--qrels", str(judged_titles / "qrels.tsv"), "--mode", "all", "--set-default", "--json")
+                     "--qrels", str(judged_titles / "qrels.tsv"), "--mode", "all", "--set-default", "--dense-weight", "0.2", "--json")
     reports = {r["mode"]: r for r in json.loads(result.stdout)}
     best = max(reports, key=lambda m: reports[m]["ndcg@10"])
+    assert reports["hybrid"]["dense_weight"] == 0.2
     assert json.loads((ws / "manifest.json").read_text())["search"]["default_mode"] == best
     assert SearchEngine(Workspace(ws), load_model=False).resolve_mode(None) == best
+    assert SearchEngine(Workspace(ws), load_model=False).resolve_dense_weight(None) == 0.2  # the weight that was measured
     assert f"default mode for this workspace: {best}" in result.stderr
     manifest = json.loads((ws / "manifest.json").read_text())
     manifest["search"]["default_mode"] = "hybrid"
@@ -110,6 +112,7 @@ def test_eval_scores_every_mode_with_pytrec_eval_and_sets_the_default(trained_wo
     manifest["search"]["embedder_fingerprint"] = "another model"  # measured for other vectors: not used
     (ws / "manifest.json").write_text(json.dumps(manifest))
     assert SearchEngine(Workspace(ws), load_model=False).resolve_mode(None) == "lexical"
+    assert SearchEngine(Workspace(ws), load_model=False).resolve_dense_weight(None) == 0.5
     assert set(reports) == {"dense", "lexical", "hybrid"}
     for report in reports.values():
         assert report["queries"] == 30
