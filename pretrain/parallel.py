@@ -442,7 +442,8 @@ class ParallelModel:
             if self.schedule is not None:
                 losses: list[torch.Tensor] = []
                 start = time.perf_counter()
-                self.schedule.step(*([x] if self.has_first else []), target=y, losses=losses)
+                # Only the losses are used: returning outputs would keep every microbatch's logits until the step ends.
+                self.schedule.step(*([x] if self.has_first else []), target=y, losses=losses, return_outputs=False)
                 self.pipeline_s = time.perf_counter() - start
                 local = torch.stack(losses).mean().detach() if self.has_last else torch.zeros((), device=self.par.device)
             else:

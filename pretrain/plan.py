@@ -16,7 +16,7 @@ How it works, top to bottom:
                     same check training makes.
   estimate()        per rank: memory = parameters, gradients and AdamW states (sharded by FSDP and
                     TP), FSDP's unsharded buffers, DDP's buckets, activations of the microbatches the
-                    schedule keeps in flight; step time = compute (a roofline: FLOPs at the device's
+                    schedule keeps in flight, the pipeline stages' per-microbatch buffers; step time = compute (a roofline: FLOPs at the device's
                     matmul rate + bytes at its copy bandwidth + ops at its dispatch cost) + the
                     collectives of each dimension over the links their groups cross (ring model) +
                     pipeline transfers and bubble, from an event simulation of the schedule's real
@@ -750,12 +750,20 @@ def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelPr
 
     # --- memory on each pipeline rank; the report is the largest
     shard = c.dp_shard if c.uses_fsdp else 1
+    # torch.distributed.pipelining keeps, per stage and microbatch for the whole step, a buffer for the
+    # received activation and, after backward, its gradient (not on the first stage), and a buffer for
+    # the received output gradient (not on the last stage).
+    pipe_buffers = [0.0] * c.pp
+    if c.pp > 1:
+        for s in range(n_stages):
+            pipe_buffers[stage_pp[s]] += ((s > 0) * 2 + (s < n_stages - 1)) * chunks * act_tensor
     mems = []
     for r in range(c.pp):
         states = params_pp[r] * pb / shard
         transient = rows * work.seq_len * cfg.vocab_size * work.act_bytes if (r == stage_pp[-1]) else 2 * act_tensor
         mem = {"parameters": states, "gradients": states, "optimizer": 2 * states,
-               "activations": inflight[r], "unsharded (FSDP) / buckets (DDP)": unsharded_extra[r], "temporaries": transient}
+               "activations": inflight[r], "pipeline buffers": pipe_buffers[r],
+               "unsharded (FSDP) / buckets (DDP)": unsharded_extra[r], "temporaries": transient}
         mems.append(mem)
     worst_mem = max(mems, key=lambda m: sum(m.values()))
     memory = sum(worst_mem.values())
