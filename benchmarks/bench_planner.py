@@ -11,7 +11,9 @@ joined by a link of 0, 5, 20 or 50 ms latency and 1 Gbit/s or 100 Mbit/s, emulat
                                                      through pretrain.train, all plans of a scenario in
                                                      one torchrun job)
     measured peak memory                             the resident memory a run added, largest rank
-                                                     (benchmarks/planner_worker.py)
+                                                     (benchmarks/planner_worker.py), in a job without
+                                                     the emulator (its copies of in-flight sends are
+                                                     not the plan's memory)
 
 Per scenario: Spearman rank correlation of predicted vs measured step time (scipy), memory error, and
 regret = measured time of the planner's pick / measured time of the measured fastest plan.
@@ -86,15 +88,11 @@ def with_sites(base: Cluster, per_site: int, link: Link) -> Cluster:
                    source=f"{base.source} + emulated {link.latency_s * 1e3:g} ms / {link.bandwidth_Bps * 8 / 1e6:g} Mbit/s between sites")
 
 
-def run_scenario(prepared: Path, cfg: TrainConfig, base: Cluster, world: int, latency_ms: float, mbit: float, scratch: Path) -> dict:
-    per_site = world // 2
-    link = Link(latency_ms / 1e3, mbit * 1e6 / 8)
-    cluster = with_sites(base, per_site, link)
-    result = plan(Workload(cfg.model, cfg.seq_len, cfg.batch_size), cluster, space=bench_space(world))
-    estimates = result.ranked
+def launch_plans(estimates: list, prepared: Path, cfg: TrainConfig, world: int, scratch: Path, tag: str, env: dict) -> tuple[list[Path], float]:
+    """Train every plan a few steps, all in one torchrun job; returns each plan's workspace and the wall time."""
     specs, roots = [], []
     for i, est in enumerate(estimates):
-        root = scratch / f"w{world}-l{latency_ms:g}-b{mbit:g}-{i}"
+        root = scratch / f"{tag}-{i}"
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
         (root / "data").symlink_to(prepared / "data")
@@ -103,11 +101,10 @@ def run_scenario(prepared: Path, cfg: TrainConfig, base: Cluster, world: int, la
         roots.append(root)
     # A first, discarded run of the first plan pays the job's one-time costs (gloo connections, lazy
     # initialisation), which would otherwise count as that plan's memory.
-    warm = scratch / f"w{world}-warmup"
+    warm = scratch / f"{tag}-warmup"
     shutil.copytree(roots[0], warm, symlinks=True, dirs_exist_ok=True)
     specs.insert(0, replace(specs[0], workspace=str(warm)))
-    env = {ENV: EmulatedLinks.sites(world, per_site, link).to_json(), "OMP_NUM_THREADS": str(max(1, 2 // world)),
-           "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
+    env = {"OMP_NUM_THREADS": str(max(1, 2 // world)), "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536", **env}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     start = time.perf_counter()
@@ -119,14 +116,37 @@ def run_scenario(prepared: Path, cfg: TrainConfig, base: Cluster, world: int, la
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    wall = time.perf_counter() - start
+    return roots, time.perf_counter() - start
+
+
+def peak_memory_mb(root: Path) -> float:
+    return max(json.loads(p.read_text())["peak_added_mb"] for p in root.glob("mem_rank*.json"))
+
+
+def measure_memory(prepared: Path, cfg: TrainConfig, base: Cluster, world: int, scratch: Path) -> dict[str, float]:
+    """Peak memory of every plan of the space, measured once per world size in a job without the link
+    emulator: memory does not depend on the network, and the emulator's copies of in-flight sends are
+    not the plan's memory."""
+    estimates = plan(Workload(cfg.model, cfg.seq_len, cfg.batch_size), base, space=bench_space(world)).ranked
+    roots, _ = launch_plans(estimates, prepared, cfg, world, scratch, f"w{world}-memory", {})
+    return {est.label: peak_memory_mb(root) for est, root in zip(estimates, roots)}
+
+
+def run_scenario(prepared: Path, cfg: TrainConfig, base: Cluster, world: int, latency_ms: float, mbit: float,
+                 scratch: Path, memory_mb: dict[str, float]) -> dict:
+    per_site = world // 2
+    link = Link(latency_ms / 1e3, mbit * 1e6 / 8)
+    cluster = with_sites(base, per_site, link)
+    estimates = plan(Workload(cfg.model, cfg.seq_len, cfg.batch_size), cluster, space=bench_space(world)).ranked
+    roots, wall = launch_plans(estimates, prepared, cfg, world, scratch, f"w{world}-l{latency_ms:g}-b{mbit:g}",
+                               {ENV: EmulatedLinks.sites(world, per_site, link).to_json()})
     plans = []
     for est, root in zip(estimates, roots):
         steps = [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines() if line]
         times = [s["step_s"] for s in steps if s.get("event") == "train"][1:]
-        mem = max(json.loads(p.read_text())["peak_added_mb"] for p in root.glob("mem_rank*.json"))
         plans.append({"plan": est.label, "predicted_step_s": est.step_s, "measured_step_s": statistics.median(times),
-                      "measured_steps_s": times, "predicted_mem_mb": est.memory_bytes / 2**20, "measured_mem_mb": mem,
+                      "measured_steps_s": times, "predicted_mem_mb": est.memory_bytes / 2**20,
+                      "measured_mem_mb": memory_mb[est.label], "measured_mem_with_emulator_mb": peak_memory_mb(root),
                       "main_cost": est.main_cost})
     return summarize(world, latency_ms, mbit, plans, wall)
 
@@ -160,9 +180,11 @@ def main() -> None:
         for world in args.worlds:
             base = measure_cluster(world)
             print(f"measured {base.describe()}: collective overhead {base.collective_overhead_s * 1e3:.2f} ms", flush=True)
+            memory_mb = measure_memory(prepared, cfg, base, world, Path(tmp) / "runs")
+            shutil.rmtree(Path(tmp) / "runs", ignore_errors=True)
             for latency in args.latencies:
                 for mbit in args.bandwidths:
-                    s = run_scenario(prepared, cfg, base, world, latency, mbit, Path(tmp) / "runs")
+                    s = run_scenario(prepared, cfg, base, world, latency, mbit, Path(tmp) / "runs", memory_mb)
                     scenarios.append(s)
                     print(f"world {world} {latency:g} ms {mbit:g} Mbit/s: spearman {s['spearman']:.2f} regret {s['regret']:.2f} "
                           f"pick {s['pick']} fastest {s['fastest']} mem err median {s['memory_error_median']:.0%} "

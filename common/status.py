@@ -32,6 +32,20 @@ def workspace_status(ws: Workspace) -> dict:
     else:
         parts["model"] = {"state": "missing", "detail": "run `pipeline pretrain`"}
 
+    tuned = manifest.get("tuned")
+    if tuned:
+        detail = (f"{tuned.get('architecture', 'transformer')} embedder, {tuned['steps']} steps, "
+                  f"loss {tuned['first_loss'] or 0:.3f} -> {tuned['final_loss']:.3f}, id {tuned['fingerprint']}")
+        if not (ws.root / tuned["path"]).exists():
+            parts["tuned"] = {"state": "missing", "detail": f"{ws.root / tuned['path']} is gone: run `pipeline tune`"}
+        elif model and tuned["base_fingerprint"] != model["fingerprint"]:
+            # Not a fault: embed then uses the pretrained model (and says so).
+            parts["tuned"] = {"state": "stale", "detail": f"{detail}; tuned from an older pretrained model: run `pipeline tune`"}
+        else:
+            parts["tuned"] = {"state": "ok", "detail": detail}
+    else:
+        parts["tuned"] = {"state": "none", "detail": "optional: `pipeline tune` makes a better embedder"}
+
     emb = manifest.get("embedder")
     counts = {"documents": 0, "chunks": 0, "vectors": 0}
     if emb and ws.db_path.exists():
@@ -59,7 +73,14 @@ def workspace_status(ws: Workspace) -> dict:
         elif idx["vectors"] != counts["vectors"]:
             state = "stale"
             problems.append(f"the index holds {idx['vectors']} vectors, the store {counts['vectors']}: run `pipeline index`")
-        parts["index"] = {"state": state, "detail": f"{idx['type']}, {idx['vectors']} vectors"}
+        lexical = ", BM25 lexical index" if idx.get("lexical_path") else ", no lexical index"
+        parts["index"] = {"state": state, "detail": f"{idx['type']}, {idx['vectors']} vectors{lexical}"}
+        measured = manifest.get("search", {})
+        if measured.get("embedder_fingerprint") == idx["embedder_fingerprint"]:
+            weight = f", dense weight {measured['dense_weight']}" if measured.get("default_mode") == "hybrid" and "dense_weight" in measured else ""
+            parts["search"] = {"state": "ok", "detail": f"default mode {measured['default_mode']}{weight} (measured by `pipeline eval --set-default`)"}
+        else:
+            parts["search"] = {"state": "default", "detail": "default mode lexical; `pipeline eval --mode all --set-default` measures the best"}
     else:
         parts["index"] = {"state": "missing", "detail": "run `pipeline index`"}
     return {"workspace": str(ws.root), "parts": parts, "problems": problems}

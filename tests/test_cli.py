@@ -34,7 +34,7 @@ def test_status_reports_a_consistent_workspace(trained_workspace):
     report = json.loads(run_cli("status", "-w", str(trained_workspace), "--json").stdout)
     assert report["problems"] == []
     assert {name: part["state"] for name, part in report["parts"].items()} == {
-        "tokenizer": "ok", "model": "ok", "vectors": "ok", "index": "ok"}
+        "tokenizer": "ok", "model": "ok", "tuned": "none", "vectors": "ok", "index": "ok", "search": "default"}
 
 
 def test_search_before_index_and_with_a_retrained_model_fail_clearly(tmp_path, corpus_file):

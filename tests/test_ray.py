@@ -39,7 +39,7 @@ def test_ray_training_matches_torchrun_and_survives_a_killed_worker(tmp_path, co
     from conftest import REPO, TINY_TRAINING, read_metrics
 
     # Enough steps that the kill lands mid-run, not after the last step.
-    args = ["--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "120", "--checkpoint-every", "4",
+    args = ["--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "60", "--checkpoint-every", "4",
             "--nproc", "2", "--strategy", "ddp"]
     reference = tmp_path / "torchrun"
     run_cli("pretrain", "-w", str(reference), *args)
@@ -65,6 +65,6 @@ def test_ray_training_matches_torchrun_and_survives_a_killed_worker(tmp_path, co
     assert resumes[-1]["step"] >= 8
     want = [m["loss"] for m in read_metrics(reference) if m["event"] == "train"]
     got = [m["loss"] for m in read_metrics(ws) if m["event"] == "train"]
-    assert len(got) == len(want) == 120
+    assert len(got) == len(want) == 60
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert (ws / "model" / "model.safetensors").exists()

@@ -126,6 +126,9 @@ def test_static_tune_from_the_pretrained_token_embeddings_finds_documents_by_tit
         rates[name] = title_hit_rate(ws, docs[:40])
     tuned = json.loads((tmp_path / "static" / "manifest.json").read_text())["tuned"]
     assert tuned["architecture"] == "static" and tuned["lr"] == 5e-2 and tuned["final_loss"] < tuned["first_loss"]
+    status = json.loads(run_cli("status", "-w", str(tmp_path / "static"), "--json").stdout)["parts"]
+    assert status["tuned"]["state"] == "ok" and status["tuned"]["detail"].startswith("static embedder, 150 steps")
+    assert status["index"]["detail"].endswith("BM25 lexical index") and status["search"]["state"] == "default"
     modules = json.loads((tmp_path / "static" / "tuned" / "modules.json").read_text())
     assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["StaticEmbedding"]
     # The untuned transformer's mean-pooled states rarely put a document first for its own title; the tuned static embedder mostly does.
