@@ -24,19 +24,19 @@ Targets: memory within 15%, regret <= 1.10. Writes benchmarks/results/planner.js
 
 Last run (2 CPU cores, nothing else running; results/ is not committed, so the numbers are kept here):
 
-    ranks  link            Spearman  regret  memory error median / max   TP across sites vs fastest
-    2      0-50 ms, 1 Gb   0.79-1.00  1.00   6% / 10%                     2.7-8.4x
-    2      0-50 ms, 100 Mb 0.96-1.00  1.00-1.06  6% / 10%                 5.8-6.9x
-    4      0 ms            0.36/0.85  2.36/1.43  6% / 28%                 5.2/10.4x
-    4      5 ms            0.44/0.65  1.37/1.18                           7.5/9.4x
-    4      20-50 ms        0.66-0.90  1.00-1.01                           9.4-17.2x
+    ranks  link              Spearman   regret     memory error median / max   TP across sites vs fastest
+    2      0 ms, 1G / 100M   0.39/0.89  1.28/1.13  3% / 10%                    2.5/5.7x
+    2      5-50 ms           0.96-1.00  1.00       3% / 10%                    4.3-7.9x
+    4      0 ms, 1G / 100M   0.82/0.77  1.11/1.16  5% / 16%                    3.9/8.1x
+    4      5 ms, 1G / 100M   0.87/0.95  1.09/1.11  5% / 16%                    5.6/9.4x
+    4      20-50 ms          0.85-0.99  1.00-1.05  5% / 16%                    9.6-17.3x
 
     The study's finding holds: at 20-50 ms tensor parallelism across the sites is 5.8-17x slower than the
-    fastest plan, and the fastest plans there are DDP, PP and FSDP x PP. Misses: with 4 ranks at 0-5 ms
-    (4 processes on 2 cores) the planner ranks FSDP x PP first, but PP over 4 ranks is fastest (regret up
-    to 2.36); the cluster measurement's collective overhead is unstable there (0 ms in this run, 26 ms in
-    the one before). Memory is over-estimated by up to 28% for FSDP with 4 ranks (fsdp4, fsdp2 x pp2 with
-    2 microbatches) and 16% for ddp4; every other plan is within 10%.
+    fastest plan, and the fastest plans there are DDP, PP and FSDP x PP. Misses: regret 1.11-1.28 in five
+    scenarios at 0-5 ms, where the plans are within noise of each other (3 measured steps per plan); the
+    run before this one (collective overhead measured as a mean, not a median) had 2 ranks at <= 1.06 but
+    4 ranks up to 2.36. Memory is over-estimated by up to 16% (fsdp2 x pp2 with 2 microbatches, ddp4);
+    every other plan is within 10%.
 """
 from __future__ import annotations
 

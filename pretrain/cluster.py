@@ -23,7 +23,7 @@ import socket
 import tempfile
 import time
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from common.errors import PipelineError
@@ -312,8 +312,6 @@ def _measure_worker(rank: int, world: int, store_path: str, result_path: str, se
                 for b in range(r + 1, world):
                     lat[r][b] = lat[b][r] = l_r[r][b]
                     bw[r][b] = bw[b][r] = b_r[r][b]
-            ring = Cluster([], [], lat, bw).ring(list(range(world)))
-            overhead = max(0.0, overhead - 2 * (world - 1) * ring.latency_s)
         if rank == 0:
             devices = [Device(**d, node=0) for d in everyone]
             cluster = Cluster(devices, [socket.gethostname()], lat, bw, collective_overhead_s=overhead, dtensor_dispatch_s=dtensor)
@@ -402,29 +400,38 @@ def _ping_pong(a: int, b: int, rank: int, device, settings: MeasureSettings) -> 
 
 
 def _allreduce_overhead(device, settings: MeasureSettings, world: int) -> float:
-    """Mean time of a tiny all-reduce issued right after a burst of computation, as training issues them
-    (the ring model's latency is subtracted by the caller). Ranks arrive a little apart, and on a shared
-    or oversubscribed host the collective also waits for its peers to be scheduled: both are real costs
-    of every blocking collective in a step."""
+    """What a tiny all-reduce issued right after a burst of computation (as training issues them) costs
+    beyond a back-to-back one (the ring's own latency, which the link matrix covers). Ranks arrive a
+    little apart, and on a shared or oversubscribed host the collective also waits for its peers to be
+    scheduled: both are real costs of every blocking collective in a step. Medians over the ranks'
+    repeats, so one scheduling hiccup does not set the figure."""
+    import statistics
+
     import torch
     import torch.distributed as dist
 
     t = torch.zeros(1, device=device)
     a = torch.randn(256, 256, device=device)
-    times = []
-    dist.barrier()
-    for i in range(3 * settings.repeats + 1):
-        for _ in range(8):
-            a = torch.tanh(a @ a)
-        _sync(device)
-        start = time.perf_counter()
-        dist.all_reduce(t)
-        _sync(device)
-        if i:
-            times.append(time.perf_counter() - start)
-    mine = torch.tensor([sum(times) / len(times)], dtype=torch.float64, device=device)
-    dist.all_reduce(mine)
-    return mine.item() / world
+
+    def median_time(after_compute: bool) -> float:
+        nonlocal a
+        times = []
+        dist.barrier()
+        for i in range(5 * settings.repeats + 1):
+            if after_compute:
+                for _ in range(8):
+                    a = torch.tanh(a @ a)
+                _sync(device)
+            start = time.perf_counter()
+            dist.all_reduce(t)
+            _sync(device)
+            if i:
+                times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    extra = torch.tensor([max(0.0, median_time(True) - median_time(False))], dtype=torch.float64, device=device)
+    dist.all_reduce(extra)
+    return extra.item() / world
 
 
 def _dtensor_overhead(device, world: int) -> float:
