@@ -7,7 +7,6 @@ device type, so a second `pipeline plan` or `pretrain --strategy auto` does not 
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
 import tempfile
 from dataclasses import asdict, replace
