@@ -23,9 +23,15 @@ def load_embedder(path: Path, device: str | None = None):
         raise PipelineError(f"{path}: not a model directory (no config.json or modules.json)")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = SentenceTransformer(str(path), device=device, local_files_only=True)
-    if getattr(model.tokenizer, "pad_token", "") is None:  # GPT-style tokenizers have none; padding is masked anyway
-        model.tokenizer.pad_token = model.tokenizer.eos_token
+    ensure_pad_token(model.tokenizer)
     return model
+
+
+def ensure_pad_token(tokenizer) -> None:
+    """GPT-style tokenizers have no padding token; padding is masked anyway, so end-of-text serves.
+    (A static-embedding model's bare `tokenizers.Tokenizer` does not pad: nothing to do.)"""
+    if getattr(tokenizer, "pad_token", "") is None:
+        tokenizer.pad_token = tokenizer.eos_token
 
 
 def text_tokenizer(model):

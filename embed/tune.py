@@ -43,7 +43,7 @@ from pathlib import Path
 
 from common.console import info, warn
 from common.errors import PipelineError
-from common.models import embedding_text, load_embedder
+from common.models import embedding_text, ensure_pad_token
 from common.readers import Document
 from common.workspace import Workspace, model_fingerprint
 
@@ -291,12 +291,11 @@ def transformer_student(model_dir: Path, settings: TuneSettings, device: str):
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
     drop = settings.dropout
-    base_max_length = load_embedder(model_dir, device="cpu").max_seq_length
-    transformer = Transformer(str(model_dir), max_seq_length=settings.max_seq_length,
-                              config_kwargs={"resid_pdrop": drop, "embd_pdrop": drop, "attn_pdrop": drop})
+    transformer = Transformer(str(model_dir), config_kwargs={"resid_pdrop": drop, "embd_pdrop": drop, "attn_pdrop": drop})
+    base_max_length = transformer.max_seq_length
     model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode=settings.pooling)], device=device)
-    if model.tokenizer.pad_token is None:
-        model.tokenizer.pad_token = model.tokenizer.eos_token
+    model.max_seq_length = settings.max_seq_length
+    ensure_pad_token(model.tokenizer)
 
     def finish(model) -> None:  # trained on shorter inputs for speed; embed full-length chunks as before
         model.max_seq_length = base_max_length
