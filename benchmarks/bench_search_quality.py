@@ -145,11 +145,13 @@ def tune(ws: Path, *args: str) -> dict:
     if done and done.get("bench_args") == list(args) and done["base_fingerprint"] == manifest["model"]["fingerprint"]:
         log(f"tune: reusing the tuned model in {ws} ({' '.join(args)})")
         return done
+    from common.workspace import Workspace
+
     timed(f"tune {ws.name}", "tune", "-w", str(ws), "--data", str(SCIFACT / "corpus.jsonl"), *args)
-    manifest = json.loads((ws / "manifest.json").read_text())
-    manifest["tuned"]["bench_args"] = list(args)
-    (ws / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    return manifest["tuned"]
+    workspace = Workspace(ws)
+    tuned = {**workspace.read_manifest()["tuned"], "bench_args": list(args)}
+    workspace.update_manifest("tuned", tuned)
+    return tuned
 
 
 def chosen_hybrid(ws: Path, label: str, rows: dict, result: dict) -> None:
