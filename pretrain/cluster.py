@@ -18,12 +18,13 @@ and the emulated network agree on what a link is and differ only in what the pla
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import tempfile
 import time
 import tomllib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from common.errors import PipelineError
@@ -46,13 +47,28 @@ class Device:
     name: str
     node: int  # index into Cluster.nodes
     memory_bytes: float
-    flops: float  # sustained dense matmul FLOP/s
+    flops: float  # sustained dense matmul FLOP/s (large matmuls)
     mem_bw_Bps: float = 0.0  # sustained copy bandwidth (elementwise ops are bound by it); 0 = 40 bytes per 1000 FLOPs
-    dispatch_s: float = 10e-6  # host time to launch one op (eager PyTorch)
+    dispatch_s: float = 10e-6  # host time per op of a training step (eager PyTorch: dispatch, autograd)
+    matmul_rates: list[list[float]] = field(default_factory=list)  # measured [FLOPs per call, FLOP/s], by size
 
     @property
     def memory_bandwidth(self) -> float:
         return self.mem_bw_Bps or self.flops * 0.04
+
+    def matmul_time(self, flops: float) -> float:
+        """Seconds of one matmul of `flops`: at the rate measured for the nearest sizes (interpolated on a
+        log scale), at the peak rate where nothing was measured."""
+        rates = self.matmul_rates
+        if not rates:
+            return flops / self.flops
+        if flops <= rates[0][0]:
+            return flops / rates[0][1]
+        for (f0, r0), (f1, r1) in zip(rates, rates[1:]):
+            if flops <= f1:
+                w = math.log(flops / f0) / math.log(f1 / f0)
+                return flops / math.exp((1 - w) * math.log(r0) + w * math.log(r1))
+        return flops / rates[-1][1]
 
 
 @dataclass
@@ -346,15 +362,20 @@ def _measure_device(device, settings: MeasureSettings, world: int) -> dict:
 
     if world > 1:
         dist.barrier()  # every rank measures at the same time
-    size = 2048 if device.type == "cuda" else 1024
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a, b = torch.randn(size, size, device=device, dtype=dtype), torch.randn(size, size, device=device, dtype=dtype)
-    flops = 2 * size**3 / _timed(lambda: torch.mm(a, b), device, settings.seconds)
+    t = torch.ones(1, device=device)
+    launch = _timed(lambda: t.add(t), device, settings.seconds / 4, min_iters=100)
+    # Matmul throughput by size: a small model's matmuls run far below the peak of a large one.
+    rates = []
+    for size in ((256, 512, 1024, 2048, 4096) if device.type == "cuda" else (32, 64, 128, 256, 512, 1024)):
+        a, b = torch.randn(size, size, device=device, dtype=dtype), torch.randn(size, size, device=device, dtype=dtype)
+        seconds = _timed(lambda: torch.mm(a, b), device, settings.seconds / 3)
+        flops = 2 * size**3
+        rates.append([float(flops), flops / max(seconds - launch, seconds / 10)])  # the op's own launch is counted per op
     x = torch.randn(8 * 2**20 // 4 * (8 if device.type == "cuda" else 1), device=device)
     y = torch.empty_like(x)
     copy_bw = 2 * x.numel() * 4 / _timed(lambda: y.copy_(x), device, settings.seconds / 2)
-    t = torch.ones(1, device=device)
-    dispatch = _timed(lambda: t.add(t), device, settings.seconds / 4, min_iters=100)
+    dispatch = _op_cost(device, settings)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         name, memory = props.name, float(props.total_memory)
@@ -363,7 +384,26 @@ def _measure_device(device, settings: MeasureSettings, world: int) -> dict:
 
         name = f"CPU ({torch.get_num_threads()} thread{'s' if torch.get_num_threads() > 1 else ''}, {platform.machine()})"
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world
-    return dict(name=name, memory_bytes=memory, flops=flops, mem_bw_Bps=copy_bw, dispatch_s=dispatch)
+    return dict(name=name, memory_bytes=memory, flops=max(r for _, r in rates), mem_bw_Bps=copy_bw, dispatch_s=dispatch,
+                matmul_rates=rates)
+
+
+def _op_cost(device, settings: MeasureSettings) -> float:
+    """Host seconds per op of a training step: forward and backward of a transformer block so small that
+    its compute is nothing, divided by the ops the planner counts for it. Eager autograd's bookkeeping
+    costs several times a bare op's dispatch, and it is paid once per op per microbatch."""
+    import torch
+
+    from pretrain.config import ModelConfig
+    from pretrain.model import Block
+    from pretrain.plan import profile_model  # the planner's own op count (plan imports this module at the top)
+
+    cfg = ModelConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    block = Block(cfg).to(device)
+    x = torch.randn(1, 8, 16, device=device, requires_grad=True)
+    seconds = _timed(lambda: block(x).sum().backward(), device, settings.seconds / 2, min_iters=20)
+    traced = profile_model(cfg, 8).block(1)
+    return seconds / (traced.fwd.ops + traced.bwd.ops)
 
 
 def _ping_pong(a: int, b: int, rank: int, device, settings: MeasureSettings) -> Link:
@@ -450,13 +490,16 @@ def _dtensor_overhead(device, world: int) -> float:
 
 # ---------------------------------------------------------------- cached in the workspace
 
+MEASUREMENT_VERSION = 2  # raised when what a measured Device means changes, so older caches are measured again
+
+
 def cache_key(nproc: int) -> str:
     import torch
 
     from pretrain import linkemu
 
     emu = os.environ.get(linkemu.ENV, "")
-    return f"{socket.gethostname()}|{nproc}|{'cuda' if torch.cuda.is_available() else 'cpu'}|{emu}"
+    return f"{MEASUREMENT_VERSION}|{socket.gethostname()}|{nproc}|{'cuda' if torch.cuda.is_available() else 'cpu'}|{emu}"
 
 
 def local_cluster(cache_path: Path | None, nproc: int, remeasure: bool = False) -> tuple[Cluster, bool]:

@@ -6,7 +6,7 @@ How it works, top to bottom:
   profile_model()   builds the GPT on the meta device (accelerate's init_empty_weights: no memory, so
                     GPT-2 large costs nothing) and runs one block, the embeddings and the head forward
                     and backward on meta tensors, counting per microbatch: parameters, the bytes
-                    autograd saves for backward (activations), FLOPs (torch's FlopCounterMode), bytes
+                    autograd saves for backward (activations), the FLOPs of each matmul (torch's FLOP formulas), bytes
                     moved by non-matmul ops and the number of ops. Tensor-parallel shards are traced
                     as the narrower blocks they are.
   enumerate_plans() every (tp, pp, dp) factorisation of the world size, DDP / FSDP / HSDP for the data
@@ -16,8 +16,9 @@ How it works, top to bottom:
                     same check training makes.
   estimate()        per rank: memory = parameters, gradients and AdamW states (sharded by FSDP and
                     TP), FSDP's unsharded buffers, DDP's buckets, activations of the microbatches the
-                    schedule keeps in flight, the pipeline stages' per-microbatch buffers; step time = compute (a roofline: FLOPs at the device's
-                    matmul rate + bytes at its copy bandwidth + ops at its dispatch cost) + the
+                    schedule keeps in flight, the pipeline stages' per-microbatch buffers; step time =
+                    compute (a roofline: each matmul at the rate the device measured for its size +
+                    bytes at its copy bandwidth + ops at its measured host cost per op) + the
                     collectives of each dimension over the links their groups cross (ring model) +
                     pipeline transfers and bubble, from an event simulation of the schedule's real
                     action order (torch's own for multi-stage schedules).
@@ -66,18 +67,20 @@ class Workload:
 
 @dataclass
 class OpCost:
-    """Work of a forward or backward pass: FLOPs, bytes moved by non-matmul ops, ops dispatched,
-    and those of them on DTensors (tensor parallelism's extra host cost)."""
-    flops: float = 0.0
+    """Work of a forward or backward pass: the FLOPs of each matmul-like call (their sizes matter: small
+    matmuls run far below a device's peak), bytes moved by non-matmul ops, ops dispatched, and those of
+    them on DTensors (tensor parallelism's extra host cost)."""
+    matmuls: tuple[float, ...] = ()  # FLOPs per call
     bytes: float = 0.0
     ops: float = 0.0
     dtensor_ops: float = 0.0
 
-    def __add__(self, other: "OpCost") -> "OpCost":
-        return OpCost(self.flops + other.flops, self.bytes + other.bytes, self.ops + other.ops, self.dtensor_ops + other.dtensor_ops)
+    @property
+    def flops(self) -> float:
+        return sum(self.matmuls)
 
-    def scale(self, k: float) -> "OpCost":
-        return OpCost(self.flops * k, self.bytes * k, self.ops * k, self.dtensor_ops * k)
+    def __add__(self, other: "OpCost") -> "OpCost":
+        return OpCost(self.matmuls + other.matmuls, self.bytes + other.bytes, self.ops + other.ops, self.dtensor_ops + other.dtensor_ops)
 
 
 @dataclass
@@ -98,7 +101,8 @@ def _is_view(func) -> bool:
 
 
 class _Counter:
-    """A TorchDispatchMode that counts ops and the bytes non-matmul ops read and write."""
+    """A TorchDispatchMode that counts ops, the FLOPs of each matmul-like call (torch's FLOP formulas)
+    and the bytes non-matmul ops read and write."""
 
     def __init__(self):
         from torch.utils._python_dispatch import TorchDispatchMode
@@ -108,9 +112,12 @@ class _Counter:
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
+                kwargs = kwargs or {}
+                out = func(*args, **kwargs)
                 counter.ops += 1
-                if not _is_view(func) and func.overloadpacket not in flop_registry:
+                if func.overloadpacket in flop_registry:
+                    counter.matmuls.append(float(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out)))
+                elif not _is_view(func):
                     import torch
                     from torch.utils._pytree import tree_leaves
 
@@ -118,7 +125,10 @@ class _Counter:
                 return out
 
         self.mode = Mode()
-        self.ops, self.bytes = 0, 0
+        self.ops, self.bytes, self.matmuls = 0, 0, []
+
+    def cost(self) -> "OpCost":
+        return OpCost(tuple(self.matmuls), self.bytes, self.ops)
 
 
 def _trace(module, make_input, loss_fn, act_dtype, seq_len: int) -> tuple[OpCost, OpCost, float]:
@@ -128,7 +138,6 @@ def _trace(module, make_input, loss_fn, act_dtype, seq_len: int) -> tuple[OpCost
     matrix; the fused kernels training uses on CPU and GPU save one logsumexp per row instead, so such
     saved tensors are counted at that size."""
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     params = {p.untyped_storage()._cdata for p in module.parameters()}
     saved: dict[int, int] = {}
@@ -145,14 +154,13 @@ def _trace(module, make_input, loss_fn, act_dtype, seq_len: int) -> tuple[OpCost
     x = make_input()
     counter = _Counter()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with FlopCounterMode(display=False) as flops, counter.mode:
+        with counter.mode:
             out = module(x)
             loss = loss_fn(out)
-    fwd = OpCost(flops.get_total_flops(), counter.bytes, counter.ops)
     counter_b = _Counter()
-    with FlopCounterMode(display=False) as flops_b, counter_b.mode:
+    with counter_b.mode:
         loss.backward()
-    bwd = OpCost(flops_b.get_total_flops(), counter_b.bytes, counter_b.ops)
+    fwd, bwd = counter.cost(), counter_b.cost()
     return fwd, bwd, float(sum(saved.values()))
 
 
@@ -479,8 +487,10 @@ class Layout:
 
 
 def compute_time(cost: OpCost, device, dtensor_s: float) -> float:
-    """Roofline: matmul FLOPs at the device's rate, other ops' bytes at its copy bandwidth, ops at its dispatch cost."""
-    return cost.flops / device.flops + cost.bytes / device.memory_bandwidth + cost.ops * device.dispatch_s + cost.dtensor_ops * dtensor_s
+    """Roofline: each matmul at the device's rate for its size, other ops' bytes at its copy bandwidth,
+    ops at its host cost per op."""
+    return (sum(device.matmul_time(f) for f in cost.matmuls) + cost.bytes / device.memory_bandwidth
+            + cost.ops * device.dispatch_s + cost.dtensor_ops * dtensor_s)
 
 
 # ---------------------------------------------------------------- pipeline simulation
@@ -774,8 +784,8 @@ def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelPr
 
 
 def _rows(cost: OpCost, rows: int) -> OpCost:
-    """A per-sequence cost for a microbatch of `rows` sequences: work scales, op counts do not."""
-    return OpCost(cost.flops * rows, cost.bytes * rows, cost.ops, cost.dtensor_ops)
+    """A per-sequence cost for a microbatch of `rows` sequences: each matmul and the bytes scale, op counts do not."""
+    return OpCost(tuple(f * rows for f in cost.matmuls), cost.bytes * rows, cost.ops, cost.dtensor_ops)
 
 
 def _ddp_buckets(nbytes: float) -> list[float]:
