@@ -120,7 +120,7 @@ def launch_plans(estimates: list, prepared: Path, cfg: TrainConfig, world: int, 
     warm = scratch / f"{tag}-warmup"
     shutil.copytree(roots[0], warm, symlinks=True, dirs_exist_ok=True)
     specs.insert(0, replace(specs[0], workspace=str(warm)))
-    env = {"OMP_NUM_THREADS": str(max(1, 2 // world)), "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536", **env}
+    env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world)), **env}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     start = time.perf_counter()
@@ -144,7 +144,10 @@ def measure_memory(prepared: Path, cfg: TrainConfig, base: Cluster, world: int, 
     emulator: memory does not depend on the network, and the emulator's copies of in-flight sends are
     not the plan's memory."""
     estimates = plan(Workload(cfg.model, cfg.seq_len, cfg.batch_size), base, space=bench_space(world)).ranked
-    roots, _ = launch_plans(estimates, prepared, cfg, world, scratch, f"w{world}-memory", {})
+    # Freed tensors go back to the OS at once, so the resident set follows the live tensors. Only here:
+    # it makes every large allocation a system call, which would slow the timed runs.
+    roots, _ = launch_plans(estimates, prepared, cfg, world, scratch, f"w{world}-memory",
+                            {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"})
     return {est.label: peak_memory_mb(root) for est, root in zip(estimates, roots)}
 
 

@@ -51,6 +51,9 @@ class Device:
     mem_bw_Bps: float = 0.0  # sustained copy bandwidth (elementwise ops are bound by it); 0 = 40 bytes per 1000 FLOPs
     dispatch_s: float = 10e-6  # host time per op of a training step (eager PyTorch: dispatch, autograd)
     matmul_rates: list[list[float]] = field(default_factory=list)  # measured [FLOPs per call, FLOP/s], by size
+    optimizer_s_per_tensor: float = 0.0  # host seconds of gradient clipping + AdamW per parameter tensor; 0 = 40 ops' dispatch
+    dtensor_optimizer_s_per_tensor: float = 0.0  # the same for DTensor parameters (FSDP, TP); 0 = as plain ones
+    fsdp_s_per_tensor: float = 0.0  # FSDP2's host cost per parameter tensor of a unit's forward + backward (measured)
 
     @property
     def memory_bandwidth(self) -> float:
@@ -312,6 +315,7 @@ def _measure_worker(rank: int, world: int, store_path: str, result_path: str, se
         bw = [[float("inf")] * world for _ in range(world)]
         overhead, dtensor = 0.0, 0.0
         if world > 1:
+            mine.update(_fsdp_costs(device, world))
             everyone = [None] * world
             dist.all_gather_object(everyone, mine)
             for a in range(world):
@@ -376,6 +380,7 @@ def _measure_device(device, settings: MeasureSettings, world: int) -> dict:
     y = torch.empty_like(x)
     copy_bw = 2 * x.numel() * 4 / _timed(lambda: y.copy_(x), device, settings.seconds / 2)
     dispatch = _op_cost(device, settings)
+    optimizer = _optimizer_cost(device, settings)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         name, memory = props.name, float(props.total_memory)
@@ -385,7 +390,7 @@ def _measure_device(device, settings: MeasureSettings, world: int) -> dict:
         name = f"CPU ({torch.get_num_threads()} thread{'s' if torch.get_num_threads() > 1 else ''}, {platform.machine()})"
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world
     return dict(name=name, memory_bytes=memory, flops=max(r for _, r in rates), mem_bw_Bps=copy_bw, dispatch_s=dispatch,
-                matmul_rates=rates)
+                matmul_rates=rates, optimizer_s_per_tensor=optimizer)
 
 
 def _op_cost(device, settings: MeasureSettings) -> float:
@@ -404,6 +409,24 @@ def _op_cost(device, settings: MeasureSettings) -> float:
     seconds = _timed(lambda: block(x).sum().backward(), device, settings.seconds / 2, min_iters=20)
     traced = profile_model(cfg, 8).block(1)
     return seconds / (traced.fwd.ops + traced.bwd.ops)
+
+
+def _optimizer_cost(device, settings: MeasureSettings, tensors: int = 32) -> float:
+    """Host seconds per parameter tensor of the step's tail as training runs it: gradient clipping, then
+    AdamW. On CPU its foreach kernels loop over the tensors, so a model's count of tensors, not its size,
+    sets this for small models."""
+    import torch
+
+    params = [torch.zeros(64, device=device, requires_grad=True) for _ in range(tensors)]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer = torch.optim.AdamW(params, lr=1e-3)
+
+    def step():
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+
+    return _timed(step, device, settings.seconds / 2, min_iters=10) / tensors
 
 
 def _ping_pong(a: int, b: int, rank: int, device, settings: MeasureSettings) -> Link:
@@ -472,6 +495,46 @@ def _allreduce_overhead(device, settings: MeasureSettings, world: int) -> float:
     extra = torch.tensor([max(0.0, median_time(True) - median_time(False))], dtype=torch.float64, device=device)
     dist.all_reduce(extra)
     return extra.item() / world
+
+
+def _timed_iters(fn, device, iters: int) -> float:
+    """Seconds per call over a fixed number of calls (collectives: every rank must make the same calls)."""
+    fn()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - start) / iters
+
+
+def _fsdp_costs(device, world: int, iters: int = 20) -> dict:
+    """FSDP2's host costs, per parameter tensor: (1) of a unit's forward + backward (gathered for forward,
+    again for backward, gradients reduce-scattered) beyond the plain block and the three collectives' own
+    time: copies into and out of the collectives, hooks, DTensor wrapping; (2) of AdamW on DTensor shards.
+    Measured on a block so small that compute and transfer are nothing."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from pretrain.config import ModelConfig
+    from pretrain.model import Block
+
+    cfg = ModelConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    plain, sharded = Block(cfg).to(device), Block(cfg).to(device)
+    fully_shard(sharded, mesh=init_device_mesh(device.type, (world,)))
+    x = torch.randn(1, 8, 16, device=device, requires_grad=True)
+    tensors = len(list(plain.parameters()))
+    small = torch.zeros(world, device=device)
+    piece = torch.zeros(1, device=device)
+    collectives = (2 * _timed_iters(lambda: dist.all_gather_into_tensor(small, piece), device, iters)
+                   + _timed_iters(lambda: dist.reduce_scatter_single(piece, small), device, iters))
+    extra = (_timed_iters(lambda: sharded(x).sum().backward(), device, iters)
+             - _timed_iters(lambda: plain(x).sum().backward(), device, iters) - collectives)
+    optimizer = torch.optim.AdamW(sharded.parameters(), lr=1e-3)
+    dtensor_step = _timed_iters(optimizer.step, device, iters)
+    return {"fsdp_s_per_tensor": max(0.0, extra) / tensors, "dtensor_optimizer_s_per_tensor": dtensor_step / tensors}
 
 
 def _dtensor_overhead(device, world: int) -> float:

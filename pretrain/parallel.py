@@ -284,10 +284,11 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
 
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
-    """Plain data parallelism: every rank holds the whole model; gradients are averaged in backward."""
+    """Plain data parallelism: every rank holds the whole model; gradients are averaged in backward.
+    The gradients are views into DDP's communication buckets, not a second copy of them."""
     from torch.nn.parallel import DistributedDataParallel
 
-    return DistributedDataParallel(model, process_group=dp_mesh.get_group())
+    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), gradient_as_bucket_view=True)
 
 
 # ---------------------------------------------------------------- pipeline parallelism

@@ -15,7 +15,7 @@ How it works, top to bottom:
                     that differ (placement). Each plan is checked with ParallelConfig.validate, the
                     same check training makes.
   estimate()        per rank: memory = parameters, gradients and AdamW states (sharded by FSDP and
-                    TP), FSDP's unsharded buffers, DDP's buckets, activations of the microbatches the
+                    TP), FSDP's unsharded buffers, activations of the microbatches the
                     schedule keeps in flight, the pipeline stages' per-microbatch buffers; step time =
                     compute (a roofline: each matmul at the rate the device measured for its size +
                     bytes at its copy bandwidth + ops at its measured host cost per op) + the
@@ -189,6 +189,7 @@ class ModelProfile:
     total_params: int
     block_params: int
     block_tp_sharded: int  # of block_params, those split by tensor parallelism
+    block_tensors: int  # parameter tensors in a block (the optimizer's host cost is per tensor)
     embed_params: int  # token + position embeddings
     head_params: int  # final LayerNorm + lm_head (the tied weight counted again: a last stage holds a copy)
     _traces: dict = field(default_factory=dict)
@@ -270,7 +271,8 @@ def _profile_cached(cfg_items: tuple, seq_len: int, act_bytes: int) -> ModelProf
     # Not model.num_params(): init_empty_weights re-creates a parameter when it is assigned, which unties
     # lm_head from tok_emb on the meta device. The tied weight counts once.
     total = cfg.n_layer * block_params + embed + 2 * cfg.n_embd
-    return ModelProfile(cfg, seq_len, act_bytes, total, block_params, sharded, embed, head)
+    block_tensors = len(list(block.parameters())) if block is not None else 0
+    return ModelProfile(cfg, seq_len, act_bytes, total, block_params, sharded, block_tensors, embed, head)
 
 
 def profile_model(cfg: ModelConfig, seq_len: int, act_bytes: int = 4) -> ModelProfile:
@@ -672,15 +674,17 @@ def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelPr
         comp_s.append(comp)
         tpc_s.append(split[s] * (tp_comm("fwd") + tp_comm("bwd")))
 
-    # --- parameters on each pipeline rank (before data-parallel sharding)
-    params_pp = [0.0] * c.pp
+    # --- parameters (before data-parallel sharding) and parameter tensors on each pipeline rank
+    params_pp, tensors_pp = [0.0] * c.pp, [0] * c.pp
     for s in range(n_stages):
         p = split[s] * profile.block_params_on_rank(c.tp)
         p += profile.embed_params if s == 0 else 0
         p += profile.head_params if s == n_stages - 1 else 0
         params_pp[stage_pp[s]] += p
+        tensors_pp[stage_pp[s]] += split[s] * profile.block_tensors + (2 if s == 0 else 0) + (3 if s == n_stages - 1 else 0)
     if c.pp == 1:
         params_pp = [cfg.n_layer * profile.block_params_on_rank(c.tp) + profile.embed_params + 2 * cfg.n_embd]  # head tied
+        tensors_pp = [cfg.n_layer * profile.block_tensors + 4]  # token + position embeddings, final LayerNorm
 
     # --- data-parallel communication per step, on the slowest data-parallel ring
     dp_s = [0.0] * c.pp
@@ -691,8 +695,7 @@ def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelPr
         if c.uses_ddp:
             link, n = layout.slowest_ring("dp_replicate")
             buckets = _ddp_buckets(full_bytes)
-            dp_s[r] = sum(collective_time("all_reduce", b, link, n, coll) for b in buckets)
-            unsharded_extra[r] = full_bytes  # DDP's bucket copy of the gradients
+            dp_s[r] = sum(collective_time("all_reduce", b, link, n, coll) for b in buckets)  # gradients are bucket views: no copy
         elif c.uses_fsdp:
             link, n = layout.slowest_ring("dp_shard")
             local_stages = [s for s in range(n_stages) if stage_pp[s] == r]
@@ -702,12 +705,15 @@ def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelPr
             ag = lambda nbytes: collective_time("all_gather", nbytes, link, n, coll)  # noqa: E731
             rs = lambda nbytes: collective_time("reduce_scatter", nbytes, link, n, coll)  # noqa: E731
             roots = len(local_stages)
+            # FSDP's host work per parameter tensor (copies in and out of the collectives, hooks, DTensor
+            # wrapping), measured for a unit gathered twice and reduced once
+            host = layout.stage_devices(r)[0].fsdp_s_per_tensor * tensors_pp[r]
             if c.pp == 1:  # resharded after forward: blocks are gathered again for backward, every microbatch
-                per_mb = n_blocks * (2 * ag(block_b) + rs(block_b)) + ag(root) + rs(root)
+                per_mb = n_blocks * (2 * ag(block_b) + rs(block_b)) + ag(root) + rs(root) + host
                 dp_s[r] = chunks * per_mb
                 unsharded_extra[r] = root * 2 + 3 * block_b  # root stays gathered; ~2 blocks gathered + 1 gradient
             else:  # kept gathered through the step; gradients reduced once, after the last microbatch
-                dp_s[r] = n_blocks * (ag(block_b) + rs(block_b)) + roots * (ag(root / roots) + rs(root / roots))
+                dp_s[r] = n_blocks * (ag(block_b) + rs(block_b)) + roots * (ag(root / roots) + rs(root / roots)) + host * 2 / 3
                 unsharded_extra[r] = 2 * full_bytes  # gathered parameters and unsharded gradients
             if c.dp_replicate > 1:
                 rlink, rn = layout.slowest_ring("dp_replicate")
@@ -750,7 +756,8 @@ def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelPr
         tp_total = chunks * tpc_s[0]
         p2p = 0.0
         inflight = [act_bytes[0]]
-    opt_s = [_optimizer_time(params_pp[r] / (c.dp_shard if c.uses_fsdp else 1), layout.stage_devices(r)[0]) for r in range(c.pp)]
+    opt_s = [_optimizer_time(params_pp[r] / (c.dp_shard if c.uses_fsdp else 1), tensors_pp[r], layout.stage_devices(r)[0],
+                             dtensors=c.uses_fsdp or c.tp > 1) for r in range(c.pp)]
     step = pipe_s + max(dp_s[r] + opt_s[r] for r in range(c.pp)) + sync_s
     # the step's parts, as they add up on the critical path
     dp_name = "DDP all-reduce" if c.uses_ddp else "FSDP all-gather/reduce-scatter" if c.uses_fsdp else "data-parallel"
@@ -773,7 +780,7 @@ def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelPr
         transient = rows * work.seq_len * cfg.vocab_size * work.act_bytes if (r == stage_pp[-1]) else 2 * act_tensor
         mem = {"parameters": states, "gradients": states, "optimizer": 2 * states,
                "activations": inflight[r], "pipeline buffers": pipe_buffers[r],
-               "unsharded (FSDP) / buckets (DDP)": unsharded_extra[r], "temporaries": transient}
+               "unsharded (FSDP)": unsharded_extra[r], "temporaries": transient}
         mems.append(mem)
     worst_mem = max(mems, key=lambda m: sum(m.values()))
     memory = sum(worst_mem.values())
@@ -795,9 +802,13 @@ def _ddp_buckets(nbytes: float) -> list[float]:
     return [DDP_FIRST_BUCKET] + [DDP_BUCKET] * int(rest // DDP_BUCKET) + ([rest % DDP_BUCKET] if rest % DDP_BUCKET else [])
 
 
-def _optimizer_time(params: float, device) -> float:
-    """Clipping and AdamW (foreach): about 16 fp32 passes over the parameters, and ~40 ops."""
-    return params * 4 * 16 / device.memory_bandwidth + 40 * device.dispatch_s
+def _optimizer_time(params: float, tensors: int, device, dtensors: bool) -> float:
+    """Clipping and AdamW: about 16 fp32 passes over the parameters, plus the host cost per tensor the
+    device measured, for plain or DTensor (FSDP, TP) parameters (without a measurement: ~40 ops in all,
+    as fused multi-tensor kernels take)."""
+    per_tensor = (dtensors and device.dtensor_optimizer_s_per_tensor) or device.optimizer_s_per_tensor
+    host = tensors * per_tensor if per_tensor else 40 * device.dispatch_s
+    return params * 4 * 16 / device.memory_bandwidth + host
 
 
 # ---------------------------------------------------------------- planning
