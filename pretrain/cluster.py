@@ -54,6 +54,10 @@ class Device:
     optimizer_s_per_tensor: float = 0.0  # host seconds of gradient clipping + AdamW per parameter tensor; 0 = 40 ops' dispatch
     dtensor_optimizer_s_per_tensor: float = 0.0  # the same for DTensor parameters (FSDP, TP); 0 = as plain ones
     fsdp_s_per_tensor: float = 0.0  # FSDP2's host cost per parameter tensor of a unit's forward + backward (measured)
+    # CPU ranks that share a host's cores: the host's cores, the ranks measured on it at once, threads per rank
+    host_cores: int = 0
+    host_ranks: int = 0
+    threads: int = 0
 
     @property
     def memory_bandwidth(self) -> float:
@@ -381,6 +385,7 @@ def _measure_device(device, settings: MeasureSettings, world: int) -> dict:
     copy_bw = 2 * x.numel() * 4 / _timed(lambda: y.copy_(x), device, settings.seconds / 2)
     dispatch = _op_cost(device, settings)
     optimizer = _optimizer_cost(device, settings)
+    sharing = {}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         name, memory = props.name, float(props.total_memory)
@@ -389,8 +394,9 @@ def _measure_device(device, settings: MeasureSettings, world: int) -> dict:
 
         name = f"CPU ({torch.get_num_threads()} thread{'s' if torch.get_num_threads() > 1 else ''}, {platform.machine()})"
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world
+        sharing = dict(host_cores=os.cpu_count() or 1, host_ranks=world, threads=torch.get_num_threads())
     return dict(name=name, memory_bytes=memory, flops=max(r for _, r in rates), mem_bw_Bps=copy_bw, dispatch_s=dispatch,
-                matmul_rates=rates, optimizer_s_per_tensor=optimizer)
+                matmul_rates=rates, optimizer_s_per_tensor=optimizer, **sharing)
 
 
 def _op_cost(device, settings: MeasureSettings) -> float:

@@ -495,6 +495,19 @@ def compute_time(cost: OpCost, device, dtensor_s: float) -> float:
             + cost.ops * device.dispatch_s + cost.dtensor_ops * dtensor_s)
 
 
+def shared_cpu_speedup(device, utilisation: float) -> float:
+    """How much faster a CPU rank computes when its host's ranks are busy only `utilisation` of the time.
+
+    Ranks that share a host's cores (more ranks than cores) were measured all busy at once, each with
+    its share of the cores; a rank waiting in a pipeline bubble blocks and leaves its share to the
+    others, up to each rank's own threads. 1 where the ranks do not share cores (and for GPUs)."""
+    if not device.host_cores or device.host_ranks <= device.host_cores:
+        return 1.0
+    busy_ranks = max(1.0, device.host_ranks * utilisation)
+    measured = min(device.threads, device.host_cores / device.host_ranks)
+    return min(device.threads, device.host_cores / busy_ranks) / measured
+
+
 # ---------------------------------------------------------------- pipeline simulation
 
 def stage_rank(config: ParallelConfig, stage: int) -> int:
@@ -648,31 +661,27 @@ def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelPr
         n_ar = 2 if direction == "fwd" else 4
         return n_ar * collective_time("all_reduce", act_tensor, tp_link, tp_n, coll) if c.tp > 1 else 0.0
 
-    fwd_s, bwd_s, act_bytes, comp_s, tpc_s = [], [], [], [], []
+    # per stage and microbatch: compute forward / backward, TP all-reduces forward / backward, saved activations
+    comp_f, comp_b, tp_f, tp_b, act_bytes = [], [], [], [], []
     for s in range(n_stages):
         device = min(layout.stage_devices(stage_pp[s]), key=lambda d: d.flops)
         dts = cluster.dtensor_overhead(0)
-        f = _rows(block.fwd, rows)
-        b = _rows(block.bwd, rows)
-        tf = split[s] * (compute_time(f, device, dts) + tp_comm("fwd"))
-        tb = split[s] * (compute_time(b, device, dts) + tp_comm("bwd"))
+        f = split[s] * compute_time(_rows(block.fwd, rows), device, dts)
+        b = split[s] * compute_time(_rows(block.bwd, rows), device, dts)
         a = split[s] * block.saved_bytes * rows
-        comp = split[s] * (compute_time(f, device, dts) + compute_time(b, device, dts))
         if s == 0:
-            tf += compute_time(_rows(embed.fwd, rows), device, dts)
-            tb += compute_time(_rows(embed.bwd, rows), device, dts)
-            comp += compute_time(_rows(embed.fwd, rows) + _rows(embed.bwd, rows), device, dts)
+            f += compute_time(_rows(embed.fwd, rows), device, dts)
+            b += compute_time(_rows(embed.bwd, rows), device, dts)
             a += embed.saved_bytes * rows
         if s == n_stages - 1:
-            tf += compute_time(_rows(head.fwd, rows), device, dts)
-            tb += compute_time(_rows(head.bwd, rows), device, dts)
-            comp += compute_time(_rows(head.fwd, rows) + _rows(head.bwd, rows), device, dts)
+            f += compute_time(_rows(head.fwd, rows), device, dts)
+            b += compute_time(_rows(head.bwd, rows), device, dts)
             a += head.saved_bytes * rows
-        fwd_s.append(tf)
-        bwd_s.append(tb)
+        comp_f.append(f)
+        comp_b.append(b)
+        tp_f.append(split[s] * tp_comm("fwd"))
+        tp_b.append(split[s] * tp_comm("bwd"))
         act_bytes.append(a)
-        comp_s.append(comp)
-        tpc_s.append(split[s] * (tp_comm("fwd") + tp_comm("bwd")))
 
     # --- parameters (before data-parallel sharding) and parameter tensors on each pipeline rank
     params_pp, tensors_pp = [0.0] * c.pp, [0] * c.pp
@@ -735,25 +744,34 @@ def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelPr
                 tie = cfg.vocab_size * cfg.n_embd * pb  # the tied embedding's gradient (not TP-sharded)
                 sync_s += collective_time("all_reduce", tie, layout.pp_link(first, last), 2, coll)
     bubble = 0.0
+    speedup = 1.0  # of compute, when CPU ranks that share cores sit idle in the pipeline's bubbles
     if c.pp > 1:
         transfer = {}
         for a in range(c.pp):
             for b in range(c.pp):
                 if a != b:
                     transfer[(a, b)] = layout.pp_link(a, b).time(act_tensor) + coll
-        sim = simulate(c, fwd_s, bwd_s, act_bytes, transfer)
+        for _ in range(4):  # a fixed point: faster compute leaves more ranks idle at once
+            fwd_s = [comp_f[s] / speedup + tp_f[s] for s in range(n_stages)]
+            bwd_s = [comp_b[s] / speedup + tp_b[s] for s in range(n_stages)]
+            sim = simulate(c, fwd_s, bwd_s, act_bytes, transfer)
+            shared = shared_cpu_speedup(layout.device(0), sum(sim.busy) / (c.pp * sim.makespan))
+            if abs(shared - speedup) < 0.01:
+                break
+            speedup = shared
         ideal = simulate(c, fwd_s, bwd_s, act_bytes, {k: 0.0 for k in transfer})
         pipe_s = sim.makespan
         worst = max(range(c.pp), key=lambda r: sim.busy[r])
-        compute = sum(comp_s[s] for s in range(n_stages) if stage_pp[s] == worst) * chunks
-        tp_total = sum(tpc_s[s] for s in range(n_stages) if stage_pp[s] == worst) * chunks
+        on_worst = [s for s in range(n_stages) if stage_pp[s] == worst]
+        compute = sum(comp_f[s] + comp_b[s] for s in on_worst) / speedup * chunks
+        tp_total = sum(tp_f[s] + tp_b[s] for s in on_worst) * chunks
         p2p = max(0.0, sim.makespan - ideal.makespan)
         bubble = max(0.0, ideal.makespan - max(ideal.busy))
         inflight = sim.peak_inflight
     else:
-        pipe_s = chunks * (fwd_s[0] + bwd_s[0])
-        compute = chunks * comp_s[0]
-        tp_total = chunks * tpc_s[0]
+        compute = chunks * (comp_f[0] + comp_b[0])
+        tp_total = chunks * (tp_f[0] + tp_b[0])
+        pipe_s = compute + tp_total
         p2p = 0.0
         inflight = [act_bytes[0]]
     opt_s = [_optimizer_time(params_pp[r] / (c.dp_shard if c.uses_fsdp else 1), tensors_pp[r], layout.stage_devices(r)[0],
