@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks_common import REPO, write_result  # noqa: E402
 
 from common.workspace import Workspace  # noqa: E402
-from pretrain.cluster import Cluster, Link, measure_cluster  # noqa: E402
+from pretrain.cluster import Cluster, Link, MeasureSettings, measure_cluster  # noqa: E402
 from pretrain.config import ModelConfig, TrainConfig  # noqa: E402
 from pretrain.launch import RunSpec, launch  # noqa: E402
 from pretrain.linkemu import ENV, EmulatedLinks  # noqa: E402
@@ -203,7 +203,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-planner-") as tmp:
         prepared, cfg = prepare(Path(tmp))
         for world in args.worlds:
-            base = measure_cluster(world)
+            # Measured longer than `pipeline plan` does: every scenario of this world size plans from it.
+            base = measure_cluster(world, MeasureSettings(seconds=1.0, repeats=8))
             print(f"measured {base.describe()}: collective overhead {base.collective_overhead_s * 1e3:.2f} ms", flush=True)
             memory_mb = measure_memory(prepared, cfg, base, world, Path(tmp) / "runs")
             shutil.rmtree(Path(tmp) / "runs", ignore_errors=True)

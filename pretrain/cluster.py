@@ -54,6 +54,7 @@ class Device:
     optimizer_s_per_tensor: float = 0.0  # host seconds of gradient clipping + AdamW per parameter tensor; 0 = 40 ops' dispatch
     dtensor_optimizer_s_per_tensor: float = 0.0  # the same for DTensor parameters (FSDP, TP); 0 = as plain ones
     fsdp_s_per_tensor: float = 0.0  # FSDP2's host cost per parameter tensor of a unit's forward + backward (measured)
+    fsdp_gathered_s_per_tensor: float = 0.0  # the same for a unit kept gathered (pipeline microbatches)
     # CPU ranks that share a host's cores: the host's cores, the ranks measured on it at once, threads per rank
     host_cores: int = 0
     host_ranks: int = 0
@@ -504,14 +505,19 @@ def _allreduce_overhead(device, settings: MeasureSettings, world: int) -> float:
 
 
 def _timed_iters(fn, device, iters: int) -> float:
-    """Seconds per call over a fixed number of calls (collectives: every rank must make the same calls)."""
+    """Median seconds of a call over a fixed number of calls (collectives: every rank must make the same
+    calls; the median, as ranks sharing a host get descheduled now and then)."""
+    import statistics
+
     fn()
-    _sync(device)
-    start = time.perf_counter()
+    times = []
     for _ in range(iters):
+        _sync(device)
+        start = time.perf_counter()
         fn()
-    _sync(device)
-    return (time.perf_counter() - start) / iters
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def _fsdp_costs(device, world: int, iters: int = 20) -> dict:
@@ -536,11 +542,20 @@ def _fsdp_costs(device, world: int, iters: int = 20) -> dict:
     piece = torch.zeros(1, device=device)
     collectives = (2 * _timed_iters(lambda: dist.all_gather_into_tensor(small, piece), device, iters)
                    + _timed_iters(lambda: dist.reduce_scatter_single(piece, small), device, iters))
-    extra = (_timed_iters(lambda: sharded(x).sum().backward(), device, iters)
-             - _timed_iters(lambda: plain(x).sum().backward(), device, iters) - collectives)
+    plain_s = _timed_iters(lambda: plain(x).sum().backward(), device, iters)
+    extra = _timed_iters(lambda: sharded(x).sum().backward(), device, iters) - plain_s - collectives
     optimizer = torch.optim.AdamW(sharded.parameters(), lr=1e-3)
     dtensor_step = _timed_iters(optimizer.step, device, iters)
-    return {"fsdp_s_per_tensor": max(0.0, extra) / tensors, "dtensor_optimizer_s_per_tensor": dtensor_step / tensors}
+    # Under pipeline parallelism a unit stays gathered through the step and reduces its gradients once,
+    # after the last microbatch; each microbatch still runs FSDP's hooks.
+    sharded.unshard()
+    sharded.set_reshard_after_forward(False)
+    sharded.set_reshard_after_backward(False)
+    sharded.set_requires_gradient_sync(False)
+    gathered = _timed_iters(lambda: sharded(x).sum().backward(), device, iters) - plain_s
+    sharded.set_requires_gradient_sync(True)
+    return {"fsdp_s_per_tensor": max(0.0, extra) / tensors, "fsdp_gathered_s_per_tensor": max(0.0, gathered) / tensors,
+            "dtensor_optimizer_s_per_tensor": dtensor_step / tensors}
 
 
 def _dtensor_overhead(device, world: int) -> float:

@@ -715,14 +715,16 @@ def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelPr
             rs = lambda nbytes: collective_time("reduce_scatter", nbytes, link, n, coll)  # noqa: E731
             roots = len(local_stages)
             # FSDP's host work per parameter tensor (copies in and out of the collectives, hooks, DTensor
-            # wrapping), measured for a unit gathered twice and reduced once
-            host = layout.stage_devices(r)[0].fsdp_s_per_tensor * tensors_pp[r]
+            # wrapping), measured for a unit gathered twice and reduced once, and for one kept gathered
+            device = layout.stage_devices(r)[0]
+            host, host_gathered = device.fsdp_s_per_tensor * tensors_pp[r], device.fsdp_gathered_s_per_tensor * tensors_pp[r]
             if c.pp == 1:  # resharded after forward: blocks are gathered again for backward, every microbatch
                 per_mb = n_blocks * (2 * ag(block_b) + rs(block_b)) + ag(root) + rs(root) + host
                 dp_s[r] = chunks * per_mb
                 unsharded_extra[r] = root * 2 + 3 * block_b  # root stays gathered; ~2 blocks gathered + 1 gradient
             else:  # kept gathered through the step; gradients reduced once, after the last microbatch
-                dp_s[r] = n_blocks * (ag(block_b) + rs(block_b)) + roots * (ag(root / roots) + rs(root / roots)) + host * 2 / 3
+                dp_s[r] = (n_blocks * (ag(block_b) + rs(block_b)) + roots * (ag(root / roots) + rs(root / roots))
+                           + host * 2 / 3 + chunks * host_gathered)
                 unsharded_extra[r] = 2 * full_bytes  # gathered parameters and unsharded gradients
             if c.dp_replicate > 1:
                 rlink, rn = layout.slowest_ring("dp_replicate")
