@@ -55,6 +55,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks_common import REPO, write_result  # noqa: E402
+from netns import VethSites, unavailable_reason  # noqa: E402
 
 from common.workspace import Workspace  # noqa: E402
 from pretrain.cluster import Cluster, Link, MeasureSettings, measure_cluster  # noqa: E402
@@ -104,8 +105,10 @@ def with_sites(base: Cluster, per_site: int, link: Link) -> Cluster:
                    source=f"{base.source} + emulated {link.latency_s * 1e3:g} ms / {link.bandwidth_Bps * 8 / 1e6:g} Mbit/s between sites")
 
 
-def launch_plans(estimates: list, prepared: Path, cfg: TrainConfig, world: int, scratch: Path, tag: str, env: dict) -> tuple[list[Path], float]:
-    """Train every plan a few steps, all in one torchrun job; returns each plan's workspace and the wall time."""
+def launch_plans(estimates: list, prepared: Path, cfg: TrainConfig, world: int, scratch: Path, tag: str, env: dict,
+                 sites: VethSites | None = None) -> tuple[list[Path], float]:
+    """Train every plan a few steps, all in one job (one torchrun, or one per site when `sites` joins two
+    network namespaces); returns each plan's workspace and the wall time."""
     specs, roots = [], []
     for i, est in enumerate(estimates):
         root = scratch / f"{tag}-{i}"
@@ -125,7 +128,10 @@ def launch_plans(estimates: list, prepared: Path, cfg: TrainConfig, world: int, 
     os.environ.update(env)
     start = time.perf_counter()
     try:
-        launch(specs, world, module="benchmarks.planner_worker")
+        if sites is None:
+            launch(specs, world, module="benchmarks.planner_worker")
+        else:
+            sites.launch(specs, world // 2, module="benchmarks.planner_worker", env={})
     finally:
         for k, v in saved.items():
             if v is None:
@@ -158,13 +164,18 @@ def measure_memory(prepared: Path, cfg: TrainConfig, base: Cluster, world: int, 
 
 
 def run_scenario(prepared: Path, cfg: TrainConfig, base: Cluster, world: int, latency_ms: float, mbit: float,
-                 scratch: Path, memory_mb: dict[str, float]) -> dict:
+                 scratch: Path, memory_mb: dict[str, float], network: str) -> dict:
     per_site = world // 2
     link = Link(latency_ms / 1e3, mbit * 1e6 / 8)
     cluster = with_sites(base, per_site, link)
     estimates = plan(Workload(cfg.model, cfg.seq_len, cfg.batch_size), cluster, space=bench_space(world)).ranked
-    roots, wall = launch_plans(estimates, prepared, cfg, world, scratch, f"w{world}-l{latency_ms:g}-b{mbit:g}",
-                               {ENV: EmulatedLinks.sites(world, per_site, link).to_json()})
+    tag = f"w{world}-l{latency_ms:g}-b{mbit:g}"
+    if network == "emulated":
+        roots, wall = launch_plans(estimates, prepared, cfg, world, scratch, tag, {ENV: EmulatedLinks.sites(world, per_site, link).to_json()})
+    else:  # the bandwidth cap is a real link's; the emulator adds only the latency
+        latency_only = {ENV: EmulatedLinks.sites(world, per_site, Link(link.latency_s, float("inf"))).to_json()} if latency_ms else {}
+        with VethSites(mbit) as sites:
+            roots, wall = launch_plans(estimates, prepared, cfg, world, scratch, tag, latency_only, sites)
     plans = []
     for est, root in zip(estimates, roots):
         steps = [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines() if line]
@@ -173,7 +184,7 @@ def run_scenario(prepared: Path, cfg: TrainConfig, base: Cluster, world: int, la
                       "measured_steps_s": times, "predicted_mem_mb": est.memory_bytes / 2**20,
                       "measured_mem_mb": memory_mb[est.label], "measured_mem_with_emulator_mb": peak_memory_mb(root),
                       "main_cost": est.main_cost})
-    return summarize(world, latency_ms, mbit, plans, wall)
+    return {**summarize(world, latency_ms, mbit, plans, wall), "network": network}
 
 
 def summarize(world: int, latency_ms: float, mbit: float, plans: list[dict], wall: float) -> dict:
@@ -197,7 +208,12 @@ def main() -> None:
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--latencies", type=float, nargs="+", default=[0, 5, 20, 50], help="ms between sites")
     parser.add_argument("--bandwidths", type=float, nargs="+", default=[1000, 100], help="Mbit/s between sites")
+    parser.add_argument("--network", choices=("emulated", "veth"), default="emulated",
+                        help="emulated: pretrain/linkemu.py delays every transfer; veth: the sites are network namespaces "
+                             "joined by a veth pair capped by tc tbf (real bandwidth; latency still emulated; needs root)")
     args = parser.parse_args()
+    if args.network == "veth" and (why := unavailable_reason()):
+        parser.error(f"--network veth: {why}")
     os.chdir(REPO)  # the workers import benchmarks.planner_worker from here
     scenarios = []
     with tempfile.TemporaryDirectory(prefix="bench-planner-") as tmp:
@@ -210,13 +226,13 @@ def main() -> None:
             shutil.rmtree(Path(tmp) / "runs", ignore_errors=True)
             for latency in args.latencies:
                 for mbit in args.bandwidths:
-                    s = run_scenario(prepared, cfg, base, world, latency, mbit, Path(tmp) / "runs", memory_mb)
+                    s = run_scenario(prepared, cfg, base, world, latency, mbit, Path(tmp) / "runs", memory_mb, args.network)
                     scenarios.append(s)
                     print(f"world {world} {latency:g} ms {mbit:g} Mbit/s: spearman {s['spearman']:.2f} regret {s['regret']:.2f} "
                           f"pick {s['pick']} fastest {s['fastest']} mem err median {s['memory_error_median']:.0%} "
                           f"max {s['memory_error_max']:.0%} ({s['wall_s']:.0f} s)", flush=True)
                     shutil.rmtree(Path(tmp) / "runs", ignore_errors=True)
-                    report(scenarios, cfg)  # after every scenario: a long run stopped early keeps what it measured
+                    report(scenarios, cfg, args.network)  # after every scenario: a long run stopped early keeps what it measured
 
 
 def tp_across_sites_vs_fastest(scenario: dict) -> float | None:
@@ -226,7 +242,12 @@ def tp_across_sites_vs_fastest(scenario: dict) -> float | None:
     return tp[0]["measured_step_s"] / min(p["measured_step_s"] for p in scenario["plans"]) if tp else None
 
 
-def report(scenarios: list[dict], cfg: TrainConfig) -> None:
+NETWORKS = {"emulated": "two sites, pretrain/linkemu.py emulated link between them (no netem in this kernel)",
+            "veth": "two sites = two network namespaces joined by a veth pair capped by tc tbf (real bandwidth); "
+                    "latency added by pretrain/linkemu.py (no netem in this kernel)"}
+
+
+def report(scenarios: list[dict], cfg: TrainConfig, network: str) -> None:
     """The study's finding, checked: TP across sites collapses at tens of ms (here: more than 3x slower
     than the fastest plan), and pipeline / data-parallel combinations are the fastest there."""
     far = [s for s in scenarios if s["latency_ms"] >= 20]
@@ -236,9 +257,9 @@ def report(scenarios: list[dict], cfg: TrainConfig) -> None:
         "tp_collapses_at_tens_of_ms": all((tp_across_sites_vs_fastest(s) or 0) > 3 for s in far),
         "fastest_at_tens_of_ms": sorted({s["fastest"] for s in far}),
     }
-    write_result("planner", {
+    write_result("planner" if network == "emulated" else f"planner_{network}", {
         "model": {**MODEL, "seq_len": SEQ, "global_batch": BATCH, "vocab": cfg.model.vocab_size}, "steps_per_plan": STEPS,
-        "network": "two sites, pretrain/linkemu.py emulated link between them (no netem in this kernel)",
+        "network": NETWORKS[network],
         "targets": {"memory_error": 0.15, "regret": 1.10},
         "summary": [{k: s[k] for k in ("world", "latency_ms", "bandwidth_mbit", "spearman", "regret", "pick", "fastest",
                                        "memory_error_median", "memory_error_max", "best_tp_vs_fastest")} for s in scenarios],

@@ -3,10 +3,13 @@
 A Cluster is the planner's only view of hardware. It comes from one of two places:
 
     measure_cluster(nproc)   a short real job of `nproc` local processes (gloo on CPU, NCCL on GPU):
-                             every rank times matmuls, memory copies and op dispatch at once (so ranks
-                             sharing a CPU see their share), then each pair of ranks ping-pongs small
-                             and large tensors (an N×N latency/bandwidth matrix) and the world
-                             all-reduces once, for the software overhead of a collective.
+                             every rank times, at once (so ranks sharing a CPU see their share),
+                             matmuls of several sizes, memory copies, the host cost per op of a tiny
+                             block's forward and backward and per parameter tensor of the optimizer;
+                             then each pair of ranks ping-pongs small and large tensors (an N×N
+                             latency/bandwidth matrix), the world all-reduces mid-step (the software
+                             overhead of a collective) and runs a tiny FSDP2 unit and DTensor optimizer
+                             (their host cost per parameter tensor).
     load_cluster_toml(path)  a cluster that cannot be measured from here, for what-if planning
                              (nodes, devices with memory and TFLOP/s, intra- and inter-node links).
 
@@ -540,7 +543,7 @@ def _fsdp_costs(device, world: int, iters: int = 20) -> dict:
     tensors = len(list(plain.parameters()))
     small = torch.zeros(world, device=device)
     piece = torch.zeros(1, device=device)
-    collectives = (2 * _timed_iters(lambda: dist.all_gather_into_tensor(small, piece), device, iters)
+    collectives = (2 * _timed_iters(lambda: dist.all_gather_single(small, piece), device, iters)
                    + _timed_iters(lambda: dist.reduce_scatter_single(piece, small), device, iters))
     plain_s = _timed_iters(lambda: plain(x).sum().backward(), device, iters)
     extra = _timed_iters(lambda: sharded(x).sum().backward(), device, iters) - plain_s - collectives

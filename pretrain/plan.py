@@ -721,7 +721,9 @@ def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelPr
             if c.pp == 1:  # resharded after forward: blocks are gathered again for backward, every microbatch
                 per_mb = n_blocks * (2 * ag(block_b) + rs(block_b)) + ag(root) + rs(root) + host
                 dp_s[r] = chunks * per_mb
-                unsharded_extra[r] = root * 2 + 3 * block_b  # root stays gathered; ~2 blocks gathered + 1 gradient
+                # at the peak, the end of forward: the root's parameters and two blocks gathered (the one
+                # running, the one prefetched); unsharded gradients come as activations are freed
+                unsharded_extra[r] = root + 2 * block_b
             else:  # kept gathered through the step; gradients reduced once, after the last microbatch
                 dp_s[r] = (n_blocks * (ag(block_b) + rs(block_b)) + roots * (ag(root / roots) + rs(root / roots))
                            + host * 2 / 3 + chunks * host_gathered)

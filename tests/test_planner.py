@@ -17,7 +17,7 @@ from pretrain.cluster import Device, Link, load_cluster_toml, measure_cluster, M
 from pretrain.config import ModelConfig, model_config_for
 from pretrain.parallel import ParallelConfig
 from pretrain.plan import (Candidate, Workload, check_degrees, enumerate_plans, estimate, filter_degrees, plan, profile_model,
-                           simulate)
+                           shared_cpu_speedup, simulate)
 
 GB = 1e9
 TWO_SITES = """
@@ -147,6 +147,31 @@ def test_interleaved_and_zero_bubble_orders_come_from_torch_and_shrink_the_bubbl
 
 # ---------------------------------------------------------------- choices that follow the hardware
 
+def test_small_matmuls_cost_more_per_flop_where_the_device_measured_so():
+    device = Device("cpu", 0, 8 * GB, 200e9, matmul_rates=[[1e6, 20e9], [1e8, 100e9], [1e10, 200e9]])
+    assert device.matmul_time(1e6) == pytest.approx(1e6 / 20e9)
+    assert device.matmul_time(1e10) == pytest.approx(1e10 / 200e9)
+    between = 1e7 / device.matmul_time(1e7)  # halfway on a log scale: the geometric mean of the rates
+    assert between == pytest.approx((20e9 * 100e9) ** 0.5)
+    assert Device("cpu", 0, 8 * GB, 200e9).matmul_time(1e6) == pytest.approx(1e6 / 200e9)  # nothing measured: the peak
+
+
+def test_cpu_ranks_sharing_cores_compute_faster_when_the_pipeline_leaves_some_idle():
+    shared = Device("cpu", 0, 8 * GB, 1e9, host_cores=2, host_ranks=4, threads=1)
+    assert shared_cpu_speedup(shared, 1.0) == pytest.approx(1.0)  # all busy: as measured
+    assert shared_cpu_speedup(shared, 0.5) == pytest.approx(2.0)  # two of four busy: a core each
+    assert shared_cpu_speedup(shared, 0.1) == pytest.approx(2.0)  # never more than a rank's own threads
+    assert shared_cpu_speedup(Device("cpu", 0, 8 * GB, 1e9, host_cores=2, host_ranks=2, threads=1), 0.5) == 1.0
+    assert shared_cpu_speedup(Device("gpu", 0, 8 * GB, 1e12), 0.5) == 1.0
+    # so a pipeline on an oversubscribed host is predicted faster than the same pipeline on cores of its own
+    cfg = ModelConfig(vocab_size=256, block_size=32, n_layer=4, n_head=2, n_embd=32)
+    config = ParallelConfig(strategy="pp", pp=4, pp_schedule="1f1b", microbatches=4)
+    own = uniform_cluster(4, 1e9, 8 * GB, Link(1e-5, 1e9), mem_bw_Bps=1e9)
+    sharing = uniform_cluster(4, 1e9, 8 * GB, Link(1e-5, 1e9), mem_bw_Bps=1e9, host_cores=2, host_ranks=4, threads=1)
+    work = Workload(cfg, 32, 8)
+    assert estimate(Candidate(config), work, sharing).step_s < 0.8 * estimate(Candidate(config), work, own).step_s
+
+
 def test_tensor_parallelism_stays_inside_a_node_and_slow_sites_get_the_pipeline():
     work = Workload(model_config_for("medium", 32768, 1024), 1024, 64)
     far = plan(work, gpu_sites(30))
@@ -248,7 +273,13 @@ def test_measured_links_show_the_emulated_latency_and_bandwidth(monkeypatch):
     link = cluster.link(0, 1)
     assert 0.025 <= link.latency_s < 0.045
     assert 6e6 < link.bandwidth_Bps < 11e6
-    assert cluster.devices[0].flops > 1e8 and cluster.devices[1].memory_bytes > 0
+    device = cluster.devices[0]
+    assert device.flops > 1e8 and cluster.devices[1].memory_bytes > 0
+    # host costs a step pays beyond its FLOPs, measured for real
+    rates = [rate for _, rate in device.matmul_rates]
+    assert len(rates) >= 4 and rates[0] < max(rates)  # the smallest matmul runs below the peak
+    assert device.dispatch_s > 0 and device.optimizer_s_per_tensor > 0 and device.dtensor_optimizer_s_per_tensor > 0
+    assert device.host_ranks == 2 and device.host_cores == os.cpu_count()
 
 
 def test_cluster_is_measured_once_and_cached_in_the_workspace(tmp_path):
