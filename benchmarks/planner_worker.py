@@ -4,8 +4,9 @@ The training worker of pretrain.launch with two additions: the link emulator fro
 $PIPELINE_LINK_EMULATOR, and a memory measurement per run. On CPU the peak resident set (VmHWM) is
 reset before each run (/proc/self/clear_refs, value 5) and the resident set just before the run is
 subtracted, so the number is the memory the run added: parameters, gradients, optimizer states,
-activations and buffers, like the planner's estimate. The benchmark sets MALLOC_MMAP_THRESHOLD_ so
-that freed tensors go back to the OS and the resident set follows the live tensors.
+activations and buffers, like the planner's estimate. The benchmark's memory jobs (only those: it
+slows every large allocation) set MALLOC_MMAP_THRESHOLD_ so that freed tensors go back to the OS and
+the resident set follows the live tensors.
 """
 from __future__ import annotations
 

@@ -526,8 +526,9 @@ def _timed_iters(fn, device, iters: int) -> float:
 def _fsdp_costs(device, world: int, iters: int = 20) -> dict:
     """FSDP2's host costs, per parameter tensor: (1) of a unit's forward + backward (gathered for forward,
     again for backward, gradients reduce-scattered) beyond the plain block and the three collectives' own
-    time: copies into and out of the collectives, hooks, DTensor wrapping; (2) of AdamW on DTensor shards.
-    Measured on a block so small that compute and transfer are nothing."""
+    time: copies into and out of the collectives, hooks, DTensor wrapping; (2) of AdamW on DTensor shards;
+    (3) of a forward + backward of a unit kept gathered, as pipeline microbatches run it. Measured on a
+    block so small that compute and transfer are nothing."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh

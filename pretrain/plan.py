@@ -748,21 +748,26 @@ def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelPr
                 tie = cfg.vocab_size * cfg.n_embd * pb  # the tied embedding's gradient (not TP-sharded)
                 sync_s += collective_time("all_reduce", tie, layout.pp_link(first, last), 2, coll)
     bubble = 0.0
-    speedup = 1.0  # of compute, when CPU ranks that share cores sit idle in the pipeline's bubbles
     if c.pp > 1:
         transfer = {}
         for a in range(c.pp):
             for b in range(c.pp):
                 if a != b:
                     transfer[(a, b)] = layout.pp_link(a, b).time(act_tensor) + coll
+
+        def run_pipeline(compute_speedup: float):
+            fwd = [comp_f[s] / compute_speedup + tp_f[s] for s in range(n_stages)]
+            bwd = [comp_b[s] / compute_speedup + tp_b[s] for s in range(n_stages)]
+            return fwd, bwd, simulate(c, fwd, bwd, act_bytes, transfer)
+
+        speedup = 1.0  # of compute, when CPU ranks that share cores sit idle in the pipeline's bubbles
+        fwd_s, bwd_s, sim = run_pipeline(speedup)
         for _ in range(4):  # a fixed point: faster compute leaves more ranks idle at once
-            fwd_s = [comp_f[s] / speedup + tp_f[s] for s in range(n_stages)]
-            bwd_s = [comp_b[s] / speedup + tp_b[s] for s in range(n_stages)]
-            sim = simulate(c, fwd_s, bwd_s, act_bytes, transfer)
             shared = shared_cpu_speedup(layout.device(0), sum(sim.busy) / (c.pp * sim.makespan))
             if abs(shared - speedup) < 0.01:
                 break
             speedup = shared
+            fwd_s, bwd_s, sim = run_pipeline(speedup)
         ideal = simulate(c, fwd_s, bwd_s, act_bytes, {k: 0.0 for k in transfer})
         pipe_s = sim.makespan
         worst = max(range(c.pp), key=lambda r: sim.busy[r])
