@@ -167,14 +167,16 @@ def run_scenario(prepared: Path, cfg: TrainConfig, base: Cluster, world: int, la
                  scratch: Path, memory_mb: dict[str, float], network: str) -> dict:
     per_site = world // 2
     link = Link(latency_ms / 1e3, mbit * 1e6 / 8)
-    cluster = with_sites(base, per_site, link)
-    estimates = plan(Workload(cfg.model, cfg.seq_len, cfg.batch_size), cluster, space=bench_space(world)).ranked
+    work = Workload(cfg.model, cfg.seq_len, cfg.batch_size)
     tag = f"w{world}-l{latency_ms:g}-b{mbit:g}"
-    if network == "emulated":
+    if network == "emulated":  # the planner is told the emulated link
+        estimates = plan(work, with_sites(base, per_site, link), space=bench_space(world)).ranked
         roots, wall = launch_plans(estimates, prepared, cfg, world, scratch, tag, {ENV: EmulatedLinks.sites(world, per_site, link).to_json()})
-    else:  # the bandwidth cap is a real link's; the emulator adds only the latency
+    else:  # a real link capped to the bandwidth, the emulator adds only the latency; the planner measures both
         latency_only = {ENV: EmulatedLinks.sites(world, per_site, Link(link.latency_s, float("inf"))).to_json()} if latency_ms else {}
         with VethSites(mbit) as sites:
+            measured = sites.measure_cluster(world, MeasureSettings(seconds=1.0, repeats=8), latency_only)
+            estimates = plan(work, with_sites(measured, per_site, Link(0.0, float("inf"))), space=bench_space(world)).ranked
             roots, wall = launch_plans(estimates, prepared, cfg, world, scratch, tag, latency_only, sites)
     plans = []
     for est, root in zip(estimates, roots):

@@ -15,9 +15,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict
+from pathlib import Path
 
+from pretrain.cluster import Cluster, MeasureSettings
 from pretrain.launch import RunSpec, torchrun_args
 
 NAMESPACES = ("pipeline-site0", "pipeline-site1")
@@ -67,6 +70,25 @@ class VethSites:
     def _remove() -> None:
         for ns in NAMESPACES:  # deleting a namespace deletes its end of the veth pair, and so the pair
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+    def measure_cluster(self, world: int, settings: MeasureSettings, env: dict) -> Cluster:
+        """The planner's own measurement (pretrain.cluster.measure_rank), its ranks split over the two
+        sites, so the link matrix it finds crosses the real link (and the emulated latency in `env`)."""
+        per_site = world // 2
+        code = ("import json, sys; from pretrain.cluster import measure_rank; "
+                "measure_rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], json.loads(sys.argv[5]))")
+        with tempfile.TemporaryDirectory() as tmp:
+            store, result = str(Path(tmp) / "store"), Path(tmp) / "cluster.json"
+            procs = [subprocess.Popen(["ip", "netns", "exec", NAMESPACES[r // per_site], sys.executable, "-c", code, str(r),
+                                       str(world), store, str(result), json.dumps(asdict(settings))],
+                                      env={**os.environ, **env, "GLOO_SOCKET_IFNAME": DEVICES[r // per_site]})
+                     for r in range(world)]
+            codes = [p.wait() for p in procs]
+            if any(codes):
+                raise RuntimeError(f"the cluster measurement across sites failed (exit codes {codes})")
+            raw = json.loads(result.read_text())
+        raw["source"] = f"measured across two network namespaces joined by a {self.mbit:g} Mbit/s veth link"
+        return Cluster.from_dict(raw)
 
     def launch(self, runs: list[RunSpec], per_site: int, module: str, env: dict) -> None:
         """One torchrun per site, inside its namespace: ranks 0..per_site-1 on site 0, the rest on site 1."""

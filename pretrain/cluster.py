@@ -291,16 +291,19 @@ def measure_cluster(nproc: int, settings: MeasureSettings | None = None) -> Clus
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "cluster.json"
         if nproc == 1:
-            _measure_worker(0, 1, str(Path(tmp) / "store"), str(result), asdict(settings))
+            measure_rank(0, 1, str(Path(tmp) / "store"), str(result), asdict(settings))
         else:
-            mp.start_processes(_measure_worker, args=(nproc, str(Path(tmp) / "store"), str(result), asdict(settings)),
+            mp.start_processes(measure_rank, args=(nproc, str(Path(tmp) / "store"), str(result), asdict(settings)),
                                nprocs=nproc, start_method="spawn")
         raw = json.loads(result.read_text())
     raw["source"] = f"measured on {socket.gethostname()} ({nproc} process{'es' if nproc > 1 else ''}, {'CUDA' if torch.cuda.is_available() else 'CPU'})"
     return Cluster.from_dict(raw)
 
 
-def _measure_worker(rank: int, world: int, store_path: str, result_path: str, settings: dict) -> None:
+def measure_rank(rank: int, world: int, store_path: str, result_path: str, settings: dict) -> None:
+    """One rank of measure_cluster's job (the ranks meet through a file store at `store_path`; rank 0
+    writes the Cluster as JSON to `result_path`). Public so that a job spread over several network
+    namespaces or hosts that share a file system can run it too."""
     import torch
     import torch.distributed as dist
 
