@@ -193,7 +193,9 @@ def run_scenario(prepared: Path, cfg: TrainConfig, base: Cluster, world: int, la
         times = [s["step_s"] for s in steps if s.get("event") == "train"][1:]
         plans.append({"plan": est.label, "predicted_step_s": est.step_s, "measured_step_s": statistics.median(times),
                       "measured_steps_s": times, "predicted_mem_mb": est.memory_bytes / 2**20,
-                      "measured_mem_mb": memory_mb[est.label], "measured_mem_with_emulator_mb": peak_memory_mb(root),
+                      # None: a plan the memory job did not run (veth: a layer split chosen from the cluster
+                      # measured across the namespaces, not from the one the memory job planned with)
+                      "measured_mem_mb": memory_mb.get(est.label), "measured_mem_with_emulator_mb": peak_memory_mb(root),
                       "main_cost": est.main_cost})
     return {**summarize(world, latency_ms, mbit, plans, wall), "network": network}
 
@@ -205,7 +207,7 @@ def summarize(world: int, latency_ms: float, mbit: float, plans: list[dict], wal
     measured = [p["measured_step_s"] for p in plans]
     pick = min(range(len(plans)), key=lambda i: predicted[i])
     best = min(range(len(plans)), key=lambda i: measured[i])
-    mem_err = [abs(p["predicted_mem_mb"] - p["measured_mem_mb"]) / p["measured_mem_mb"] for p in plans]
+    mem_err = [abs(p["predicted_mem_mb"] - p["measured_mem_mb"]) / p["measured_mem_mb"] for p in plans if p["measured_mem_mb"]]
     rho = spearmanr(predicted, measured).statistic if len(plans) > 2 else float("nan")
     tp = [p for p in plans if "tp" in p["plan"]]
     return {"world": world, "latency_ms": latency_ms, "bandwidth_mbit": mbit, "plans": plans, "spearman": rho,
