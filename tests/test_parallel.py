@@ -328,7 +328,7 @@ def test_cli_launches_workers_prints_the_layout_and_fails_in_one_line_when_a_wor
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode == 2
+    assert process.returncode == 2, stderr[-3000:]
     assert re.fullmatch(r"error: training failed: rank [01] was killed by SIGKILL( \(1 other rank failed after it\))?",
                         stderr.strip().splitlines()[-1])
     # Rank 0 printed the layout once, for both ranks.
