@@ -154,7 +154,7 @@ def launch_plans(estimates: list, prepared: Path, cfg: TrainConfig, world: int, 
         if sites is None:
             launch(specs, world, module="benchmarks.planner_worker")
         else:
-            sites.launch(specs, world // 2, module="benchmarks.planner_worker", env={})
+            sites.launch(specs, world // 2, module="benchmarks.planner_worker")
     finally:
         for k, v in saved.items():
             if v is None:

@@ -6,7 +6,7 @@ bandwidth while traffic inside a site stays on the namespace's loopback. This ke
 netem, so added latency still comes from pretrain/linkemu.py. Needs root and iproute2 (`ip`, `tc`).
 
     with VethSites(mbit=100) as sites:
-        sites.launch(runs, per_site=2, module="benchmarks.planner_worker", env={})
+        sites.launch(runs, per_site=2, module="benchmarks.planner_worker")
 """
 from __future__ import annotations
 
@@ -90,14 +90,15 @@ class VethSites:
         raw["source"] = f"measured across two network namespaces joined by a {self.mbit:g} Mbit/s veth link"
         return Cluster.from_dict(raw)
 
-    def launch(self, runs: list[RunSpec], per_site: int, module: str, env: dict) -> None:
-        """One torchrun per site, inside its namespace: ranks 0..per_site-1 on site 0, the rest on site 1."""
+    def launch(self, runs: list[RunSpec], per_site: int, module: str) -> None:
+        """One torchrun per site, inside its namespace: ranks 0..per_site-1 on site 0, the rest on site 1.
+        The sites inherit this process's environment."""
         spec = json.dumps([asdict(r) for r in runs])
         procs = []
         for k, (ns, dev) in enumerate(zip(NAMESPACES, DEVICES)):
             cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "torch.distributed.run",
                    *torchrun_args(per_site, 2, k, ADDRESSES[0], PORT), "-m", module, spec]
-            procs.append(subprocess.Popen(cmd, env={**os.environ, **env, "GLOO_SOCKET_IFNAME": dev}))
+            procs.append(subprocess.Popen(cmd, env={**os.environ, "GLOO_SOCKET_IFNAME": dev}))
         while all(p.poll() is None for p in procs):
             time.sleep(0.2)
         if any(p.poll() not in (None, 0) for p in procs):  # one site failed: the other would wait for it
