@@ -27,7 +27,7 @@ import socket
 import tempfile
 import time
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from common.errors import PipelineError
@@ -51,9 +51,12 @@ class Device:
     node: int  # index into Cluster.nodes
     memory_bytes: float
     flops: float  # sustained dense matmul FLOP/s (large matmuls)
-    mem_bw_Bps: float = 0.0  # sustained copy bandwidth (elementwise ops are bound by it); 0 = 40 bytes per 1000 FLOPs
+    mem_bw_Bps: float = 0.0  # sustained copy bandwidth (the optimizer's passes); 0 = 40 bytes per 1000 FLOPs
     dispatch_s: float = 10e-6  # host time per op of a training step (eager PyTorch: dispatch, autograd)
     matmul_rates: list[list[float]] = field(default_factory=list)  # measured [FLOPs per call, FLOP/s], by size
+    # bytes/s of a training step's non-matmul ops (layer norms, GELU, softmax, adds) as a real transformer
+    # block runs them: GELU's and softmax's math makes them slower than a copy on CPUs; 0 = copy bandwidth
+    elementwise_Bps: float = 0.0
     optimizer_s_per_tensor: float = 0.0  # host seconds of gradient clipping + AdamW per parameter tensor; 0 = 40 ops' dispatch
     dtensor_optimizer_s_per_tensor: float = 0.0  # the same for DTensor parameters (FSDP, TP); 0 = as plain ones
     fsdp_s_per_tensor: float = 0.0  # FSDP2's host cost per parameter tensor of a unit's forward + backward (measured)
@@ -66,6 +69,10 @@ class Device:
     @property
     def memory_bandwidth(self) -> float:
         return self.mem_bw_Bps or self.flops * 0.04
+
+    @property
+    def elementwise_bandwidth(self) -> float:
+        return self.elementwise_Bps or self.memory_bandwidth
 
     def matmul_time(self, flops: float) -> float:
         """Seconds of one matmul of `flops`: at the rate measured for the nearest sizes (interpolated on a
@@ -91,6 +98,9 @@ class Cluster:
     source: str = "measured"
     collective_overhead_s: float = 0.0  # software cost of one collective beyond the ring model (measured)
     dtensor_dispatch_s: float = 0.0  # extra host time of a DTensor op over a plain one (measured; 0 = 10× dispatch)
+    # time a pipeline stage loses per forward or backward action beyond its compute and the link: the
+    # schedule's bookkeeping and the wait for a peer to be scheduled (measured in a real 1F1B pipeline)
+    pipeline_action_s: float = 0.0
 
     @property
     def world_size(self) -> int:
@@ -343,9 +353,11 @@ def measure_rank(rank: int, world: int, store_path: str, result_path: str, setti
                 for b in range(r + 1, world):
                     lat[r][b] = lat[b][r] = l_r[r][b]
                     bw[r][b] = bw[b][r] = b_r[r][b]
+        devices = [Device(**d, node=0) for d in everyone]
+        cluster = Cluster(devices, [socket.gethostname()], lat, bw, collective_overhead_s=overhead, dtensor_dispatch_s=dtensor)
+        if world > 1:
+            cluster.pipeline_action_s = _pipeline_action_cost(cluster)
         if rank == 0:
-            devices = [Device(**d, node=0) for d in everyone]
-            cluster = Cluster(devices, [socket.gethostname()], lat, bw, collective_overhead_s=overhead, dtensor_dispatch_s=dtensor)
             Path(result_path).write_text(json.dumps(cluster.to_dict()))
     finally:
         if world > 1:
@@ -390,7 +402,7 @@ def _measure_device(device, settings: MeasureSettings, world: int) -> dict:
     x = torch.randn(8 * 2**20 // 4 * (8 if device.type == "cuda" else 1), device=device)
     y = torch.empty_like(x)
     copy_bw = 2 * x.numel() * 4 / _timed(lambda: y.copy_(x), device, settings.seconds / 2)
-    dispatch = _op_cost(device, settings)
+    dispatch, elementwise = _block_costs(device, settings, rates)
     optimizer = _optimizer_cost(device, settings)
     sharing = {}
     if device.type == "cuda":
@@ -403,25 +415,47 @@ def _measure_device(device, settings: MeasureSettings, world: int) -> dict:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world
         sharing = dict(host_cores=os.cpu_count() or 1, host_ranks=world, threads=torch.get_num_threads())
     return dict(name=name, memory_bytes=memory, flops=max(r for _, r in rates), mem_bw_Bps=copy_bw, dispatch_s=dispatch,
-                matmul_rates=rates, optimizer_s_per_tensor=optimizer, **sharing)
+                elementwise_Bps=elementwise, matmul_rates=rates, optimizer_s_per_tensor=optimizer, **sharing)
 
 
-def _op_cost(device, settings: MeasureSettings) -> float:
-    """Host seconds per op of a training step: forward and backward of a transformer block so small that
-    its compute is nothing, divided by the ops the planner counts for it. Eager autograd's bookkeeping
-    costs several times a bare op's dispatch, and it is paid once per op per microbatch."""
+def _block_costs(device, settings: MeasureSettings, rates: list[list[float]]) -> tuple[float, float]:
+    """The two rates of the planner's compute model that only real training ops show, calibrated on real
+    transformer blocks against the planner's own trace of them (so the trace's op and byte counts and
+    the measured rates add up to the measured time):
+
+    - host seconds per op: forward and backward of a block so small that its compute is nothing. Eager
+      autograd's bookkeeping costs several times a bare op's dispatch, paid per op per microbatch;
+    - bytes/s of the non-matmul ops: forward and backward of a block of a small model's size, less its
+      matmuls (at the measured rates) and its ops' host time. GELU, softmax and layer norm compute
+      more per byte than a copy, which a copy's bandwidth misses by several times on CPUs."""
     import torch
 
     from pretrain.config import ModelConfig
     from pretrain.model import Block
-    from pretrain.plan import profile_model  # the planner's own op count (plan imports this module at the top)
+    from pretrain.plan import compute_time, profile_model  # the planner's own trace (plan imports this module at the top)
 
-    cfg = ModelConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=16)
-    block = Block(cfg).to(device)
-    x = torch.randn(1, 8, 16, device=device, requires_grad=True)
-    seconds = _timed(lambda: block(x).sum().backward(), device, settings.seconds / 2, min_iters=20)
-    traced = profile_model(cfg, 8).block(1)
-    return seconds / (traced.fwd.ops + traced.bwd.ops)
+    cuda = device.type == "cuda"
+
+    def run_and_trace(cfg: ModelConfig, rows: int) -> tuple[float, object]:
+        block = Block(cfg).to(device)
+        x = torch.randn(rows, cfg.block_size, cfg.n_embd, device=device, requires_grad=True)
+
+        def step():
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):  # bf16 as the matmul rates
+                block(x).float().sum().backward()
+
+        seconds = _timed(step, device, settings.seconds / 2, min_iters=20)
+        traced = profile_model(cfg, cfg.block_size, 2 if cuda else 4).block(1)
+        return seconds, (traced.fwd + traced.bwd).for_rows(rows)
+
+    probe = Device("probe", 0, 0.0, max(r for _, r in rates), matmul_rates=rates, dispatch_s=0.0, elementwise_Bps=float("inf"))
+    tiny_s, tiny = run_and_trace(ModelConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=16), 1)
+    dispatch = max(tiny_s - compute_time(tiny, probe, 0.0), tiny_s / 2) / tiny.ops
+    size = dict(block_size=256, n_head=8, n_embd=512) if cuda else dict(block_size=64, n_head=4, n_embd=128)
+    small_s, small = run_and_trace(ModelConfig(vocab_size=64, n_layer=1, **size), 8)
+    rest = small_s - compute_time(small, probe, 0.0) - small.ops * dispatch
+    # a rest at or below nothing: the matmul rates explain the block, the non-matmul ops are copy-bound
+    return dispatch, (small.bytes / rest if rest > small_s * 0.05 else 0.0)
 
 
 def _optimizer_cost(device, settings: MeasureSettings, tensors: int = 32) -> float:
@@ -466,7 +500,9 @@ def _ping_pong(a: int, b: int, rank: int, device, settings: MeasureSettings) -> 
                     times.append((time.perf_counter() - start) / 2)
                 if sum(times) > 2.0 and len(times) >= 2:
                     break
-            one_way[nbytes] = sorted(times)[len(times) // 2]
+            # the fastest exchange: the link itself; a rank descheduled now and then (a shared host) is a
+            # cost of every blocking send, measured as such (collective and pipeline overheads)
+            one_way[nbytes] = min(times)
     dist.barrier()
     if rank not in (a, b):
         return Link(0.0, float("inf"))
@@ -579,9 +615,48 @@ def _dtensor_overhead(device, world: int) -> float:
     return max(0.0, _timed(lambda: dt.add(dt), device, 0.1, min_iters=50) - base)
 
 
+def _pipeline_action_cost(cluster: Cluster, iters: int = 8) -> float:
+    """Seconds per pipeline action (a stage's forward or backward of one microbatch) that the planner's
+    model of the step misses: the schedule's bookkeeping, and the wait for the peer at every send and
+    receive (on a shared host, for it to be scheduled). A real pipeline of a tiny GPT, one layer per
+    rank, through training's own code (parallelize, 1F1B), runs the same batch as p and as 4p
+    microbatches; the planner's estimate of both steps, with every action made longer by h, must differ
+    by what was measured. Fixed costs of a step (optimizer, the tied embedding's sync) cancel out."""
+    import torch
+    import torch.distributed as dist
+
+    from pretrain.config import ModelConfig
+    from pretrain.model import GPT, lm_loss
+    from pretrain.parallel import ParallelConfig, build_mesh, parallelize
+    from pretrain.plan import Candidate, Workload, estimate  # the planner's own model (plan imports this module)
+
+    p = cluster.world_size
+    cfg = ModelConfig(vocab_size=64, block_size=8, n_layer=p, n_head=2, n_embd=16)
+    work = Workload(cfg, seq_len=8, global_batch=4 * p)
+    x = torch.randint(0, cfg.vocab_size, (work.global_batch, work.seq_len))
+    measured, configs = [], []
+    for m in (p, 4 * p):
+        config = ParallelConfig(pp=p, pp_schedule="1f1b", microbatches=m, strategy="pp")
+        pm = parallelize(GPT(cfg), build_mesh(config), lm_loss)
+        device = pm.par.device
+        step = torch.tensor([_timed_iters(lambda: pm.forward_backward(x.to(device), x.to(device), 1), device, iters)], device=device)
+        dist.all_reduce(step, op=dist.ReduceOp.MAX)  # the step ends when its slowest rank does
+        measured.append(step.item())
+        configs.append(config)
+
+    def predicted_gap(h: float) -> float:
+        with_h = replace(cluster, pipeline_action_s=h)
+        first, last = (estimate(Candidate(c), work, with_h).step_s for c in configs)
+        return last - first
+
+    # the gap grows with h by the actions on the critical path: linear over the range that matters
+    base, slope = predicted_gap(0.0), (predicted_gap(1e-3) - predicted_gap(0.0)) / 1e-3
+    return max(0.0, (measured[1] - measured[0] - base) / slope) if slope > 0 else 0.0
+
+
 # ---------------------------------------------------------------- cached in the workspace
 
-MEASUREMENT_VERSION = 2  # raised when what a measured Device means changes, so older caches are measured again
+MEASUREMENT_VERSION = 3  # raised when what a measured Device means changes, so older caches are measured again
 
 
 def cache_key(nproc: int) -> str:

@@ -18,10 +18,11 @@ How it works, top to bottom:
                     TP), FSDP's unsharded buffers, activations of the microbatches the
                     schedule keeps in flight, the pipeline stages' per-microbatch buffers; step time =
                     compute (a roofline: each matmul at the rate the device measured for its size +
-                    bytes at its copy bandwidth + ops at its measured host cost per op) + the
+                    bytes at its measured rate for them + ops at its measured host cost per op) + the
                     collectives of each dimension over the links their groups cross (ring model) +
-                    pipeline transfers and bubble, from an event simulation of the schedule's real
-                    action order (torch's own for multi-stage schedules).
+                    pipeline transfers, the schedule's measured cost per action and the bubble, from
+                    an event simulation of the schedule's real action order (torch's own for
+                    multi-stage schedules).
   plan()            drops what does not fit, ranks the rest by step time.
 
 Everything is in bytes and seconds; the table converts.
@@ -78,6 +79,11 @@ class OpCost:
     @property
     def flops(self) -> float:
         return sum(self.matmuls)
+
+    def for_rows(self, rows: int) -> "OpCost":
+        """This per-sequence cost for a microbatch of `rows` sequences: each matmul and the bytes scale,
+        op counts do not."""
+        return OpCost(tuple(f * rows for f in self.matmuls), self.bytes * rows, self.ops, self.dtensor_ops)
 
     def __add__(self, other: "OpCost") -> "OpCost":
         return OpCost(self.matmuls + other.matmuls, self.bytes + other.bytes, self.ops + other.ops, self.dtensor_ops + other.dtensor_ops)
@@ -489,9 +495,9 @@ class Layout:
 
 
 def compute_time(cost: OpCost, device, dtensor_s: float) -> float:
-    """Roofline: each matmul at the device's rate for its size, other ops' bytes at its copy bandwidth,
-    ops at its host cost per op."""
-    return (sum(device.matmul_time(f) for f in cost.matmuls) + cost.bytes / device.memory_bandwidth
+    """Roofline: each matmul at the device's rate for its size, other ops' bytes at the rate it measured
+    for them, ops at its host cost per op."""
+    return (sum(device.matmul_time(f) for f in cost.matmuls) + cost.bytes / device.elementwise_bandwidth
             + cost.ops * device.dispatch_s + cost.dtensor_ops * dtensor_s)
 
 
@@ -666,16 +672,16 @@ def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelPr
     for s in range(n_stages):
         device = min(layout.stage_devices(stage_pp[s]), key=lambda d: d.flops)
         dts = cluster.dtensor_overhead(0)
-        f = split[s] * compute_time(_rows(block.fwd, rows), device, dts)
-        b = split[s] * compute_time(_rows(block.bwd, rows), device, dts)
+        f = split[s] * compute_time(block.fwd.for_rows(rows), device, dts)
+        b = split[s] * compute_time(block.bwd.for_rows(rows), device, dts)
         a = split[s] * block.saved_bytes * rows
         if s == 0:
-            f += compute_time(_rows(embed.fwd, rows), device, dts)
-            b += compute_time(_rows(embed.bwd, rows), device, dts)
+            f += compute_time(embed.fwd.for_rows(rows), device, dts)
+            b += compute_time(embed.bwd.for_rows(rows), device, dts)
             a += embed.saved_bytes * rows
         if s == n_stages - 1:
-            f += compute_time(_rows(head.fwd, rows), device, dts)
-            b += compute_time(_rows(head.bwd, rows), device, dts)
+            f += compute_time(head.fwd.for_rows(rows), device, dts)
+            b += compute_time(head.bwd.for_rows(rows), device, dts)
             a += head.saved_bytes * rows
         comp_f.append(f)
         comp_b.append(b)
@@ -753,12 +759,15 @@ def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelPr
         for a in range(c.pp):
             for b in range(c.pp):
                 if a != b:
-                    transfer[(a, b)] = layout.pp_link(a, b).time(act_tensor) + coll
+                    transfer[(a, b)] = layout.pp_link(a, b).time(act_tensor)  # software costs: in action_s below
+
+        action_s = cluster.pipeline_action_s  # the schedule's own cost per action (measured)
 
         def run_pipeline(compute_speedup: float):
             fwd = [comp_f[s] / compute_speedup + tp_f[s] for s in range(n_stages)]
             bwd = [comp_b[s] / compute_speedup + tp_b[s] for s in range(n_stages)]
-            return fwd, bwd, simulate(c, fwd, bwd, act_bytes, transfer)
+            with_overhead = lambda durations: [d + action_s for d in durations]  # noqa: E731
+            return fwd, bwd, simulate(c, with_overhead(fwd), with_overhead(bwd), act_bytes, transfer)
 
         speedup = 1.0  # of compute, when CPU ranks that share cores sit idle in the pipeline's bubbles
         fwd_s, bwd_s, sim = run_pipeline(speedup)
@@ -788,7 +797,7 @@ def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelPr
     step = pipe_s + max(dp_s[r] + opt_s[r] for r in range(c.pp)) + sync_s
     # the step's parts, as they add up on the critical path
     dp_name = "DDP all-reduce" if c.uses_ddp else "FSDP all-gather/reduce-scatter" if c.uses_fsdp else "data-parallel"
-    parts = {"compute": compute, "TP all-reduce": tp_total, "PP transfers": p2p, "pipeline bubble": bubble,
+    parts = {"compute": compute, "TP all-reduce": tp_total, "PP transfers/schedule": p2p, "pipeline bubble": bubble,
              dp_name: max(dp_s), "optimizer": max(opt_s), "norm/tie sync": sync_s}
     parts = {k: v for k, v in parts.items() if v > 0}
 
@@ -815,11 +824,6 @@ def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelPr
     tokens = work.global_batch * work.seq_len
     main = max(parts, key=parts.get)
     return Estimate(cand, step, tokens / step, memory, fits, parts, worst_mem, main, bubble / step if step else 0.0)
-
-
-def _rows(cost: OpCost, rows: int) -> OpCost:
-    """A per-sequence cost for a microbatch of `rows` sequences: each matmul and the bytes scale, op counts do not."""
-    return OpCost(tuple(f * rows for f in cost.matmuls), cost.bytes * rows, cost.ops, cost.dtensor_ops)
 
 
 def _ddp_buckets(nbytes: float) -> list[float]:
@@ -888,9 +892,9 @@ def _balanced(est: Estimate, work: Workload, cluster: Cluster, profile: ModelPro
     for s in range(c.num_stages):
         device = min(layout.stage_devices(stage_rank(c, s)), key=lambda d: d.flops)
         dts = cluster.dtensor_overhead(0)
-        layer_s.append(compute_time(_rows(block.fwd, rows) + _rows(block.bwd, rows), device, dts))
-        extra = compute_time(_rows(embed.fwd, rows) + _rows(embed.bwd, rows), device, dts) if s == 0 else 0.0
-        extra += compute_time(_rows(head.fwd, rows) + _rows(head.bwd, rows), device, dts) if s == c.num_stages - 1 else 0.0
+        layer_s.append(compute_time(block.fwd.for_rows(rows) + block.bwd.for_rows(rows), device, dts))
+        extra = compute_time(embed.fwd.for_rows(rows) + embed.bwd.for_rows(rows), device, dts) if s == 0 else 0.0
+        extra += compute_time(head.fwd.for_rows(rows) + head.bwd.for_rows(rows), device, dts) if s == c.num_stages - 1 else 0.0
         extra_s.append(extra)
     split = balanced_split(c, work.model.n_layer, layer_s, extra_s)
     if split == stage_layers(c, work.model.n_layer):
