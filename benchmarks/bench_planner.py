@@ -17,7 +17,8 @@ For every plan of a bounded search space (bench_space):
                                                      scenario's link added to the links between sites
     measured step time                               median of the steps after the first (real training
                                                      through pretrain.train, all plans of a scenario in
-                                                     one job)
+                                                     one job; 4-12 steps, about 2 s per plan, so the fast
+                                                     plans that decide the regret get the most)
     measured peak memory                             the resident memory a run added, largest rank
                                                      (benchmarks/planner_worker.py), in two jobs without
                                                      the emulator, in opposite plan orders (the larger)
@@ -65,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -87,7 +89,9 @@ from pretrain.launch import RunSpec, launch  # noqa: E402
 from pretrain.linkemu import ENV, EmulatedLinks  # noqa: E402
 from pretrain.plan import SearchSpace, Workload, plan  # noqa: E402
 
-STEPS = 4  # the first warms up; the median of the other three is the measurement
+# Steps per plan: the first warms up, the median of the rest is the measurement. Fast plans, whose close
+# calls decide the regret, run for about TIMED_SECONDS; slow ones (TP over a slow link) the minimum.
+MIN_STEPS, MAX_STEPS, TIMED_SECONDS = 4, 12, 2.0
 MODEL = dict(n_layer=4, n_head=4, n_embd=128)
 SEQ, BATCH, VOCAB = 64, 16, 512
 WORDS = ("the a of model data token train loss step rank shard pipeline stage tensor parallel batch gradient "
@@ -108,7 +112,7 @@ def prepare(root: Path) -> tuple[Path, TrainConfig]:
     rng = random.Random(0)
     for i in range(20):
         (corpus / f"doc{i}.txt").write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) + "." for _ in range(200)))
-    cfg = TrainConfig(max_steps=STEPS, seq_len=SEQ, batch_size=BATCH, vocab_size=VOCAB, eval_every=10**6, eval_batches=1,
+    cfg = TrainConfig(max_steps=MIN_STEPS, seq_len=SEQ, batch_size=BATCH, vocab_size=VOCAB, eval_every=10**6, eval_batches=1,
                       checkpoint_every=10**6, log_every=1, measure_comm=False)
     ws = Workspace(root / "prepared").create()
     meta = prepare_data(ws, [corpus], None, cfg)
@@ -128,10 +132,14 @@ def with_sites(base: Cluster, per_site: int, link: Link) -> Cluster:
                    source=f"{base.source} + emulated {link.latency_s * 1e3:g} ms / {link.bandwidth_Bps * 8 / 1e6:g} Mbit/s between sites")
 
 
+def timed_steps(est) -> int:
+    return max(MIN_STEPS, min(MAX_STEPS, math.ceil(TIMED_SECONDS / est.step_s) + 1))
+
+
 def launch_plans(estimates: list, prepared: Path, cfg: TrainConfig, world: int, scratch: Path, tag: str, env: dict,
-                 sites: VethSites | None = None) -> tuple[list[Path], float]:
-    """Train every plan a few steps, all in one job (one torchrun, or one per site when `sites` joins two
-    network namespaces); returns each plan's workspace and the wall time."""
+                 sites: VethSites | None = None, timed: bool = True) -> tuple[list[Path], float]:
+    """Train every plan a few steps (timed: more for fast plans), all in one job (one torchrun, or one
+    per site when `sites` joins two network namespaces); returns each plan's workspace and the wall time."""
     specs, roots = [], []
     for i, est in enumerate(estimates):
         root = scratch / f"{tag}-{i}"
@@ -139,7 +147,9 @@ def launch_plans(estimates: list, prepared: Path, cfg: TrainConfig, world: int, 
         root.mkdir(parents=True)
         (root / "data").symlink_to(prepared / "data")
         (root / "tokenizer").symlink_to(prepared / "tokenizer")
-        specs.append(RunSpec(str(root), asdict(replace(cfg, grad_accum=est.candidate.grad_accum)), est.candidate.config.to_dict(), None, export=False))
+        steps = timed_steps(est) if timed else cfg.max_steps
+        specs.append(RunSpec(str(root), asdict(replace(cfg, grad_accum=est.candidate.grad_accum, max_steps=steps)),
+                             est.candidate.config.to_dict(), None, export=False))
         roots.append(root)
     # A first, discarded run of the first plan pays the job's one-time costs (gloo connections, lazy
     # initialisation), which would otherwise count as that plan's memory.
@@ -180,7 +190,7 @@ def measure_memory(prepared: Path, cfg: TrainConfig, base: Cluster, world: int, 
         # Freed tensors go back to the OS at once, so the resident set follows the live tensors. Only here:
         # it makes every large allocation a system call, which would slow the timed runs.
         roots, _ = launch_plans(ests, prepared, cfg, world, scratch, f"w{world}-memory-{order}",
-                                {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"})
+                                {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}, timed=False)
         for est, root in zip(ests, roots):
             peaks[est.label] = max(peaks.get(est.label, 0.0), peak_memory_mb(root))
     return peaks
@@ -285,7 +295,7 @@ def report(scenarios: list[dict], cfg: TrainConfig, network: str) -> None:
         "fastest_at_tens_of_ms": sorted({s["fastest"] for s in far}),
     }
     write_result("planner" if network == "emulated" else f"planner_{network}", {
-        "model": {**MODEL, "seq_len": SEQ, "global_batch": BATCH, "vocab": cfg.model.vocab_size}, "steps_per_plan": STEPS,
+        "model": {**MODEL, "seq_len": SEQ, "global_batch": BATCH, "vocab": cfg.model.vocab_size}, "steps_per_plan": f"{MIN_STEPS}-{MAX_STEPS} (about {TIMED_SECONDS:g} s)",
         "network": NETWORKS[network],
         "targets": {"memory_error": 0.15, "regret": 1.10},
         "summary": [{k: s[k] for k in ("world", "latency_ms", "bandwidth_mbit", "spearman", "regret", "pick", "fastest",
