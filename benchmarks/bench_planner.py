@@ -120,15 +120,21 @@ def prepare(root: Path) -> tuple[Path, TrainConfig]:
     return ws.root, cfg
 
 
-def with_sites(base: Cluster, per_site: int, link: Link) -> Cluster:
+def as_sites(base: Cluster, per_site: int) -> Cluster:
+    """The measured cluster with its ranks assigned to sites (nodes), per_site consecutive ranks each."""
+    devices = [replace(d, node=r // per_site) for r, d in enumerate(base.devices)]
+    return replace(base, devices=devices, nodes=[f"site{k}" for k in range(base.world_size // per_site)])
+
+
+def with_emulated_link(base: Cluster, per_site: int, link: Link) -> Cluster:
     """The measured cluster with the emulated link added between sites: its latency adds, its bandwidth
-    caps (the emulator delays on top of the real loopback transfer)."""
+    caps (the emulator delays on top of the real loopback transfer). The emulator delays each rank's
+    sends on their own, so every pair of ranks has a link of its own (not shared)."""
     n = base.world_size
     lat = [[base.latency_s[a][b] + (link.latency_s if a // per_site != b // per_site else 0.0) for b in range(n)] for a in range(n)]
     bw = [[base.bandwidth_Bps[a][b] if a // per_site == b // per_site or a == b
            else 1 / (1 / base.bandwidth_Bps[a][b] + 1 / link.bandwidth_Bps) for b in range(n)] for a in range(n)]
-    devices = [replace(d, node=r // per_site) for r, d in enumerate(base.devices)]
-    return replace(base, devices=devices, nodes=[f"site{k}" for k in range(n // per_site)], latency_s=lat, bandwidth_Bps=bw,
+    return replace(as_sites(base, per_site), latency_s=lat, bandwidth_Bps=bw, shared_links=False,
                    source=f"{base.source} + emulated {link.latency_s * 1e3:g} ms / {link.bandwidth_Bps * 8 / 1e6:g} Mbit/s between sites")
 
 
@@ -203,13 +209,13 @@ def run_scenario(prepared: Path, cfg: TrainConfig, base: Cluster, world: int, la
     work = Workload(cfg.model, cfg.seq_len, cfg.batch_size)
     tag = f"w{world}-l{latency_ms:g}-b{mbit:g}"
     if network == "emulated":  # the planner is told the emulated link
-        estimates = plan(work, with_sites(base, per_site, link), space=bench_space(world)).ranked
+        estimates = plan(work, with_emulated_link(base, per_site, link), space=bench_space(world)).ranked
         roots, wall = launch_plans(estimates, prepared, cfg, world, scratch, tag, {ENV: EmulatedLinks.sites(world, per_site, link).to_json()})
     else:  # a real link capped to the bandwidth, the emulator adds only the latency; the planner measures both
         latency_only = {ENV: EmulatedLinks.sites(world, per_site, Link(link.latency_s, float("inf"))).to_json()} if latency_ms else {}
         with VethSites(mbit) as sites:
             measured = sites.measure_cluster(world, MeasureSettings(seconds=1.0, repeats=8), latency_only)
-            estimates = plan(work, with_sites(measured, per_site, Link(0.0, float("inf"))), space=bench_space(world)).ranked
+            estimates = plan(work, as_sites(measured, per_site), space=bench_space(world)).ranked
             roots, wall = launch_plans(estimates, prepared, cfg, world, scratch, tag, latency_only, sites)
     plans = []
     for est, root in zip(estimates, roots):

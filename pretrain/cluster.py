@@ -98,6 +98,9 @@ class Cluster:
     source: str = "measured"
     collective_overhead_s: float = 0.0  # software cost of one collective beyond the ring model (measured)
     dtensor_dispatch_s: float = 0.0  # extra host time of a DTensor op over a plain one (measured; 0 = 10× dispatch)
+    # a real network: sends between the same two nodes at once share the link's bandwidth (False: each
+    # pair of ranks has a link of its own, as pretrain/linkemu.py emulates them)
+    shared_links: bool = True
     # time a pipeline stage loses per forward or backward action beyond its compute and the link: the
     # schedule's bookkeeping and the wait for a peer to be scheduled (measured in a real 1F1B pipeline)
     pipeline_action_s: float = 0.0

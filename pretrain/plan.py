@@ -19,7 +19,8 @@ How it works, top to bottom:
                     schedule keeps in flight, the pipeline stages' per-microbatch buffers; step time =
                     compute (a roofline: each matmul at the rate the device measured for its size +
                     bytes at its measured rate for them + ops at its measured host cost per op) + the
-                    collectives of each dimension over the links their groups cross (ring model) +
+                    collectives of each dimension over the links their groups cross (ring model; sends
+                    that cross between the same two nodes at once share that link's bandwidth) +
                     pipeline transfers, the schedule's measured cost per action and the bubble, from
                     an event simulation of the schedule's real action order (torch's own for
                     multi-stage schedules).
@@ -32,6 +33,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 
 from common.errors import PipelineError
@@ -478,17 +480,28 @@ class Layout:
             ranks.append(self.device_of_rank[self.rank(*c)])
         return ranks
 
-    def slowest_ring(self, dim: str, coords=None) -> tuple[Link, int]:
-        """The slowest ring link over all groups along `dim` (or those through `coords`), and the group size."""
-        groups = [self.group(dim, c) for c in (coords or self.coords())]
-        rings = [self.cluster.ring(g) for g in groups]
-        return Link(max(r.latency_s for r in rings), min(r.bandwidth_Bps for r in rings)), len(groups[0])
+    def slowest_ring(self, dim: str) -> tuple[Link, int]:
+        """The slowest ring hop over all groups along `dim` (they run their collectives at the same time),
+        and the group size."""
+        groups = list({tuple(self.group(dim, c)): None for c in self.coords()})
+        hops = [(g[i], g[(i + 1) % len(g)]) for g in groups if len(g) > 1 for i in range(len(g))]
+        return (self._concurrent(hops) if hops else Link(0.0, float("inf"))), len(groups[0])
 
     def pp_link(self, a: int, b: int) -> Link:
-        """The slowest link between pipeline ranks a and b over all their dp/tp coordinates."""
-        links = [self.cluster.link(self.device_of_rank[self.rank(a, r, s, t)], self.device_of_rank[self.rank(b, r, s, t)])
-                 for _, r, s, t in self.coords() if _ == 0]
-        return Link(max(l.latency_s for l in links), min(l.bandwidth_Bps for l in links))
+        """The slowest link between pipeline ranks a and b over all their dp/tp coordinates (every
+        replica sends at the same time)."""
+        return self._concurrent([(self.device_of_rank[self.rank(a, r, s, t)], self.device_of_rank[self.rank(b, r, s, t)])
+                                 for p, r, s, t in self.coords() if p == 0])
+
+    def _concurrent(self, hops: list[tuple[int, int]]) -> Link:
+        """The slowest of device-to-device sends made at the same time. Where the cluster's links are
+        shared (a real network), the sends crossing between the same two nodes in the same direction
+        split that link's bandwidth."""
+        node = lambda d: self.cluster.devices[d].node  # noqa: E731
+        flows = Counter((node(a), node(b)) for a, b in hops if node(a) != node(b)) if self.cluster.shared_links else Counter()
+        links = [self.cluster.link(a, b) for a, b in hops]
+        return Link(max(link.latency_s for link in links),
+                    min(link.bandwidth_Bps / max(1, flows[(node(a), node(b))]) for link, (a, b) in zip(links, hops)))
 
     def stage_devices(self, p: int) -> list:
         return [self.device(self.rank(p, r, s, t)) for _, r, s, t in self.coords() if _ == 0]
@@ -644,6 +657,18 @@ def balanced_split(config: ParallelConfig, n_layer: int, layer_s: list[float], e
     return layers
 
 
+def stage_compute(c: ParallelConfig, s: int, layout: Layout, cluster: Cluster, profile: ModelProfile,
+                  rows: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Seconds per microbatch of `rows` sequences on stage s's slowest device: (forward, backward) of one
+    of its layers, and of its other parts (the embeddings on the first stage, the head on the last)."""
+    device = min(layout.stage_devices(stage_rank(c, s) if c.pp > 1 else 0), key=lambda d: d.flops)
+    seconds = lambda cost: compute_time(cost.for_rows(rows), device, cluster.dtensor_overhead(0))  # noqa: E731
+    block = profile.block(c.tp)
+    others = ([profile.embed()] if s == 0 else []) + ([profile.head()] if s == c.num_stages - 1 else [])
+    return ((seconds(block.fwd), seconds(block.bwd)),
+            (sum(seconds(part.fwd) for part in others), sum(seconds(part.bwd) for part in others)))
+
+
 def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelProfile | None = None) -> Estimate:
     """Predicted memory per device and step time of one plan (see the module docstring)."""
     c = cand.config
@@ -670,21 +695,12 @@ def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelPr
     # per stage and microbatch: compute forward / backward, TP all-reduces forward / backward, saved activations
     comp_f, comp_b, tp_f, tp_b, act_bytes = [], [], [], [], []
     for s in range(n_stages):
-        device = min(layout.stage_devices(stage_pp[s]), key=lambda d: d.flops)
-        dts = cluster.dtensor_overhead(0)
-        f = split[s] * compute_time(block.fwd.for_rows(rows), device, dts)
-        b = split[s] * compute_time(block.bwd.for_rows(rows), device, dts)
+        (layer_f, layer_b), (other_f, other_b) = stage_compute(c, s, layout, cluster, profile, rows)
         a = split[s] * block.saved_bytes * rows
-        if s == 0:
-            f += compute_time(embed.fwd.for_rows(rows), device, dts)
-            b += compute_time(embed.bwd.for_rows(rows), device, dts)
-            a += embed.saved_bytes * rows
-        if s == n_stages - 1:
-            f += compute_time(head.fwd.for_rows(rows), device, dts)
-            b += compute_time(head.bwd.for_rows(rows), device, dts)
-            a += head.saved_bytes * rows
-        comp_f.append(f)
-        comp_b.append(b)
+        a += embed.saved_bytes * rows if s == 0 else 0.0
+        a += head.saved_bytes * rows if s == n_stages - 1 else 0.0
+        comp_f.append(split[s] * layer_f + other_f)
+        comp_b.append(split[s] * layer_b + other_b)
         tp_f.append(split[s] * tp_comm("fwd"))
         tp_b.append(split[s] * tp_comm("bwd"))
         act_bytes.append(a)
@@ -887,16 +903,8 @@ def _balanced(est: Estimate, work: Workload, cluster: Cluster, profile: ModelPro
         return est
     layout = Layout(c, cluster, est.candidate.node_order)
     rows = work.global_batch // c.dp // c.n_microbatches
-    block, embed, head = profile.block(c.tp), profile.embed(), profile.head()
-    layer_s, extra_s = [], []
-    for s in range(c.num_stages):
-        device = min(layout.stage_devices(stage_rank(c, s)), key=lambda d: d.flops)
-        dts = cluster.dtensor_overhead(0)
-        layer_s.append(compute_time(block.fwd.for_rows(rows) + block.bwd.for_rows(rows), device, dts))
-        extra = compute_time(embed.fwd.for_rows(rows) + embed.bwd.for_rows(rows), device, dts) if s == 0 else 0.0
-        extra += compute_time(head.fwd.for_rows(rows) + head.bwd.for_rows(rows), device, dts) if s == c.num_stages - 1 else 0.0
-        extra_s.append(extra)
-    split = balanced_split(c, work.model.n_layer, layer_s, extra_s)
+    stages = [stage_compute(c, s, layout, cluster, profile, rows) for s in range(c.num_stages)]
+    split = balanced_split(c, work.model.n_layer, [sum(layer) for layer, _ in stages], [sum(other) for _, other in stages])
     if split == stage_layers(c, work.model.n_layer):
         return est
     other = estimate(replace(est.candidate, config=replace(c, pp_split=split)), work, cluster, profile)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from conftest import run_cli
 from pretrain.cluster import Device, Link, load_cluster_toml, measure_cluster, MeasureSettings, uniform_cluster
 from pretrain.config import ModelConfig, model_config_for
 from pretrain.parallel import ParallelConfig
-from pretrain.plan import (Candidate, Workload, check_degrees, enumerate_plans, estimate, filter_degrees, plan, profile_model,
+from pretrain.plan import (Candidate, Layout, Workload, check_degrees, enumerate_plans, estimate, filter_degrees, plan, profile_model,
                            shared_cpu_speedup, simulate)
 
 GB = 1e9
@@ -193,6 +194,28 @@ def test_tensor_parallel_step_time_grows_with_latency_faster_than_pipeline():
     ratio = {lat: tp_s / pp_s for lat, (tp_s, pp_s) in times.items()}
     assert ratio[0.0] < 1.5  # a fast link: TP is competitive
     assert ratio[20.0] > 5 * ratio[0.0]  # 20 ms: TP's per-layer all-reduces collapse it, PP pays a few hops
+
+
+def test_sends_crossing_between_the_same_two_nodes_at_once_share_the_link():
+    """Two nodes of two ranks, 100 Mbit/s between them. Pipeline replicas (FSDP × PP) and data-parallel
+    groups spread over both nodes send across the one link at the same time; a ring's two crossings go in
+    opposite directions and do not. With links of their own (the emulator), nothing is shared."""
+    inter = 100e6 / 8
+    shared = uniform_cluster(4, 1e12, 8 * GB, Link(1e-5, 10 * GB), Link(0.0, inter), per_node=2)
+    own = replace(shared, shared_links=False)
+    fsdp_pp = ParallelConfig(strategy="hybrid", dp_shard=2, pp=2, pp_schedule="1f1b", microbatches=2)
+    assert Layout(fsdp_pp, shared, ()).pp_link(0, 1).bandwidth_Bps == pytest.approx(inter / 2)  # both replicas cross
+    assert Layout(fsdp_pp, own, ()).pp_link(0, 1).bandwidth_Bps == pytest.approx(inter)
+    assert Layout(fsdp_pp, shared, ()).slowest_ring("dp_shard")[0].bandwidth_Bps == pytest.approx(10 * GB)  # inside a node
+    pp4 = ParallelConfig(strategy="pp", pp=4, pp_schedule="1f1b", microbatches=4)
+    assert Layout(pp4, shared, ()).pp_link(1, 2).bandwidth_Bps == pytest.approx(inter)  # one stage boundary crosses
+    fsdp_tp = ParallelConfig(strategy="hybrid", dp_shard=2, tp=2)  # TP inside the nodes, FSDP pairs across
+    assert Layout(fsdp_tp, shared, ()).slowest_ring("dp_shard")[0].bandwidth_Bps == pytest.approx(inter / 2)
+    ddp = ParallelConfig(strategy="ddp", dp_replicate=4)
+    assert Layout(ddp, shared, ()).slowest_ring("dp_replicate")[0].bandwidth_Bps == pytest.approx(inter)
+    work = Workload(ModelConfig(vocab_size=512, n_layer=4, n_head=4, n_embd=128, block_size=64), 64, 16)
+    assert estimate(Candidate(fsdp_pp), work, shared).step_s > estimate(Candidate(fsdp_pp), work, own).step_s
+    assert estimate(Candidate(pp4), work, shared).step_s == pytest.approx(estimate(Candidate(pp4), work, own).step_s)
 
 
 def test_mixed_devices_get_an_uneven_pipeline_split_with_more_layers_on_the_faster_one():
