@@ -62,7 +62,9 @@ namespaces itself, all 16 scenarios (`--worlds 4 2 --network veth`, 35 min):
     regret 1.00 (and 0 ms / 100M 0.98, 1.00). The two 2-rank misses are plans predicted within 1-4%
     of each other (pp2 1F1B with 2 or 4 microbatches at 5 ms; ddp2 and four pipelines within 15% at
     0 ms) whose measured steps vary by 10-40% from step to step on this VM; tbf's 64 KiB burst also
-    sends 128 KiB activations faster than the link's sustained rate the planner measured.
+    sends 128 KiB activations faster than the link's sustained rate the planner measured. Reruns of
+    2 ranks after all changes: 0 ms 1.00 / 1.08, 5 ms 1.04 / 1.11 then 1.06, 20-50 ms 1.00-1.01
+    (regret with --autotune 3: 1.00 in all).
 
 The study's finding holds on both networks: at 20-50 ms pure tensor parallelism across the sites is
 6.0-18.7x slower than the fastest plan, and the fastest plans there are DDP, PP and FSDP x PP.
