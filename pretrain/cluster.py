@@ -4,19 +4,23 @@ A Cluster is the planner's only view of hardware. It comes from one of two place
 
     measure_cluster(nproc)   a short real job of `nproc` local processes (gloo on CPU, NCCL on GPU):
                              every rank times, at once (so ranks sharing a CPU see their share),
-                             matmuls of several sizes, memory copies, the host cost per op of a tiny
-                             block's forward and backward and per parameter tensor of the optimizer;
-                             then each pair of ranks ping-pongs small and large tensors (an N×N
-                             latency/bandwidth matrix), the world all-reduces mid-step (the software
-                             overhead of a collective) and runs a tiny FSDP2 unit and DTensor optimizer
-                             (their host cost per parameter tensor).
+                             matmuls of several sizes, memory copies, real blocks' forward and backward
+                             (the host cost per op, the rate of non-matmul ops) and the optimizer per
+                             parameter tensor; then each pair of ranks ping-pongs small and large
+                             tensors (an N×N latency/bandwidth matrix), the world all-reduces mid-step
+                             (the software overhead of a collective), runs a tiny FSDP2 unit and DTensor
+                             optimizer (their host cost per parameter tensor) and a tiny GPT as a real
+                             1F1B pipeline (the schedule's cost per action).
     load_cluster_toml(path)  a cluster that cannot be measured from here, for what-if planning
                              (nodes, devices with memory and TFLOP/s, intra- and inter-node links).
 
 Collective costs use the textbook ring model over the slowest link the ring crosses (Thakur et al.,
 2005): an all-reduce of M bytes over n ranks takes 2(n-1) latencies and moves 2(n-1)/n·M bytes per
-link. The link emulator (pretrain/linkemu.py) delays collectives by the same formulas, so the planner
-and the emulated network agree on what a link is and differ only in what the plan actually sends.
+link. Sends crossing between the same two nodes at the same time share that link's bandwidth
+(Cluster.shared_links), as on a real network. The link emulator (pretrain/linkemu.py) delays
+collectives by the same formulas but gives each pair of ranks a link of its own, so a cluster that
+describes it sets shared_links=False; then the planner and the emulated network agree on what a link
+is and differ only in what the plan actually sends.
 """
 from __future__ import annotations
 
