@@ -280,11 +280,11 @@ def main() -> None:
             for latency in args.latencies:
                 for mbit in args.bandwidths:
                     s = run_scenario(prepared, cfg, base, world, latency, mbit, Path(tmp) / "runs", memory_mb, args.network)
-                    if disturbed(s):  # this VM stalls now and then for seconds; measure such a scenario again
-                        print(f"world {world} {latency:g} ms {mbit:g} Mbit/s: disturbed ({disturbed(s)}), measuring again", flush=True)
+                    if swings := disturbed(s):  # this VM stalls now and then for seconds; measure such a scenario again
+                        print(f"world {world} {latency:g} ms {mbit:g} Mbit/s: disturbed ({swings}), measuring again", flush=True)
                         shutil.rmtree(Path(tmp) / "runs", ignore_errors=True)
                         s = {**run_scenario(prepared, cfg, base, world, latency, mbit, Path(tmp) / "runs", memory_mb, args.network),
-                             "disturbed_first_run": disturbed(s)}
+                             "disturbed_first_run": swings}
                     scenarios.append(s)
                     print(f"world {world} {latency:g} ms {mbit:g} Mbit/s: spearman {s['spearman']:.2f} regret {s['regret']:.2f} "
                           f"pick {s['pick']} fastest {s['fastest']} mem err median {s['memory_error_median']:.0%} "

@@ -120,9 +120,9 @@ class Cluster:
 
     def ring(self, ranks: list[int]) -> Link:
         """The slowest link a ring over `ranks` (in this order) crosses: it paces every step."""
-        if len(ranks) < 2:
+        hops = [self.link(a, b) for a, b in ring_hops(ranks)]
+        if not hops:
             return Link(0.0, float("inf"))
-        hops = [self.link(a, b) for a, b in zip(ranks, ranks[1:] + ranks[:1])]
         return Link(max(h.latency_s for h in hops), min(h.bandwidth_Bps for h in hops))
 
     def crosses_nodes(self, ranks: list[int]) -> bool:
@@ -149,6 +149,11 @@ class Cluster:
 
 
 # ---------------------------------------------------------------- collective cost model
+
+def ring_hops(ranks: list[int]) -> list[tuple[int, int]]:
+    """The (sender, receiver) pairs of a ring over `ranks` in this order; none for a single rank."""
+    return list(zip(ranks, ranks[1:] + ranks[:1])) if len(ranks) > 1 else []
+
 
 def ring_steps_and_volume(kind: str, n: int) -> tuple[int, float]:
     """(latency steps, bytes per link as a fraction of the message) of a ring collective over n ranks.
@@ -646,7 +651,8 @@ def _pipeline_action_cost(cluster: Cluster, iters: int = 8) -> float:
         config = ParallelConfig(pp=p, pp_schedule="1f1b", microbatches=m, strategy="pp")
         pm = parallelize(GPT(cfg), build_mesh(config), lm_loss)
         device = pm.par.device
-        step = torch.tensor([_timed_iters(lambda: pm.forward_backward(x.to(device), x.to(device), 1), device, iters)], device=device)
+        batch = x.to(device)
+        step = torch.tensor([_timed_iters(lambda: pm.forward_backward(batch, batch, 1), device, iters)], device=device)
         dist.all_reduce(step, op=dist.ReduceOp.MAX)  # the step ends when its slowest rank does
         measured.append(step.item())
         configs.append(config)
@@ -657,7 +663,8 @@ def _pipeline_action_cost(cluster: Cluster, iters: int = 8) -> float:
         return last - first
 
     # the gap grows with h by the actions on the critical path: linear over the range that matters
-    base, slope = predicted_gap(0.0), (predicted_gap(1e-3) - predicted_gap(0.0)) / 1e-3
+    base = predicted_gap(0.0)
+    slope = (predicted_gap(1e-3) - base) / 1e-3
     return max(0.0, (measured[1] - measured[0] - base) / slope) if slope > 0 else 0.0
 
 

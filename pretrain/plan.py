@@ -37,7 +37,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 
 from common.errors import PipelineError
-from pretrain.cluster import Cluster, Link, collective_time
+from pretrain.cluster import Cluster, Link, collective_time, ring_hops
 from pretrain.config import ModelConfig, TrainConfig
 from pretrain.parallel import MULTI_STAGE_SCHEDULES, SCHEDULES, SINGLE_STAGE_SCHEDULES, ParallelConfig, stage_layers
 
@@ -484,7 +484,7 @@ class Layout:
         """The slowest ring hop over all groups along `dim` (they run their collectives at the same time),
         and the group size."""
         groups = list({tuple(self.group(dim, c)): None for c in self.coords()})
-        hops = [(g[i], g[(i + 1) % len(g)]) for g in groups if len(g) > 1 for i in range(len(g))]
+        hops = [hop for g in groups for hop in ring_hops(list(g))]
         return (self._concurrent(hops) if hops else Link(0.0, float("inf"))), len(groups[0])
 
     def pp_link(self, a: int, b: int) -> Link:
