@@ -20,7 +20,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from common.console import err, out
+from common.console import err, info, out
 from common.errors import PipelineError
 from common.workspace import WORKSPACE_ENV, Workspace
 
@@ -57,8 +57,9 @@ def pretrain(
     workspace: WorkspaceOption = Path("workspace"),
     data: DataOption = None,
     text_field: TextFieldOption = None,
-    preset: Annotated[str, typer.Option(help="Model shape: tiny, small (124M), medium (355M), large (774M).")] = "tiny",
-    max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps (default: the preset's).")] = None,
+    preset: Annotated[Optional[str], typer.Option(help="Model shape: tiny, small (124M), medium (355M), large (774M) (default: sized to the data, the machine and --time-budget).")] = None,
+    time_budget: Annotated[str, typer.Option(help="Without --preset/--max-steps/--tokens: time for pretraining, model size and tokens chosen to fit (e.g. 90s, 15m, 1h).")] = "12m",
+    max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps (default: the preset's); 0 exports the model at initialisation (an untrained baseline).")] = None,
     tokens: Annotated[Optional[int], typer.Option(help="Train on this many tokens instead of --max-steps.")] = None,
     seq_len: Annotated[Optional[int], typer.Option(help="Tokens per training sequence.")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="Sequences per optimizer step (global).")] = None,
@@ -97,17 +98,27 @@ def pretrain(
     cluster: Annotated[Optional[Path], typer.Option(help="With --strategy auto: cluster TOML file (needed for several nodes; default: measure this machine).")] = None,
     ray: Annotated[Optional[str], typer.Option(help="Train on a Ray cluster (Ray Train): local, auto, or the head's address; --nproc is then the number of workers.")] = None,
     max_failures: Annotated[int, typer.Option(help="With --ray: dead workers replaced (resuming from the latest checkpoint) up to N times.")] = 0,
+    adapt: Annotated[bool, typer.Option("--adapt/--no-adapt", help="After pretraining, adapt the model to retrieval on the same documents (`pipeline tune` with its defaults), so `pipeline embed` uses it.")] = True,
     json_output: JsonOption = False,
 ):
-    """Train a tokenizer and a GPT-2 on your documents, then export it in Hugging Face format.
+    """Train a tokenizer and a GPT-2 on your documents, export it in Hugging Face format, and adapt it to retrieval.
+
+    The adaptation is `pipeline tune` with its defaults on the same, unlabelled documents: afterwards
+    `pipeline embed && pipeline index` embed with the adapted model and `pipeline search` uses it.
 
     Examples:
 
-        pipeline pretrain                                  # tiny model on the built-in corpus
+        pipeline pretrain --data docs/                     # model and tokens sized to the data and this machine
+
+        pipeline pretrain --data docs/ --time-budget 1h    # a longer budget: a larger model, more epochs
+
+        pipeline pretrain --preset tiny                    # tiny model on the built-in corpus
 
         pipeline pretrain --data docs/ --preset tiny --max-steps 500
 
         pipeline pretrain --data corpus.jsonl --text-field body --tokens 2000000
+
+        pipeline pretrain --data docs/ --max-steps 0       # the model at initialisation (ablation baseline)
 
         pipeline pretrain --resume                         # continue after an interruption
 
@@ -171,6 +182,8 @@ def pretrain(
             plan, cfg = apply_estimate(plan, cfg, choose_plan(ws, cfg, nproc, nnodes, cluster, plan.bf16)[1])
         summary = run_training(ws, cfg, plan, checkpoints[-1], **launch_args)
     else:
+        shape_given = any(v is not None for v in (preset, max_steps, tokens, n_layer, n_head, n_embd, seq_len, batch_size))
+        preset = preset or "tiny"
         if preset not in PRESETS:
             raise PipelineError(f"--preset: unknown preset '{preset}' (choose from {', '.join(PRESETS)})")
         defaults = PRESET_TRAINING[preset]
@@ -180,29 +193,56 @@ def pretrain(
             max_steps = max(1, -(-tokens // (batch_size * seq_len)))
         overrides = {k: v for k, v in dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd).items() if v is not None}
         vocab = vocab_size or defaults["vocab_size"]
-        for name, value in dict(max_steps=max_steps or 1, seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum, vocab_size=vocab).items():
+        if max_steps is not None and max_steps < 0:
+            raise PipelineError(f"--max-steps must be 0 or more, got {max_steps}")
+        for name, value in dict(seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum, vocab_size=vocab).items():
             if value < 1:
                 raise PipelineError(f"--{name.replace('_', '-')} must be positive, got {value}")
         cfg = TrainConfig(
-            preset=preset, max_steps=max_steps or defaults["max_steps"], seq_len=seq_len, batch_size=batch_size,
+            preset=preset, max_steps=defaults["max_steps"] if max_steps is None else max_steps, seq_len=seq_len, batch_size=batch_size,
             grad_accum=grad_accum, lr=lr or defaults["lr"], seed=seed, vocab_size=vocab,
             eval_every=eval_every, checkpoint_every=checkpoint_every, log_every=log_every,
         )
         cfg.model = model_config_for(preset, vocab, seq_len, **overrides)
         if cfg.model.n_embd % cfg.model.n_head:
             raise PipelineError(f"--n-embd {cfg.model.n_embd} is not divisible by --n-head {cfg.model.n_head}")
+        if not auto:
+            plan.validate(cfg.model, cfg)  # fail before the data is prepared
+        if not shape_given:
+            import time
+
+            from pretrain.sizing import parse_duration, size_to_budget
+
+            try:
+                budget_s = parse_duration(time_budget)
+            except ValueError as e:
+                raise PipelineError(f"--time-budget: {e}") from None
+            started = time.monotonic()
+            cfg.preset, cfg.vocab_size = "sized", vocab_size or 0  # 0: sized to the corpus
+            meta = prepare_data(ws, list(data or []), text_field, cfg)
+            cfg, report = size_to_budget(cfg, meta["train_tokens"], budget_s - (time.monotonic() - started), nproc * nnodes,
+                                         None if auto else plan)
+            for line in report:
+                info(line)
         if auto:
             from pretrain.autoplan import apply_estimate, autotune_plan, choose_plan
 
             base, (result, best) = plan, choose_plan(ws, cfg, nproc, nnodes, cluster, plan.bf16)
             plan, cfg = apply_estimate(base, cfg, best)
-        plan.validate(cfg.model, cfg)  # fail before the data is prepared
-        meta = prepare_data(ws, list(data or []), text_field, cfg)  # once, in this process: workers only train
-        cfg.model = model_config_for(preset, meta["vocab_size"], seq_len, **overrides)
+            plan.validate(cfg.model, cfg)
+        if shape_given:
+            meta = prepare_data(ws, list(data or []), text_field, cfg)  # once, in this process: workers only train
+            cfg.model = model_config_for(preset, meta["vocab_size"], seq_len, **overrides)
         if auto and autotune:
             best = autotune_plan(ws, cfg, base, result, autotune, 4, launch_args)
             plan, cfg = apply_estimate(base, cfg, best)
         summary = run_training(ws, cfg, plan, None, **launch_args)
+    if adapt and node_rank == 0:  # the other nodes only trained
+        from embed.run import source_documents
+        from embed.tune import TuneSettings, run_tune
+
+        info("adapting the pretrained model to retrieval on the same documents (--no-adapt skips this)")
+        summary["adaptation"] = run_tune(ws, list(source_documents(ws, list(data or []), text_field)), TuneSettings())
     if json_output:
         out.print_json(json.dumps(summary))
 
@@ -249,7 +289,11 @@ def index(
     index_type: Annotated[str, typer.Option("--type", help="auto, flat (exact), hnsw, ivf or ivfpq.")] = "auto",
     json_output: JsonOption = False,
 ):
-    """Build the FAISS index over the stored vectors.
+    """Build the FAISS and BM25 indexes over the stored chunks, then choose the default search mode.
+
+    The default mode (dense, lexical or hybrid, and the hybrid's dense weight) is measured on pairs the
+    corpus provides: a sentence taken out of a held-out document is the query, that document the answer.
+    `pipeline eval --set-default` on judged queries overrides it.
 
     Examples:
 
@@ -257,9 +301,14 @@ def index(
 
         pipeline index --type ivfpq    # compressed; prints recall@10 against exact search
     """
+    from common.models import load_embedder
     from index.build import build_index
+    from search.calibrate import choose_default_mode
 
-    summary = build_index(Workspace(workspace), index_type)
+    ws = Workspace(workspace)
+    summary = build_index(ws, index_type)
+    embedder = ws.require("embedder", "run `pipeline embed` first")
+    summary["search"] = choose_default_mode(ws, load_embedder(Path(embedder["model_path"])), summary["embedder_fingerprint"])
     if json_output:
         out.print_json(json.dumps(summary))
 
@@ -338,7 +387,7 @@ def eval_command(
     if set_default:
         best = max(reports, key=lambda r: r["ndcg@10"])
         Workspace(workspace).update_manifest("search", {
-            "default_mode": best["mode"], "dense_weight": engine.resolve_dense_weight(dense_weight),
+            "default_mode": best["mode"], "dense_weight": engine.resolve_dense_weight(dense_weight), "chosen_by": "judged queries",
             "embedder_fingerprint": engine.index_entry["embedder_fingerprint"],
             "ndcg@10": {r["mode"]: r["ndcg@10"] for r in reports}, "queries": str(queries), "qrels": str(qrels)})
         err.print(f"default mode for this workspace: {best['mode']} (nDCG@10 {best['ndcg@10']:.4f})", highlight=False)

@@ -78,9 +78,9 @@ def workspace_status(ws: Workspace) -> dict:
         measured = manifest.get("search", {})
         if measured.get("embedder_fingerprint") == idx["embedder_fingerprint"]:
             weight = f", dense weight {measured['dense_weight']}" if measured.get("default_mode") == "hybrid" and "dense_weight" in measured else ""
-            parts["search"] = {"state": "ok", "detail": f"default mode {measured['default_mode']}{weight} (measured by `pipeline eval --set-default`)"}
+            parts["search"] = {"state": "ok", "detail": f"default mode {measured['default_mode']}{weight} (chosen on {measured.get('chosen_by', 'judged queries')})"}
         else:
-            parts["search"] = {"state": "default", "detail": "default mode lexical; `pipeline eval --mode all --set-default` measures the best"}
+            parts["search"] = {"state": "default", "detail": "default mode lexical; `pipeline index` or `pipeline eval --mode all --set-default` measures the best"}
     else:
         parts["index"] = {"state": "missing", "detail": "run `pipeline index`"}
     return {"workspace": str(ws.root), "parts": parts, "problems": problems}

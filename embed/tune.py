@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import shutil
 import tempfile
 import time
@@ -43,6 +42,7 @@ from pathlib import Path
 
 from common.console import info, warn
 from common.errors import PipelineError
+from common.heldout import is_held_out, sentences
 from common.models import embedding_text, ensure_pad_token
 from common.readers import Document
 from common.workspace import Workspace, model_fingerprint
@@ -53,8 +53,6 @@ POOLING_MODES = ("mean", "weightedmean", "lasttoken")
 DEFAULT_LR = {"static": 5e-2, "transformer": 3e-4}
 PAIR_KINDS = ("title", "ict", "neighbours", "dropout")
 TUNED_DIR = "tuned"
-
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9(\[])")
 
 
 @dataclass
@@ -94,10 +92,6 @@ def default_model_dir(ws: Workspace) -> Path:
 
 
 # ---- pairs
-def sentences(text: str) -> list[str]:
-    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
-
-
 def pair_for(doc: Document, kind: str, rng: random.Random, max_chars: int) -> tuple[str, str] | None:
     """One (anchor, positive) pair of this kind from a document, or None if the document cannot give one."""
     text = " ".join(doc.text.split())
@@ -214,8 +208,11 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings) -> dic
     from transformers import TrainerCallback
 
     labelled = read_labelled_pairs(settings.pairs_file, {d.id: d for d in docs}) if settings.pairs_file else []
-    pairs, counts = make_pairs(docs, settings, labelled)
-    info(f"{len(pairs):,} training pairs from {len(docs):,} documents: "
+    # Documents held out here are where `pipeline index` measures which search mode works best.
+    training_docs = [d for d in docs if not is_held_out(d.id)] or docs
+    pairs, counts = make_pairs(training_docs, settings, labelled)
+    info(f"{len(pairs):,} training pairs from {len(training_docs):,} documents "
+         f"({len(docs) - len(training_docs):,} held out to measure search on): "
          + ", ".join(f"{n:,} {kind}" for kind, n in counts.items() if n))
 
     torch.manual_seed(settings.seed)

@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 
 from common.console import info
+from common.errors import PipelineError
 from common.readers import Document, read_documents
 from common.workspace import Workspace, atomic_write_bytes, atomic_write_json, file_sha256, model_fingerprint
 from pretrain.config import ModelConfig, TrainConfig
@@ -36,6 +37,7 @@ from pretrain.metrics import CommunicationTimer, Stopwatch, model_state_mb, peak
 from pretrain.model import GPT, lm_loss
 from pretrain.parallel import (Parallel, ParallelConfig, ParallelModel, build_mesh, clip_grad_norm, describe_rank,
                                parallelize, stage_layers)
+from pretrain.sizing import vocab_for
 from pretrain.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 
 
@@ -47,7 +49,8 @@ def training_texts(documents: Iterable[Document]) -> Iterator[str]:
 
 
 def prepare_data(ws: Workspace, data_paths: list[Path], text_field: str | None, cfg: TrainConfig) -> dict:
-    """Train the tokenizer and write the token files; returns the data section of the manifest."""
+    """Train the tokenizer and write the token files; returns the data section of the manifest.
+    cfg.vocab_size 0 sizes the vocabulary to the corpus (and sets it)."""
     if data_paths:
         documents = list(read_documents(data_paths, text_field))
         sources = [str(p) for p in data_paths]
@@ -55,6 +58,10 @@ def prepare_data(ws: Workspace, data_paths: list[Path], text_field: str | None, 
         documents = list(stdlib_documents())
         sources = ["<python standard library docstrings>"]
         info(f"no --data given: training on the built-in corpus of Python standard library docstrings ({len(documents)} modules)")
+    if not documents:
+        raise PipelineError(f"no documents with text in {', '.join(sources)}")
+    if not cfg.vocab_size:  # sized to the corpus (pretrain/sizing.py)
+        cfg.vocab_size = vocab_for(sum(len(text) for text in training_texts(documents)))
     info(f"training a {cfg.vocab_size}-token byte-level BPE tokenizer on {len(documents)} documents")
     tokenizer = train_tokenizer(training_texts(documents), cfg.vocab_size)
     save_tokenizer(tokenizer, ws.tokenizer_dir)
@@ -376,7 +383,7 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
 
     for part in pm.parts:
         part.train()
-    loss_value, val_loss = float("nan"), None
+    loss_value, val_loss = None, None  # stay None when there is no step to run (--max-steps 0: the model at initialisation)
     run_start = last_log = time.perf_counter()
     steps_since_log = 0
     for step in range(start_step, cfg.max_steps):

@@ -24,11 +24,9 @@ from common.workspace import Workspace, model_fingerprint
 from search.lexical import LexicalIndex
 
 MODES = ("dense", "lexical", "hybrid")
-# Measured by benchmarks/bench_search_quality.py on SciFact (nDCG@10): with the pipeline's own tiny model
-# BM25 alone is as good as anything (lexical 0.677; tuned static dense 0.524; hybrid at best 0.675), with a
-# real embedding model hybrid is better (all-MiniLM-L6-v2: dense 0.662, hybrid 0.712). `pipeline eval --mode
-# all --set-default` measures this on the user's own judged queries and records the winner (and the
-# --dense-weight it used) for the workspace; without it: lexical.
+# Which mode ranks best depends on the collection and the model: `pipeline index` measures it on held-out
+# pairs of the corpus (search/calibrate.py) and `pipeline eval --mode all --set-default` on judged queries;
+# either records the winner (and the hybrid's dense weight) for the workspace. Unmeasured: lexical.
 DEFAULT_MODE = "lexical"
 DEFAULT_DENSE_WEIGHT = 0.5
 RRF_K = 60  # the constant of reciprocal rank fusion
@@ -152,8 +150,8 @@ class SearchEngine:
             con.close()
 
     def measured_defaults(self) -> tuple[str, float]:
-        """The mode and hybrid weight `pipeline eval --set-default` measured best for this index's model,
-        else DEFAULT_MODE and DEFAULT_DENSE_WEIGHT."""
+        """The mode and hybrid weight measured best for this index's model (by `pipeline index` or
+        `pipeline eval --set-default`), else DEFAULT_MODE and DEFAULT_DENSE_WEIGHT."""
         measured = self.ws.read_manifest().get("search", {})
         if measured.get("embedder_fingerprint") == self.index_entry["embedder_fingerprint"] and measured.get("default_mode") in MODES:
             return measured["default_mode"], float(measured.get("dense_weight", DEFAULT_DENSE_WEIGHT))

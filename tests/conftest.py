@@ -14,7 +14,7 @@ SCIFACT = REPO.parent / "shared" / "data" / "scifact"
 
 # A model small enough to train in seconds; the shapes are still GPT-2's.
 TINY_TRAINING = ["--preset", "tiny", "--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--seq-len", "32",
-                 "--batch-size", "8", "--vocab-size", "400", "--eval-every", "10", "--log-every", "1"]
+                 "--batch-size", "8", "--vocab-size", "400", "--eval-every", "10", "--log-every", "1", "--no-adapt"]
 
 
 def run_cli(*args: str, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -1,3 +1,4 @@
+import json
 import os
 import signal
 import subprocess
@@ -105,3 +106,20 @@ def test_default_corpus_is_used_without_data_and_said(tmp_path):
     result = run_cli("pretrain", "-w", str(tmp_path), *TINY_TRAINING, "--max-steps", "2", "--vocab-size", "300")
     assert "built-in corpus of Python standard library docstrings" in result.stderr
     assert (tmp_path / "model" / "model.safetensors").exists()
+
+
+def test_zero_steps_exports_the_model_at_initialisation(tmp_path, corpus_file):
+    """--max-steps 0 is the ablation baseline: the exported weights are GPT-2's initialisation for the seed."""
+    from safetensors.torch import load_file
+
+    ws = tmp_path / "ws"
+    run_cli("pretrain", "-w", str(ws), "--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "0", "--seed", "5")
+    manifest = json.loads((ws / "manifest.json").read_text())
+    assert manifest["model"]["steps"] == 0 and manifest["model"]["final_loss"] is None
+    torch.manual_seed(5)
+    initial = GPT(model_config_for("tiny", **{k: manifest["model"]["config"][k] for k in ("vocab_size",)},
+                                   seq_len=32, n_layer=2, n_head=2, n_embd=32))
+    exported = load_file(ws / "model" / "model.safetensors")
+    torch.testing.assert_close(exported["transformer.wte.weight"], initial.tok_emb.weight.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(exported["transformer.h.1.mlp.c_fc.weight"], initial.layers["1"].mlp.fc_in.weight.detach().t(),
+                               rtol=0, atol=0)

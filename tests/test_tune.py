@@ -11,7 +11,8 @@ from common.models import encode, load_embedder
 from common.readers import Document, read_documents
 from common.workspace import Workspace
 from conftest import run_cli, scifact_slice
-from embed.tune import TuneSettings, make_pairs, pair_for, read_labelled_pairs, sentences
+from common.heldout import sentences
+from embed.tune import TuneSettings, make_pairs, pair_for, read_labelled_pairs
 
 ABSTRACT = ("Vitamin D is made in the skin. Sunlight drives its synthesis. Older people make less of it. "
             "Supplements raise blood levels. Bone density depends on it. Deficiency is common in winter.")

@@ -1,0 +1,176 @@
+"""How big a model, and how many tokens, for this corpus on this machine in the time the user gives.
+
+A fixed step count suits one corpus and one machine. Instead, for each GPT-2 shape of a ladder, a few
+real training steps are timed on this machine; that gives the tokens the shape can train on within the
+time budget, and a scaling law predicts the loss each shape would reach. The lowest wins:
+
+    L(N, D) = E + A / N^alpha + B / D'^beta            Chinchilla (Hoffmann et al. 2022, approach 3)
+    D' = U + U R* (1 - exp(-(D / U - 1) / R*))          data repeated for D / U epochs (Muennighoff et al.
+                                                        2023): a few epochs are worth almost as much as
+                                                        new data, more decay in value (R* = 15.4)
+
+with N the model's parameters, D the tokens trained on and U the corpus's unique training tokens.
+Small corpora therefore get small models trained for several epochs; a fast machine (a GPU) or a long
+budget moves up the ladder. The ladder is walked from the smallest shape and stops once the predicted
+loss rises (it falls, then rises, as shapes get slower) or a shape could not take MIN_STEPS steps.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from common.errors import PipelineError
+from pretrain.config import ModelConfig
+from pretrain.model import GPT, lm_loss
+
+# Chinchilla's fitted constants (approach 3) and Muennighoff et al.'s for repeated tokens.
+E, A, B, ALPHA, BETA = 1.69, 406.4, 410.7, 0.34, 0.28
+REPEAT_HALF_LIFE = 15.4  # R*_D: epochs after which extra repetitions are worth 1/e of new data
+MIN_STEPS = 100  # a shape that can't take this many steps in the budget is too big for it
+
+
+@dataclass(frozen=True)
+class Shape:
+    n_layer: int
+    n_embd: int
+    n_head: int
+    seq_len: int
+    batch_size: int  # sequences per step
+    lr: float
+
+
+# GPT-2 shapes from 0.1M to 774M non-embedding parameters; wider models take smaller learning rates.
+LADDER = (
+    Shape(2, 64, 2, 128, 32, 3e-3),
+    Shape(4, 128, 4, 128, 32, 2e-3),
+    Shape(6, 192, 6, 128, 32, 1.5e-3),
+    Shape(6, 256, 8, 256, 32, 1e-3),
+    Shape(8, 384, 6, 256, 32, 1e-3),
+    Shape(8, 512, 8, 512, 32, 8e-4),
+    Shape(12, 768, 12, 1024, 64, 6e-4),   # GPT-2 small
+    Shape(24, 1024, 16, 1024, 64, 3e-4),  # GPT-2 medium
+    Shape(36, 1280, 20, 1024, 64, 2.5e-4),  # GPT-2 large
+)
+
+
+@dataclass
+class Candidate:
+    shape: Shape
+    parameters: int
+    step_s: float
+    steps: int
+    tokens: int
+    epochs: float
+    predicted_loss: float
+
+
+def predicted_loss(parameters: int, tokens: int, unique_tokens: int) -> float:
+    epochs = tokens / max(unique_tokens, 1)
+    effective = tokens if epochs <= 1 else unique_tokens * (1 + REPEAT_HALF_LIFE * (1 - math.exp(-(epochs - 1) / REPEAT_HALF_LIFE)))
+    return E + A / parameters**ALPHA + B / max(effective, 1) ** BETA
+
+
+def time_step(shape: Shape, vocab_size: int, device: torch.device, repeats: int = 2) -> tuple[int, float]:
+    """(parameters, seconds per optimizer step) of this shape on this device: one warm-up step, then the best of `repeats`."""
+    cfg = ModelConfig(vocab_size=vocab_size, n_layer=shape.n_layer, n_head=shape.n_head, n_embd=shape.n_embd, block_size=shape.seq_len)
+    model = GPT(cfg).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=shape.lr)
+    tokens = torch.randint(0, vocab_size, (shape.batch_size, shape.seq_len + 1), device=device)
+    best = math.inf
+    for i in range(repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss = lm_loss(model(tokens[:, :-1]), tokens[:, 1:])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i > 0:  # the first step allocates and warms up
+            best = min(best, time.perf_counter() - start)
+    return model.num_params(), best
+
+
+def choose_shape(unique_tokens: int, vocab_size: int, seconds: float, device: torch.device, processes: int = 1,
+                 ladder: tuple[Shape, ...] = LADDER, timer=time_step) -> tuple[Candidate, list[Candidate]]:
+    """The ladder shape with the lowest predicted loss within `seconds` of training, and every shape measured.
+    `processes` data-parallel processes take that many times the tokens per second of one."""
+    measured: list[Candidate] = []
+    for shape in ladder:
+        parameters, step_s = timer(shape, vocab_size, device)
+        steps = max(1, int(seconds * processes / step_s))
+        tokens = steps * shape.batch_size * shape.seq_len
+        candidate = Candidate(shape, parameters, step_s, steps, tokens, tokens / max(unique_tokens, 1),
+                              predicted_loss(parameters, tokens, unique_tokens))
+        if steps < MIN_STEPS:
+            break
+        measured.append(candidate)
+        if len(measured) > 1 and candidate.predicted_loss > measured[-2].predicted_loss:
+            break
+    if not measured:  # even the smallest shape is slow here: take it, with as many steps as fit
+        measured.append(candidate)
+    best = min(measured, key=lambda c: c.predicted_loss)
+    return best, measured
+
+
+def vocab_for(corpus_chars: int) -> int:
+    """A vocabulary that grows with the corpus: more whole words for larger ones, not so many that rare
+    tokens go untrained on small ones (about 1 token type per 1,000 characters, 4,096 to 32,768)."""
+    return 1 << max(12, min(15, round(math.log2(max(corpus_chars, 1) / 1000))))
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in '90s', '15m', '1.5h' or a bare number of seconds."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    value = text.strip().lower()
+    try:
+        seconds = float(value[:-1]) * units[value[-1]] if value and value[-1] in units else float(value)
+    except ValueError:
+        raise ValueError(f"'{text}' is not a duration (e.g. 90s, 15m, 1.5h)") from None
+    if not seconds > 0:
+        raise ValueError(f"'{text}' is not a positive duration")
+    return seconds
+
+
+def apply_shape(cfg, shape: Shape, steps: int):
+    cfg.model = ModelConfig(vocab_size=cfg.vocab_size, n_layer=shape.n_layer, n_head=shape.n_head, n_embd=shape.n_embd,
+                            block_size=max(256, shape.seq_len))  # embedders read chunks of up to 256 tokens
+    cfg.seq_len, cfg.batch_size, cfg.lr, cfg.max_steps = shape.seq_len, shape.batch_size, shape.lr, steps
+    return cfg
+
+
+def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, plan=None) -> tuple:
+    """Set cfg's model shape, sequence length, batch, learning rate and steps to the ladder shape the scaling law
+    prefers for `seconds` of training (among those `plan` accepts); returns (cfg, report lines)."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    ladder = tuple(shape for shape in LADDER if plan is None or _accepts(plan, apply_shape(copy.deepcopy(cfg), shape, 1)))
+    if not ladder:
+        raise PipelineError("no model shape of the sizing ladder fits this parallel plan: give --preset or --n-layer/--n-head/--n-embd")
+    best, measured = choose_shape(unique_tokens, cfg.vocab_size, seconds, device, processes, ladder)
+    shape = best.shape
+    cfg = apply_shape(cfg, shape, best.steps)
+    lines = [f"sizing for {seconds / 60:.1f} min of training on {device.type} ({processes} process(es)), "
+             f"{unique_tokens:,} unique training tokens; each shape timed on this machine:"]
+    for c in measured:
+        mark = "->" if c is best else "  "
+        lines.append(f"{mark} {c.shape.n_layer:2d} layers d={c.shape.n_embd:<4d} {c.parameters / 1e6:7.2f}M params  "
+                     f"{c.step_s * 1000:7.0f} ms/step  {c.steps:6,d} steps  {c.tokens / 1e6:7.1f}M tokens "
+                     f"({c.epochs:5.1f} epochs)  predicted loss {c.predicted_loss:.3f}")
+    lines.append(f"chosen: {shape.n_layer} layers, d={shape.n_embd}, {best.steps:,} steps of {shape.batch_size}x{shape.seq_len} tokens "
+                 f"({best.epochs:.1f} epochs): the lowest loss the scaling law predicts in the budget "
+                 "(larger shapes see too few tokens, smaller ones learn less per token)")
+    return cfg, lines
+
+
+def _accepts(plan, cfg) -> bool:
+    try:
+        plan.validate(cfg.model, cfg)
+        return True
+    except PipelineError:
+        return False

@@ -1,0 +1,119 @@
+"""The default search mode, chosen without judged queries, on pairs the corpus itself provides.
+
+Whether dense, lexical or hybrid search ranks best depends on the collection and the model, and a
+user's documents come without relevance judgements. So `pipeline index` measures it: in a sample of
+the documents adaptation held out from training (common/heldout.py), one sentence is taken out to be
+the query and its document, without that sentence, is the one relevant answer (the inverse cloze
+task). Both retrievers search the stored collection with those documents replaced by their shortened
+text, so neither can match the query verbatim. The mode, and the hybrid's dense weight, with the best
+nDCG@10 become the workspace's default; `pipeline eval --set-default` on judged queries overrides it.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+
+from common.console import info
+from common.heldout import held_out_pair, is_held_out
+from common.models import embedding_text, encode
+from common.store import Store
+from common.workspace import Workspace
+from search.engine import fuse
+from search.lexical import LexicalIndex
+
+MAX_PAIRS = 300
+MAX_COLLECTION_CHUNKS = 50_000  # larger collections are measured on a sample of their documents
+DEPTH = 100  # documents taken from each retriever, as in search
+HYBRID_WEIGHTS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+CHOSEN_BY = "held-out corpus pairs"
+
+
+def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
+    """nDCG@10 of lexical, dense and hybrid (per dense weight) on held-out pairs of the stored corpus."""
+    rng = random.Random(seed)
+    with Store(ws.db_path, read_only=True) as store:
+        documents = store.con.execute("SELECT doc_id, title, text FROM documents ORDER BY doc_id").fetchall()
+        held = [d for d in documents if is_held_out(d[0])] or documents
+        pairs = {}  # doc_id -> (query, shortened text)
+        for doc_id, _, text in rng.sample(held, len(held)):
+            pair = held_out_pair(text or "", rng)
+            if pair is not None:
+                pairs[doc_id] = pair
+            if len(pairs) == MAX_PAIRS:
+                break
+        if not pairs:
+            return {}
+        chunk_ids, vectors = store.load_vectors()
+        rows = store.con.execute(
+            "SELECT c.chunk_id, c.doc_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) ORDER BY c.chunk_id").fetchall()
+    # The collection: every other document's stored chunks and vectors (a sample of the documents if
+    # there are many), and each measured document as one shortened text, embedded here.
+    other_docs = sorted({r[1] for r in rows} - set(pairs))
+    if len(rows) > MAX_COLLECTION_CHUNKS:
+        other_docs = rng.sample(other_docs, k=max(1, len(other_docs) * MAX_COLLECTION_CHUNKS // len(rows)))
+    in_collection = set(other_docs)
+    keep = np.array([r[1] in in_collection for r in rows], dtype=bool)
+    others = [r for r in rows if r[1] in in_collection]
+    titles = {d[0]: d[1] or "" for d in documents}
+    doc_ids = list(pairs)
+    queries = [pairs[d][0] for d in doc_ids]
+    shortened = [embedding_text(titles[d], pairs[d][1]) for d in doc_ids]
+    collection_ids = [r[1] for r in others] + doc_ids
+    collection_vectors = np.concatenate([vectors[keep], encode(model, shortened)])
+    query_vectors = encode(model, queries)
+
+    lexical_rows = [(i, r[2], r[3]) for i, r in enumerate(others)] + [(len(others) + i, titles[d], pairs[d][1]) for i, d in enumerate(doc_ids)]
+    lexical = LexicalIndex.build(lexical_rows)
+
+    def documents_of(positions, scores) -> list[tuple[float, dict]]:
+        ranking, seen = [], set()
+        for position, score in zip(positions, scores):
+            doc_id = collection_ids[int(position)]
+            if doc_id not in seen:
+                seen.add(doc_id)
+                ranking.append((float(score), {"doc_id": doc_id}))
+            if len(ranking) == DEPTH:
+                break
+        return ranking
+
+    dense_rankings, lexical_rankings = [], []
+    for query, query_vector in zip(queries, query_vectors):
+        scores = collection_vectors @ query_vector
+        top = np.argsort(-scores)[:4 * DEPTH]
+        dense_rankings.append(documents_of(top, scores[top]))
+        positions, lexical_scores = lexical.search(query, 4 * DEPTH)
+        lexical_rankings.append(documents_of(positions, lexical_scores))
+
+    def ndcg_at_10(rankings) -> float:
+        gains = []
+        for doc_id, ranking in zip(doc_ids, rankings):
+            found = [row["doc_id"] for _, row in ranking[:10]]
+            gains.append(1 / math.log2(found.index(doc_id) + 2) if doc_id in found else 0.0)
+        return float(np.mean(gains))
+
+    measured = {"lexical": ndcg_at_10(lexical_rankings), "dense": ndcg_at_10(dense_rankings)}
+    hybrid = {w: ndcg_at_10([fuse(d, l, w) for d, l in zip(dense_rankings, lexical_rankings)]) for w in HYBRID_WEIGHTS}
+    return {"pairs": len(pairs), "collection_documents": len(set(collection_ids)), "ndcg@10": measured, "hybrid_ndcg@10": hybrid}
+
+
+def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> dict | None:
+    """Measure the modes and record the best as the workspace's default, unless judged queries chose it for this model."""
+    current = ws.read_manifest().get("search", {})
+    if current.get("embedder_fingerprint") == embedder_fingerprint and current.get("chosen_by", "judged queries") != CHOSEN_BY:
+        info(f"default search mode: {current['default_mode']} (chosen on judged queries by `pipeline eval --set-default`)")
+        return None
+    result = measure_modes(ws, model)
+    if not result:
+        info("default search mode: lexical (no document has a sentence to measure search on)")
+        return None
+    best_weight = max(result["hybrid_ndcg@10"], key=result["hybrid_ndcg@10"].get)
+    scores = {**result["ndcg@10"], "hybrid": result["hybrid_ndcg@10"][best_weight]}
+    mode = max(("lexical", "hybrid", "dense"), key=lambda m: scores[m])  # ties go to the cheaper, lexical first
+    section = {"default_mode": mode, "dense_weight": best_weight, "embedder_fingerprint": embedder_fingerprint,
+               "chosen_by": CHOSEN_BY, "ndcg@10": scores, **result}
+    ws.update_manifest("search", section)
+    info(f"default search mode: {mode} (nDCG@10 on {result['pairs']} held-out corpus pairs: lexical {scores['lexical']:.3f}, "
+         f"dense {scores['dense']:.3f}, hybrid {scores['hybrid']:.3f} at dense weight {best_weight})")
+    return section
