@@ -102,7 +102,7 @@ class SearchEngine:
         index_path = ws.root / self.index_entry["path"]
         if not index_path.exists():
             raise PipelineError(f"{index_path}: index file missing; run `pipeline index`")
-        self.model_dir = Path(embedder["model_path"])
+        self.model_dir = ws.embedder_model_dir(embedder)
         if not self.model_dir.exists():
             raise PipelineError(f"{self.model_dir}: the embedding model recorded in the manifest is gone")
         current = model_fingerprint(self.model_dir)  # a stale index is refused whatever the mode, as `pipeline status` does

@@ -1,5 +1,6 @@
 """End to end through the CLI, as a user runs it."""
 import json
+import shutil
 
 from common.models import embedding_text
 from common.store import Store
@@ -80,3 +81,30 @@ def test_every_command_has_help_with_examples():
         result = CliRunner().invoke(app, [command, "--help"])
         assert result.exit_code == 0
         assert "Examples:" in result.output and f"pipeline {command}" in result.output, command
+
+
+def test_a_moved_or_copied_workspace_searches_with_its_own_model(trained_workspace, tmp_path):
+    original = tmp_path / "original"
+    shutil.copytree(trained_workspace, original)
+    run_cli("embed", "-w", str(original), "--chunk-tokens", "64", "--overlap", "8")  # nothing new: it records the model it used
+    assert json.loads((original / "manifest.json").read_text())["embedder"]["model_path"] == "model"
+    moved = tmp_path / "moved"
+    original.rename(moved)
+    assert run_cli("search", "-w", str(moved), "cancer", "--mode", "dense", "--json").stdout
+    copy = tmp_path / "copy"
+    shutil.copytree(moved, copy)
+    shutil.rmtree(moved)  # the copy must not need the workspace it was copied from
+    assert run_cli("search", "-w", str(copy), "cancer", "--mode", "dense", "--json").stdout
+    assert run_cli("status", "-w", str(copy)).returncode == 0
+
+
+def test_a_manifest_with_absolute_paths_from_an_older_version_survives_a_move(trained_workspace, tmp_path):
+    original = tmp_path / "original"
+    shutil.copytree(trained_workspace, original)
+    manifest = json.loads((original / "manifest.json").read_text())
+    manifest["embedder"]["model_path"] = str(original / "model")  # what older versions wrote
+    (original / "manifest.json").write_text(json.dumps(manifest))
+    moved = tmp_path / "moved"
+    original.rename(moved)
+    assert run_cli("search", "-w", str(moved), "cancer", "--mode", "dense", "--json").stdout
+    assert run_cli("status", "-w", str(moved)).returncode == 0

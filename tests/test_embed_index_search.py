@@ -41,9 +41,6 @@ def test_chunks_are_slices_of_the_original_text(trained_workspace):
 
 def copy_workspace(src, dst):
     shutil.copytree(src, dst)
-    manifest = json.loads((dst / "manifest.json").read_text())
-    manifest["embedder"]["model_path"] = str(dst / "model")
-    (dst / "manifest.json").write_text(json.dumps(manifest))
     return Workspace(dst)
 
 
