@@ -21,13 +21,28 @@ def test_reads_every_format_with_ids_titles_and_sources(tmp_path):
     (tmp_path / "c.csv").write_text("doc_id,title,body\nc1,Title C,csv body text\n")
     duckdb.sql(f"COPY (SELECT 'p1' AS id, 'parquet text' AS text) TO '{tmp_path / 'd.parquet'}' (FORMAT parquet)")
     docs = {d.id: d for d in read_documents([tmp_path])}
-    assert set(docs) == {str(tmp_path / "notes.md"), str(tmp_path / "plain.txt"), "j1", "j2", "k1", "c1", "p1"}
-    assert docs[str(tmp_path / "notes.md")].title == "Heading here"
-    assert docs[str(tmp_path / "plain.txt")].title == "plain"
+    assert set(docs) == {"notes.md", "plain.txt", "j1", "j2", "k1", "c1", "p1"}
+    assert docs["notes.md"].title == "Heading here" and docs["notes.md"].source == str(tmp_path / "notes.md")
+    assert docs["plain.txt"].title == "plain"
     assert docs["j1"].title == "T1" and docs["j1"].text == "first" and docs["j1"].source == str(tmp_path / "a.jsonl")
     assert docs["k1"].text == "from json"
     assert docs["c1"].text == "csv body text" and docs["c1"].title == "Title C"
     assert docs["p1"].text == "parquet text"
+
+
+def test_text_file_ids_are_relative_to_the_path_given(tmp_path, monkeypatch):
+    (tmp_path / "txt" / "sub").mkdir(parents=True)
+    (tmp_path / "txt" / "a.md").write_text("alpha\n")
+    (tmp_path / "txt" / "sub" / "b.md").write_text("beta\n")
+    monkeypatch.chdir(tmp_path)
+    relative, absolute = list(read_documents([Path("txt")])), list(read_documents([tmp_path / "txt"]))
+    assert [d.id for d in relative] == [d.id for d in absolute] == ["a.md", "sub/b.md"]
+    assert [d.source for d in relative] == [d.source for d in absolute] == [str(tmp_path / "txt" / "a.md"), str(tmp_path / "txt" / "sub" / "b.md")]
+    assert [d.id for d in read_documents([Path("txt/sub/b.md")])] == ["b.md"]  # a file given itself: its name
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "a.md").write_text("another alpha\n")
+    with pytest.raises(PipelineError, match=r"other/a\.md: duplicate document id 'a\.md' \(first seen at txt/a\.md\)"):
+        list(read_documents([Path("txt"), Path("other")]))
 
 
 def test_text_field_option_and_unknown_field(tmp_path):
