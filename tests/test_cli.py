@@ -38,6 +38,20 @@ def test_status_reports_a_consistent_workspace(trained_workspace):
         "tokenizer": "ok", "model": "ok", "tuned": "none", "vectors": "ok", "index": "ok", "search": "default"}
 
 
+def test_search_prints_titles_and_text_verbatim_never_as_markup(trained_workspace, tmp_path, monkeypatch):
+    ws = tmp_path / "ws"
+    shutil.copytree(trained_workspace, ws)
+    title, text = "[/oops] [red]x[/red] :warning:", "Bone [b]density[/b] and vitamin D :smile:."
+    data = tmp_path / "odd.jsonl"
+    data.write_text(json.dumps({"_id": "odd", "title": title, "text": text}) + "\n")
+    run_cli("embed", "-w", str(ws), "--data", str(data), "--chunk-tokens", "64", "--overlap", "8")
+    run_cli("index", "-w", str(ws))
+    monkeypatch.setenv("COLUMNS", "300")  # wide enough that no cell wraps
+    table = run_cli("search", "-w", str(ws), "[bold]vitamin[/bold] density", "--title", "oops", "--mode", "lexical").stdout
+    assert "results for: [bold]vitamin[/bold] density" in table
+    assert title in table and text in table
+
+
 def test_search_before_index_and_with_a_retrained_model_fail_clearly(tmp_path, corpus_file):
     ws = tmp_path / "ws"
     run_cli("pretrain", "-w", str(ws), "--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "2")

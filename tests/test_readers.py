@@ -76,6 +76,18 @@ def test_binary_and_non_utf8_files_are_skipped_with_a_warning(tmp_path, capsys):
     assert "blob.txt: binary file" in warnings
 
 
+def test_warnings_print_file_names_verbatim(tmp_path, capsys):
+    odd = tmp_path / "odd[" / "x]" / "[red]"  # the path holds "[/x]" and "[red]", which rich would read as markup
+    odd.mkdir(parents=True)
+    (odd / "good.txt").write_text("fine")
+    (odd / "blob.txt").write_bytes(b"\x00binary")
+    (odd / ":warning:.txt").write_bytes("caf\xe9".encode("latin-1"))
+    assert [d.id for d in read_documents([tmp_path])] == ["odd[/x]/[red]/good.txt"]
+    warnings = capsys.readouterr().err
+    assert f"warning: skipping {odd / 'blob.txt'}: binary file" in warnings
+    assert f"warning: skipping {odd / ':warning:.txt'}: not UTF-8" in warnings
+
+
 def test_missing_path_empty_corpus_and_duplicates(tmp_path):
     with pytest.raises(PipelineError, match="no such file or directory"):
         list(read_documents([tmp_path / "absent"]))
