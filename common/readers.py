@@ -115,13 +115,21 @@ def _row_to_document(row: dict, file: Path, where: str, fallback_id: str, text_f
     if text_key is None:
         raise PipelineError(f"{where}: no text field found (fields: {', '.join(fields)}); choose one with --text-field")
     text = row.get(text_key)
-    if text is None or not str(text).strip():
+    if text is not None and not isinstance(text, str):
+        raise PipelineError(f"{where}: field '{text_key}' holds {_kind(text)}, not text")
+    if text is None or not text.strip():
         return None
     id_key = _pick_field(fields, None, ID_FIELDS, file, "id")
     title_key = _pick_field(fields, None, TITLE_FIELDS, file, "title")
     doc_id = str(row[id_key]) if id_key and row.get(id_key) is not None else fallback_id
     title = str(row[title_key]) if title_key and row.get(title_key) is not None else ""
-    return Document(id=doc_id, title=title, source=os.path.abspath(file), text=str(text))
+    return Document(id=doc_id, title=title, source=os.path.abspath(file), text=text)
+
+
+def _kind(value: object) -> str:
+    """What a value is, in JSON's words where it has them."""
+    names = {bool: "a boolean", int: "a number", float: "a number", dict: "an object", list: "an array"}
+    return names.get(type(value), f"a value of type {type(value).__name__}")
 
 
 def _read_jsonl(file: Path, text_field: str | None) -> Iterator[tuple[Document, str]]:

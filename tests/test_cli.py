@@ -82,6 +82,11 @@ def test_bad_input_is_one_line_naming_the_problem(tmp_path, trained_workspace):
     assert missing.stderr.strip() == f"error: {tmp_path / 'nope'}: no such file or directory"
     no_model = run_cli("embed", "-w", str(tmp_path / "ws"), check=False)
     assert no_model.returncode == 2 and "run `pipeline pretrain` first, or pass --model DIR" in no_model.stderr
+    number = tmp_path / "number.jsonl"
+    number.write_text('{"_id": "1", "text": 3.5}\n')
+    refused = run_cli("embed", "-w", str(tmp_path / "ws"), "--model", str(trained_workspace / "model"), "--data", str(number), check=False)
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == f"error: {number}:1: field 'text' holds a number, not text"
 
 
 def test_every_command_has_help_with_examples():

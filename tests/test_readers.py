@@ -58,6 +58,19 @@ def test_undetectable_text_field_names_the_fields(tmp_path):
         list(read_documents([f]))
 
 
+def test_a_text_field_that_is_not_a_string_is_refused_naming_file_line_and_field(tmp_path):
+    f = write_jsonl(tmp_path / "x.jsonl", [{"id": "1", "text": "fine"}, {"id": "2", "text": 42}])
+    with pytest.raises(PipelineError, match=r"x\.jsonl:2: field 'text' holds a number, not text$"):
+        list(read_documents([f]))
+    write_jsonl(f, [{"id": "1", "body": {"words": "inside"}}])
+    with pytest.raises(PipelineError, match=r"x\.jsonl:1: field 'body' holds an object, not text$"):
+        list(read_documents([f]))
+    g = tmp_path / "y.json"
+    g.write_text(json.dumps([{"id": "1", "text": [1, 2]}]))
+    with pytest.raises(PipelineError, match=r"y\.json:row 1: field 'text' holds an array, not text$"):
+        list(read_documents([g]))
+
+
 def test_broken_jsonl_line_is_reported_as_file_and_line(tmp_path):
     f = tmp_path / "bad.jsonl"
     f.write_text('{"id": "1", "text": "ok"}\n{"id": "2", "text": \n')
