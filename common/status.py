@@ -1,11 +1,15 @@
 """`pipeline status`: what the workspace holds and whether its parts belong together."""
 from __future__ import annotations
 
+from common.errors import PipelineError
 from common.store import Store
 from common.workspace import Workspace, file_sha256, model_fingerprint
 
 
 def workspace_status(ws: Workspace) -> dict:
+    if not ws.manifest_path.exists():
+        raise PipelineError(f"no workspace at {ws.root} (no {ws.manifest_path.name}): `pipeline pretrain` "
+                            "or `pipeline embed --model DIR` makes one")
     manifest = ws.read_manifest()
     parts: dict[str, dict] = {}
     problems: list[str] = []

@@ -38,6 +38,14 @@ def test_status_reports_a_consistent_workspace(trained_workspace):
         "tokenizer": "ok", "model": "ok", "tuned": "none", "vectors": "ok", "index": "ok", "search": "default"}
 
 
+def test_status_of_a_missing_workspace_says_so_and_fails(tmp_path):
+    for args in ((), ("--json",)):
+        result = run_cli("status", "-w", str(tmp_path / "nowhere"), *args, check=False)
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.strip().startswith(f"error: no workspace at {tmp_path / 'nowhere'} (no manifest.json)")
+    assert not (tmp_path / "nowhere").exists()
+
+
 def test_search_prints_titles_and_text_verbatim_never_as_markup(trained_workspace, tmp_path, monkeypatch):
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
