@@ -273,7 +273,7 @@ def search(
     k: Annotated[int, typer.Option("-k", help="Number of documents to return.")] = 10,
     mode: ModeOption = None,
     dense_weight: DenseWeightOption = None,
-    source: Annotated[Optional[str], typer.Option(help="Only documents whose source path matches this glob, e.g. 'docs/*.md'.")] = None,
+    source: Annotated[Optional[str], typer.Option(help="Only documents whose source file matches this glob, absolute or relative to the current directory, e.g. 'docs/*.md'.")] = None,
     title: Annotated[Optional[str], typer.Option(help="Only documents whose title contains this text (case-insensitive).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="One JSON object per result line.")] = False,
 ):

@@ -9,6 +9,7 @@ several threads (FAISS and bm25s searches only read; each call uses its own Duck
 """
 from __future__ import annotations
 
+import os
 import threading
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -62,6 +63,12 @@ class Filters:
 
     def __bool__(self) -> bool:
         return bool(self.source or self.title)
+
+    @property
+    def absolute_source(self) -> str | None:
+        """The source glob read from the current directory, as sources are stored by absolute path:
+        `docs/*.md` is `/home/me/docs/*.md` when run in /home/me."""
+        return os.path.abspath(self.source) if self.source else None
 
 
 def snippet(text: str, limit: int = 240, starts_mid_text: bool = False) -> str:
@@ -225,10 +232,10 @@ class SearchEngine:
     def _allowed_chunks(self, con, filters: Filters) -> np.ndarray:
         rows = con.execute(
             """SELECT c.chunk_id FROM chunks c JOIN documents d USING (doc_id)
-               WHERE ($source IS NULL OR d.source GLOB $source)
+               WHERE ($source IS NULL OR d.source GLOB $source OR d.source GLOB $absolute_source)
                  AND ($title IS NULL OR contains(lower(coalesce(d.title, '')), lower($title)))
                ORDER BY c.chunk_id""",
-            {"source": filters.source or None, "title": filters.title or None},
+            {"source": filters.source or None, "absolute_source": filters.absolute_source, "title": filters.title or None},
         ).fetchall()
         return np.array([r[0] for r in rows], dtype=np.int64)
 
