@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.text import Text
 
 from common.console import err, info, out
 from common.errors import PipelineError
@@ -46,7 +47,7 @@ def user_errors(command):
         try:
             return command(*args, **kwargs)
         except PipelineError as e:
-            err.print(f"error: {e}", style="red", highlight=False, markup=False)
+            err.print(f"error: {e}", style="red")
             raise typer.Exit(2)
     return wrapper
 
@@ -321,7 +322,7 @@ def search(
     k: Annotated[int, typer.Option("-k", help="Number of documents to return.")] = 10,
     mode: ModeOption = None,
     dense_weight: DenseWeightOption = None,
-    source: Annotated[Optional[str], typer.Option(help="Only documents whose source path matches this glob, e.g. 'docs/*.md'.")] = None,
+    source: Annotated[Optional[str], typer.Option(help="Only documents whose source file matches this glob, absolute or relative to the current directory, e.g. 'docs/*.md'.")] = None,
     title: Annotated[Optional[str], typer.Option(help="Only documents whose title contains this text (case-insensitive).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="One JSON object per result line.")] = False,
 ):
@@ -349,7 +350,7 @@ def search(
     for column in ("rank", "score", "title / source", "snippet"):
         table.add_column(column)
     for hit in hits:
-        table.add_row(str(hit.rank), f"{hit.score:.3f}", f"{hit.title}\n[dim]{hit.source}[/dim]" if hit.title else hit.source, hit.snippet)
+        table.add_row(str(hit.rank), f"{hit.score:.3f}", Text.assemble(hit.title, "\n", (hit.source, "dim")) if hit.title else hit.source, hit.snippet)
     out.print(table)
 
 
@@ -390,13 +391,13 @@ def eval_command(
             "default_mode": best["mode"], "dense_weight": engine.resolve_dense_weight(dense_weight), "chosen_by": "judged queries",
             "embedder_fingerprint": engine.index_entry["embedder_fingerprint"],
             "ndcg@10": {r["mode"]: r["ndcg@10"] for r in reports}, "queries": str(queries), "qrels": str(qrels)})
-        err.print(f"default mode for this workspace: {best['mode']} (nDCG@10 {best['ndcg@10']:.4f})", highlight=False)
+        err.print(f"default mode for this workspace: {best['mode']} (nDCG@10 {best['ndcg@10']:.4f})")
     if json_output:
         out.print_json(json.dumps(reports if len(reports) > 1 else reports[0]))
         return
     for r in reports:
         out.print(f"{r['mode']:8} nDCG@10 {r['ndcg@10']:.4f}  Recall@100 {r['recall@100']:.4f}  MRR@10 {r['mrr@10']:.4f}  "
-                  f"({r['queries']} queries, {r['queries_per_s']:.1f}/s)", highlight=False)
+                  f"({r['queries']} queries, {r['queries_per_s']:.1f}/s)")
 
 
 @app.command()
@@ -489,11 +490,11 @@ def status(workspace: WorkspaceOption = Path("workspace"), json_output: JsonOpti
         out.print_json(json.dumps(report))
     else:
         for name, part in report["parts"].items():
-            out.print(f"{name:10} {part['state']:8} {part['detail']}", highlight=False)
+            out.print(f"{name:10} {part['state']:8} {part['detail']}")
         for problem in report["problems"]:
-            out.print(f"[red]problem:[/red] {problem}", highlight=False)
+            out.print(Text.assemble(("problem:", "red"), " ", problem))
         if not report["problems"]:
-            out.print("[green]consistent[/green]")
+            out.print("consistent", style="green")
     if report["problems"]:
         raise typer.Exit(1)
 
@@ -552,7 +553,7 @@ def plan(
     for row in table_rows(result, top):
         table.add_row(*row)
     out.print(table)
-    out.print(f"best: {result.ranked[0].label}: {why(result.ranked[0], result)}", highlight=False)
+    out.print(f"best: {result.ranked[0].label}: {why(result.ranked[0], result)}")
 
 
 def main() -> None:

@@ -1,12 +1,14 @@
 """Read user documents from files and directories: .txt/.md, .jsonl, .json, .csv, .parquet.
 
-Every document keeps an id, a title, the path it came from and its text. Structured formats
-(.json, .csv, .parquet) go through DuckDB's readers; .jsonl is parsed line by line so that a
-broken line is reported as file:line.
+Every document keeps an id, a title, the path it came from (absolute) and its text. A .txt/.md file's
+id is its path relative to the --data directory given (its name when the file itself is given), so the
+same file gets the same id however the directory is typed. Structured formats (.json, .csv, .parquet)
+go through DuckDB's readers; .jsonl is parsed line by line so that a broken line is reported as file:line.
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -34,9 +36,10 @@ class Document:
     text: str
 
 
-def list_files(paths: Iterable[Path]) -> list[Path]:
-    """Expand directories (recursively, sorted, hidden files skipped) into supported files."""
-    files: list[Path] = []
+def list_files(paths: Iterable[Path]) -> list[tuple[Path, str]]:
+    """Expand directories (recursively, sorted, hidden files skipped) into supported files, each with its
+    name relative to the path given: its path inside a directory, its file name for a file."""
+    files: list[tuple[Path, str]] = []
     for path in paths:
         if not path.exists():
             raise PipelineError(f"{path}: no such file or directory")
@@ -46,9 +49,9 @@ def list_files(paths: Iterable[Path]) -> list[Path]:
                 if p.is_file() and p.suffix.lower() in SUPPORTED_SUFFIXES
                 and not any(part.startswith(".") for part in p.relative_to(path).parts)
             )
-            files.extend(found)
+            files.extend((p, p.relative_to(path).as_posix()) for p in found)
         elif path.suffix.lower() in SUPPORTED_SUFFIXES:
-            files.append(path)
+            files.append((path, path.name))
         else:
             raise PipelineError(f"{path}: unsupported file type '{path.suffix}' (supported: {', '.join(sorted(SUPPORTED_SUFFIXES))})")
     return files
@@ -62,10 +65,10 @@ def read_documents(paths: Iterable[Path], text_field: str | None = None) -> Iter
         raise PipelineError(f"no supported files ({', '.join(sorted(SUPPORTED_SUFFIXES))}) under {', '.join(map(str, paths))}")
     seen: dict[str, str] = {}
     count = 0
-    for file in files:
+    for file, name in files:
         suffix = file.suffix.lower()
         if suffix in TEXT_SUFFIXES:
-            docs = _read_text_file(file)
+            docs = _read_text_file(file, name)
         elif suffix == ".jsonl":
             docs = _read_jsonl(file, text_field)
         else:
@@ -80,7 +83,7 @@ def read_documents(paths: Iterable[Path], text_field: str | None = None) -> Iter
         raise PipelineError(f"empty corpus: no document with text under {', '.join(map(str, paths))}")
 
 
-def _read_text_file(file: Path) -> Iterator[tuple[Document, str]]:
+def _read_text_file(file: Path, doc_id: str) -> Iterator[tuple[Document, str]]:
     raw = file.read_bytes()
     if b"\x00" in raw[:8192]:
         warn(f"skipping {file}: binary file")
@@ -94,7 +97,7 @@ def _read_text_file(file: Path) -> Iterator[tuple[Document, str]]:
         return
     first_line = text.lstrip().splitlines()[0]
     title = first_line.lstrip("# ").strip() if first_line.startswith("#") else file.stem
-    yield Document(id=str(file), title=title, source=str(file), text=text), str(file)
+    yield Document(id=doc_id, title=title, source=os.path.abspath(file), text=text), str(file)
 
 
 def _pick_field(fields: list[str], wanted: str | None, candidates: tuple[str, ...], file: Path, what: str) -> str | None:
@@ -112,13 +115,21 @@ def _row_to_document(row: dict, file: Path, where: str, fallback_id: str, text_f
     if text_key is None:
         raise PipelineError(f"{where}: no text field found (fields: {', '.join(fields)}); choose one with --text-field")
     text = row.get(text_key)
-    if text is None or not str(text).strip():
+    if text is not None and not isinstance(text, str):
+        raise PipelineError(f"{where}: field '{text_key}' holds {_kind(text)}, not text")
+    if text is None or not text.strip():
         return None
     id_key = _pick_field(fields, None, ID_FIELDS, file, "id")
     title_key = _pick_field(fields, None, TITLE_FIELDS, file, "title")
     doc_id = str(row[id_key]) if id_key and row.get(id_key) is not None else fallback_id
     title = str(row[title_key]) if title_key and row.get(title_key) is not None else ""
-    return Document(id=doc_id, title=title, source=str(file), text=str(text))
+    return Document(id=doc_id, title=title, source=os.path.abspath(file), text=text)
+
+
+def _kind(value: object) -> str:
+    """What a value is, in JSON's words where it has them."""
+    names = {bool: "a boolean", int: "a number", float: "a number", dict: "an object", list: "an array"}
+    return names.get(type(value), f"a value of type {type(value).__name__}")
 
 
 def _read_jsonl(file: Path, text_field: str | None) -> Iterator[tuple[Document, str]]:

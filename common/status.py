@@ -1,13 +1,15 @@
 """`pipeline status`: what the workspace holds and whether its parts belong together."""
 from __future__ import annotations
 
-from pathlib import Path
-
+from common.errors import PipelineError
 from common.store import Store
 from common.workspace import Workspace, file_sha256, model_fingerprint
 
 
 def workspace_status(ws: Workspace) -> dict:
+    if not ws.manifest_path.exists():
+        raise PipelineError(f"no workspace at {ws.root} (no {ws.manifest_path.name}): `pipeline pretrain` "
+                            "or `pipeline embed --model DIR` makes one")
     manifest = ws.read_manifest()
     parts: dict[str, dict] = {}
     problems: list[str] = []
@@ -51,10 +53,10 @@ def workspace_status(ws: Workspace) -> dict:
     if emb and ws.db_path.exists():
         with Store(ws.db_path, read_only=True) as store:
             counts = store.counts()
-        model_dir = Path(emb["model_path"])
+        model_dir = ws.embedder_model_dir(emb)
         current = model_fingerprint(model_dir) if model_dir.exists() else None
         state = "ok" if current == emb["fingerprint"] else "stale"
-        parts["vectors"] = {"state": state, "detail": f"{counts['documents']} documents, {counts['chunks']} chunks, {counts['vectors']} vectors from model {emb['fingerprint']} ({emb['model_path']})"}
+        parts["vectors"] = {"state": state, "detail": f"{counts['documents']} documents, {counts['chunks']} chunks, {counts['vectors']} vectors from model {emb['fingerprint']} ({model_dir})"}
         if state != "ok":
             problems.append(f"the stored vectors were made by model {emb['fingerprint']}, but {model_dir} is now {current}: run `pipeline embed`")
     else:

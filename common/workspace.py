@@ -122,6 +122,29 @@ class Workspace:
         manifest[section] = value
         atomic_write_json(self.manifest_path, manifest)
 
+    def recorded_path(self, path: Path) -> str:
+        """How the manifest records a path: relative to the workspace root when it lies inside it (so the
+        workspace can be moved or copied), else absolute (an external `--model DIR`)."""
+        path = path.resolve()
+        try:
+            return str(path.relative_to(self.root.resolve()))
+        except ValueError:
+            return str(path)
+
+    def embedder_model_dir(self, embedder: dict[str, Any]) -> Path:
+        """The model the stored vectors were made with (the manifest's "embedder" section).
+
+        Manifests written before paths were recorded relative to the workspace hold an absolute path even
+        for the workspace's own model/ or tuned/. When this workspace has a directory of that name holding
+        the recorded model (same fingerprint), that is the one meant: the workspace was moved or copied."""
+        recorded = Path(embedder["model_path"])
+        if not recorded.is_absolute():
+            return self.root / recorded
+        own = self.root / recorded.name
+        if own.is_dir() and own.resolve() != recorded.resolve() and model_fingerprint(own) == embedder["fingerprint"]:
+            return own
+        return recorded
+
     def require(self, section: str, hint: str) -> dict[str, Any]:
         entry = self.read_manifest().get(section)
         if not entry:

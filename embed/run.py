@@ -122,7 +122,7 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
         elapsed = time.perf_counter() - start
         counts = store.counts()
 
-    summary = {"model_path": str(model_dir.resolve()), "fingerprint": fingerprint, "dim": dim,
+    summary = {"model_path": ws.recorded_path(model_dir), "fingerprint": fingerprint, "dim": dim,
                "chunk_tokens": settings.chunk_tokens, "overlap": settings.overlap,
                "documents": counts["documents"], "chunks": counts["chunks"], "embedded_documents": len(todo),
                "embedded_chunks": n_chunks, "seconds": elapsed, "docs_per_s": len(todo) / elapsed if elapsed else None}

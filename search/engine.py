@@ -9,6 +9,7 @@ several threads (FAISS and bm25s searches only read; each call uses its own Duck
 """
 from __future__ import annotations
 
+import os
 import threading
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -61,6 +62,12 @@ class Filters:
     def __bool__(self) -> bool:
         return bool(self.source or self.title)
 
+    @property
+    def absolute_source(self) -> str | None:
+        """The source glob read from the current directory, as sources are stored by absolute path:
+        `docs/*.md` is `/home/me/docs/*.md` when run in /home/me."""
+        return os.path.abspath(self.source) if self.source else None
+
 
 def snippet(text: str, limit: int = 240, starts_mid_text: bool = False) -> str:
     """The chunk's text on one line, cut at a word boundary; a chunk that starts inside the document
@@ -100,7 +107,7 @@ class SearchEngine:
         index_path = ws.root / self.index_entry["path"]
         if not index_path.exists():
             raise PipelineError(f"{index_path}: index file missing; run `pipeline index`")
-        self.model_dir = Path(embedder["model_path"])
+        self.model_dir = ws.embedder_model_dir(embedder)
         if not self.model_dir.exists():
             raise PipelineError(f"{self.model_dir}: the embedding model recorded in the manifest is gone")
         current = model_fingerprint(self.model_dir)  # a stale index is refused whatever the mode, as `pipeline status` does
@@ -223,10 +230,10 @@ class SearchEngine:
     def _allowed_chunks(self, con, filters: Filters) -> np.ndarray:
         rows = con.execute(
             """SELECT c.chunk_id FROM chunks c JOIN documents d USING (doc_id)
-               WHERE ($source IS NULL OR d.source GLOB $source)
+               WHERE ($source IS NULL OR d.source GLOB $source OR d.source GLOB $absolute_source)
                  AND ($title IS NULL OR contains(lower(coalesce(d.title, '')), lower($title)))
                ORDER BY c.chunk_id""",
-            {"source": filters.source or None, "title": filters.title or None},
+            {"source": filters.source or None, "absolute_source": filters.absolute_source, "title": filters.title or None},
         ).fetchall()
         return np.array([r[0] for r in rows], dtype=np.int64)
 

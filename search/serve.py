@@ -112,7 +112,7 @@ class Generation:
 
 
 class SearchFilter(BaseModel):
-    source: Optional[str] = Field(None, max_length=500, description="Glob on the document's source path, e.g. 'docs/*.md'.")
+    source: Optional[str] = Field(None, max_length=500, description="Glob on the document's source file path, absolute or relative to the server's working directory, e.g. 'docs/*.md'.")
     title: Optional[str] = Field(None, max_length=500, description="Text the title must contain (case-insensitive).")
 
 

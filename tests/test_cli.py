@@ -1,5 +1,6 @@
 """End to end through the CLI, as a user runs it."""
 import json
+import shutil
 
 from common.models import embedding_text
 from common.store import Store
@@ -37,6 +38,28 @@ def test_status_reports_a_consistent_workspace(trained_workspace):
         "tokenizer": "ok", "model": "ok", "tuned": "none", "vectors": "ok", "index": "ok", "search": "default"}
 
 
+def test_status_of_a_missing_workspace_says_so_and_fails(tmp_path):
+    for args in ((), ("--json",)):
+        result = run_cli("status", "-w", str(tmp_path / "nowhere"), *args, check=False)
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.strip().startswith(f"error: no workspace at {tmp_path / 'nowhere'} (no manifest.json)")
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_search_prints_titles_and_text_verbatim_never_as_markup(trained_workspace, tmp_path, monkeypatch):
+    ws = tmp_path / "ws"
+    shutil.copytree(trained_workspace, ws)
+    title, text = "[/oops] [red]x[/red] :warning:", "Bone [b]density[/b] and vitamin D :smile:."
+    data = tmp_path / "odd.jsonl"
+    data.write_text(json.dumps({"_id": "odd", "title": title, "text": text}) + "\n")
+    run_cli("embed", "-w", str(ws), "--data", str(data), "--chunk-tokens", "64", "--overlap", "8")
+    run_cli("index", "-w", str(ws))
+    monkeypatch.setenv("COLUMNS", "300")  # wide enough that no cell wraps
+    table = run_cli("search", "-w", str(ws), "[bold]vitamin[/bold] density", "--title", "oops", "--mode", "lexical").stdout
+    assert "results for: [bold]vitamin[/bold] density" in table
+    assert title in table and text in table
+
+
 def test_search_before_index_and_with_a_retrained_model_fail_clearly(tmp_path, corpus_file):
     ws = tmp_path / "ws"
     run_cli("pretrain", "-w", str(ws), "--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "2")
@@ -67,6 +90,11 @@ def test_bad_input_is_one_line_naming_the_problem(tmp_path, trained_workspace):
     assert missing.stderr.strip() == f"error: {tmp_path / 'nope'}: no such file or directory"
     no_model = run_cli("embed", "-w", str(tmp_path / "ws"), check=False)
     assert no_model.returncode == 2 and "run `pipeline pretrain` first, or pass --model DIR" in no_model.stderr
+    number = tmp_path / "number.jsonl"
+    number.write_text('{"_id": "1", "text": 3.5}\n')
+    refused = run_cli("embed", "-w", str(tmp_path / "ws"), "--model", str(trained_workspace / "model"), "--data", str(number), check=False)
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == f"error: {number}:1: field 'text' holds a number, not text"
 
 
 def test_every_command_has_help_with_examples():
@@ -80,3 +108,30 @@ def test_every_command_has_help_with_examples():
         result = CliRunner().invoke(app, [command, "--help"])
         assert result.exit_code == 0
         assert "Examples:" in result.output and f"pipeline {command}" in result.output, command
+
+
+def test_a_moved_or_copied_workspace_searches_with_its_own_model(trained_workspace, tmp_path):
+    original = tmp_path / "original"
+    shutil.copytree(trained_workspace, original)
+    run_cli("embed", "-w", str(original), "--chunk-tokens", "64", "--overlap", "8")  # nothing new: it records the model it used
+    assert json.loads((original / "manifest.json").read_text())["embedder"]["model_path"] == "model"
+    moved = tmp_path / "moved"
+    original.rename(moved)
+    assert run_cli("search", "-w", str(moved), "cancer", "--mode", "dense", "--json").stdout
+    copy = tmp_path / "copy"
+    shutil.copytree(moved, copy)
+    shutil.rmtree(moved)  # the copy must not need the workspace it was copied from
+    assert run_cli("search", "-w", str(copy), "cancer", "--mode", "dense", "--json").stdout
+    assert run_cli("status", "-w", str(copy)).returncode == 0
+
+
+def test_a_manifest_with_absolute_paths_from_an_older_version_survives_a_move(trained_workspace, tmp_path):
+    original = tmp_path / "original"
+    shutil.copytree(trained_workspace, original)
+    manifest = json.loads((original / "manifest.json").read_text())
+    manifest["embedder"]["model_path"] = str(original / "model")  # what older versions wrote
+    (original / "manifest.json").write_text(json.dumps(manifest))
+    moved = tmp_path / "moved"
+    original.rename(moved)
+    assert run_cli("search", "-w", str(moved), "cancer", "--mode", "dense", "--json").stdout
+    assert run_cli("status", "-w", str(moved)).returncode == 0

@@ -1,5 +1,6 @@
 import json
 import shutil
+from pathlib import Path
 
 import faiss
 import numpy as np
@@ -41,9 +42,6 @@ def test_chunks_are_slices_of_the_original_text(trained_workspace):
 
 def copy_workspace(src, dst):
     shutil.copytree(src, dst)
-    manifest = json.loads((dst / "manifest.json").read_text())
-    manifest["embedder"]["model_path"] = str(dst / "model")
-    (dst / "manifest.json").write_text(json.dumps(manifest))
     return Workspace(dst)
 
 
@@ -68,6 +66,22 @@ def test_incremental_embed_only_embeds_new_or_changed_and_prunes(trained_workspa
         n_chunks = store.con.execute("SELECT count(*) FROM chunks WHERE doc_id = ?", [rows[5]["_id"]]).fetchall()[0][0]
         text = store.con.execute("SELECT text FROM documents WHERE doc_id = ?", [rows[2]["_id"]]).fetchall()[0][0]
     assert n_chunks == 0 and text.endswith("An added sentence.")
+
+
+def test_a_directory_typed_relative_or_absolute_holds_the_same_documents(trained_workspace, tmp_path, monkeypatch):
+    ws = Workspace(tmp_path / "ws").create()
+    shutil.copytree(trained_workspace / "model", ws.model_dir)
+    (tmp_path / "txt" / "sub").mkdir(parents=True)
+    (tmp_path / "txt" / "a.md").write_text("# Vitamin D\nBone density and vitamin D.\n")
+    (tmp_path / "txt" / "sub" / "b.txt").write_text("Tumour cells grow.\n")
+    monkeypatch.chdir(tmp_path)
+    settings = EmbedSettings(chunk_tokens=64, overlap=8)
+    assert run_embed(ws, [Path("txt")], None, settings)["documents"] == 2
+    again = run_embed(ws, [tmp_path / "txt"], None, settings)
+    assert again["documents"] == 2 and again["embedded_documents"] == 0
+    with Store(ws.db_path, read_only=True) as store:
+        stored = store.con.execute("SELECT doc_id, source FROM documents ORDER BY doc_id").fetchall()
+    assert stored == [("a.md", str(tmp_path / "txt" / "a.md")), ("sub/b.txt", str(tmp_path / "txt" / "sub" / "b.txt"))]
 
 
 def test_interrupted_embed_keeps_whole_documents_and_resumes(trained_workspace, tmp_path, monkeypatch, corpus_file):

@@ -21,13 +21,28 @@ def test_reads_every_format_with_ids_titles_and_sources(tmp_path):
     (tmp_path / "c.csv").write_text("doc_id,title,body\nc1,Title C,csv body text\n")
     duckdb.sql(f"COPY (SELECT 'p1' AS id, 'parquet text' AS text) TO '{tmp_path / 'd.parquet'}' (FORMAT parquet)")
     docs = {d.id: d for d in read_documents([tmp_path])}
-    assert set(docs) == {str(tmp_path / "notes.md"), str(tmp_path / "plain.txt"), "j1", "j2", "k1", "c1", "p1"}
-    assert docs[str(tmp_path / "notes.md")].title == "Heading here"
-    assert docs[str(tmp_path / "plain.txt")].title == "plain"
+    assert set(docs) == {"notes.md", "plain.txt", "j1", "j2", "k1", "c1", "p1"}
+    assert docs["notes.md"].title == "Heading here" and docs["notes.md"].source == str(tmp_path / "notes.md")
+    assert docs["plain.txt"].title == "plain"
     assert docs["j1"].title == "T1" and docs["j1"].text == "first" and docs["j1"].source == str(tmp_path / "a.jsonl")
     assert docs["k1"].text == "from json"
     assert docs["c1"].text == "csv body text" and docs["c1"].title == "Title C"
     assert docs["p1"].text == "parquet text"
+
+
+def test_text_file_ids_are_relative_to_the_path_given(tmp_path, monkeypatch):
+    (tmp_path / "txt" / "sub").mkdir(parents=True)
+    (tmp_path / "txt" / "a.md").write_text("alpha\n")
+    (tmp_path / "txt" / "sub" / "b.md").write_text("beta\n")
+    monkeypatch.chdir(tmp_path)
+    relative, absolute = list(read_documents([Path("txt")])), list(read_documents([tmp_path / "txt"]))
+    assert [d.id for d in relative] == [d.id for d in absolute] == ["a.md", "sub/b.md"]
+    assert [d.source for d in relative] == [d.source for d in absolute] == [str(tmp_path / "txt" / "a.md"), str(tmp_path / "txt" / "sub" / "b.md")]
+    assert [d.id for d in read_documents([Path("txt/sub/b.md")])] == ["b.md"]  # a file given itself: its name
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "a.md").write_text("another alpha\n")
+    with pytest.raises(PipelineError, match=r"other/a\.md: duplicate document id 'a\.md' \(first seen at txt/a\.md\)"):
+        list(read_documents([Path("txt"), Path("other")]))
 
 
 def test_text_field_option_and_unknown_field(tmp_path):
@@ -41,6 +56,19 @@ def test_undetectable_text_field_names_the_fields(tmp_path):
     f = write_jsonl(tmp_path / "x.jsonl", [{"id": "1", "words": "w"}])
     with pytest.raises(PipelineError, match=r"x\.jsonl:1: no text field found \(fields: id, words\)"):
         list(read_documents([f]))
+
+
+def test_a_text_field_that_is_not_a_string_is_refused_naming_file_line_and_field(tmp_path):
+    f = write_jsonl(tmp_path / "x.jsonl", [{"id": "1", "text": "fine"}, {"id": "2", "text": 42}])
+    with pytest.raises(PipelineError, match=r"x\.jsonl:2: field 'text' holds a number, not text$"):
+        list(read_documents([f]))
+    write_jsonl(f, [{"id": "1", "body": {"words": "inside"}}])
+    with pytest.raises(PipelineError, match=r"x\.jsonl:1: field 'body' holds an object, not text$"):
+        list(read_documents([f]))
+    g = tmp_path / "y.json"
+    g.write_text(json.dumps([{"id": "1", "text": [1, 2]}]))
+    with pytest.raises(PipelineError, match=r"y\.json:row 1: field 'text' holds an array, not text$"):
+        list(read_documents([g]))
 
 
 def test_broken_jsonl_line_is_reported_as_file_and_line(tmp_path):
@@ -59,6 +87,18 @@ def test_binary_and_non_utf8_files_are_skipped_with_a_warning(tmp_path, capsys):
     warnings = capsys.readouterr().err
     assert "latin1.txt: not UTF-8 (byte 0xe9 at offset 3)" in warnings
     assert "blob.txt: binary file" in warnings
+
+
+def test_warnings_print_file_names_verbatim(tmp_path, capsys):
+    odd = tmp_path / "odd[" / "x]" / "[red]"  # the path holds "[/x]" and "[red]", which rich would read as markup
+    odd.mkdir(parents=True)
+    (odd / "good.txt").write_text("fine")
+    (odd / "blob.txt").write_bytes(b"\x00binary")
+    (odd / ":warning:.txt").write_bytes("caf\xe9".encode("latin-1"))
+    assert [d.id for d in read_documents([tmp_path])] == ["odd[/x]/[red]/good.txt"]
+    warnings = capsys.readouterr().err
+    assert f"warning: skipping {odd / 'blob.txt'}: binary file" in warnings
+    assert f"warning: skipping {odd / ':warning:.txt'}: not UTF-8" in warnings
 
 
 def test_missing_path_empty_corpus_and_duplicates(tmp_path):

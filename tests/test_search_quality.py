@@ -76,6 +76,15 @@ def test_filters_restrict_results(engine, corpus_file):
     assert len(rows) > 5
 
 
+def test_a_relative_source_glob_is_read_from_the_current_directory(engine, corpus_file, monkeypatch):
+    monkeypatch.chdir(corpus_file.parent.parent)
+    folder = corpus_file.parent.name
+    for glob in (f"{folder}/*.jsonl", f"./{folder}/corpus.*", "*.jsonl"):
+        hits = engine.search("cells", k=5, mode="lexical", filters=Filters(source=glob))
+        assert len(hits) == 5 and {h.source for h in hits} == {str(corpus_file)}, glob
+    assert engine.search("cells", k=5, mode="lexical", filters=Filters(source="elsewhere/*.jsonl")) == []
+
+
 def test_bad_requests_are_pipeline_errors(engine):
     for query, k, mode, message in [("", 5, None, "empty query"), ("x" * 2001, 5, None, "query too long"),
                                     ("q", 0, None, "k must be between"), ("q", 5, "fuzzy", "unknown mode")]:

@@ -1,5 +1,4 @@
 """`pipeline serve`: a real uvicorn server on loopback, real HTTP requests, a real headless browser."""
-import json
 import os
 import shutil
 import socket
@@ -29,9 +28,6 @@ def free_port() -> int:
 def workspace(trained_workspace, tmp_path_factory) -> Path:
     ws = tmp_path_factory.mktemp("serve") / "ws"
     shutil.copytree(trained_workspace, ws)
-    manifest = json.loads((ws / "manifest.json").read_text())
-    manifest["embedder"]["model_path"] = str(ws / "model")
-    (ws / "manifest.json").write_text(json.dumps(manifest))
     return ws
 
 
