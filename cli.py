@@ -309,7 +309,7 @@ def index(
     ws = Workspace(workspace)
     summary = build_index(ws, index_type)
     embedder = ws.require("embedder", "run `pipeline embed` first")
-    summary["search"] = choose_default_mode(ws, load_embedder(Path(embedder["model_path"])), summary["embedder_fingerprint"])
+    summary["search"] = choose_default_mode(ws, load_embedder(ws.embedder_model_dir(embedder)), summary["embedder_fingerprint"])
     if json_output:
         out.print_json(json.dumps(summary))
 
@@ -406,7 +406,8 @@ def tune(
     workspace: WorkspaceOption = Path("workspace"),
     data: DataOption = None,
     text_field: TextFieldOption = None,
-    pairs_from: Annotated[str, typer.Option(help="Pairs the corpus gives, comma-separated: title, ict, neighbours, dropout.")] = "title,ict",
+    pairs_from: Annotated[str, typer.Option(help="Pairs the corpus gives, comma-separated: title, ict, neighbours, dropout.")] = "title,ict,neighbours",
+    hard_negatives: Annotated[bool, typer.Option("--hard-negatives/--no-hard-negatives", help="Give each pair a negative mined with BM25 (a document sharing the anchor's words that is not its own).")] = True,
     pairs: Annotated[Optional[Path], typer.Option(help="Labelled pairs, JSON lines: {\"query\": ..., \"document\": text} or {\"query\": ..., \"doc_id\": ...}.")] = None,
     architecture: Annotated[str, typer.Option(help="static (the GPT-2's token embeddings, mean of a text's tokens; fast, best on CPU) or transformer (the whole GPT-2 plus pooling).")] = "static",
     pooling: Annotated[str, typer.Option(help="With --architecture transformer: mean, weightedmean (position-weighted, SGPT) or lasttoken.")] = "mean",
@@ -441,7 +442,7 @@ def tune(
 
     ws = Workspace(workspace)
     settings = TuneSettings(architecture=architecture, pooling=pooling, pair_kinds=tuple(k.strip() for k in pairs_from.split(",") if k.strip()),
-                            pairs_file=pairs, steps=steps, batch_size=batch_size, mini_batch=mini_batch, lr=lr,
+                            pairs_file=pairs, hard_negatives=hard_negatives, steps=steps, batch_size=batch_size, mini_batch=mini_batch, lr=lr,
                             max_seq_length=max_seq_length, seed=seed)
     docs = list(source_documents(ws, list(data or []), text_field))
     summary = run_tune(ws, docs, settings)

@@ -43,6 +43,7 @@ from pathlib import Path
 from common.console import info, warn
 from common.errors import PipelineError
 from common.heldout import is_held_out, sentences
+from common.lexical import LexicalIndex
 from common.models import embedding_text, ensure_pad_token
 from common.readers import Document
 from common.workspace import Workspace, model_fingerprint
@@ -53,13 +54,15 @@ POOLING_MODES = ("mean", "weightedmean", "lasttoken")
 DEFAULT_LR = {"static": 5e-2, "transformer": 3e-4}
 PAIR_KINDS = ("title", "ict", "neighbours", "dropout")
 TUNED_DIR = "tuned"
+HARD_NEGATIVE_DEPTH = 8  # a hard negative is drawn from the anchor's top BM25 documents, its own excluded
 
 
 @dataclass
 class TuneSettings:
     architecture: str = "static"
     pooling: str = "mean"  # the transformer's; a static embedding is always a mean
-    pair_kinds: tuple[str, ...] = ("title", "ict")
+    pair_kinds: tuple[str, ...] = ("title", "ict", "neighbours")
+    hard_negatives: bool = True  # each pair also gets a BM25-mined negative
     pairs_file: Path | None = None  # labelled (query, document) pairs, JSON lines
     steps: int = 500
     batch_size: int = 128
@@ -151,29 +154,49 @@ def read_labelled_pairs(path: Path, documents: dict[str, Document]) -> list[tupl
     return pairs
 
 
-def make_pairs(docs: list[Document], settings: TuneSettings, labelled: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], dict]:
-    """Enough (anchor, positive) pairs for settings.steps batches: rounds over the corpus, one pair per
-    document per round, of a kind drawn at random among those the document can give."""
+def make_pairs(docs: list[Document], settings: TuneSettings, labelled: list[tuple[str, str]]) -> tuple[list[tuple[str, str, int | None]], dict]:
+    """Enough (anchor, positive, source document's index) triples for settings.steps batches: rounds over
+    the corpus, one pair per document per round, of a kind drawn at random among those the document can
+    give; labelled pairs have no source document (None)."""
     rng = random.Random(settings.seed)
     max_chars = settings.max_seq_length * 6  # ample for max_seq_length tokens; the tokenizer truncates the rest
     needed = settings.steps * settings.batch_size
-    pairs: list[tuple[str, str]] = []
+    pairs: list[tuple[str, str, int | None]] = []
     counts = {kind: 0 for kind in (*settings.pair_kinds, "labelled")}
     while len(pairs) < needed:
         before = len(pairs)
-        for doc in rng.sample(docs, len(docs)):
+        for i in rng.sample(range(len(docs)), len(docs)):
             for kind in rng.sample(settings.pair_kinds, len(settings.pair_kinds)):
-                pair = pair_for(doc, kind, rng, max_chars)
+                pair = pair_for(docs[i], kind, rng, max_chars)
                 if pair is not None:
-                    pairs.append(pair)
+                    pairs.append((*pair, i))
                     counts[kind] += 1
                     break
-        pairs.extend(labelled)
+        pairs.extend((query, document, None) for query, document in labelled)
         counts["labelled"] += len(labelled)
         if len(pairs) == before:
             raise PipelineError(f"no document gives a training pair of kind {', '.join(settings.pair_kinds)} "
                                 "(titles need text, ict needs 3+ sentences); try --pairs-from dropout")
     return pairs, counts
+
+
+def hard_negatives(docs: list[Document], pairs: list[tuple[str, str, int | None]], settings: TuneSettings) -> list[str]:
+    """One negative per pair: a document BM25 ranks among the top HARD_NEGATIVE_DEPTH for the anchor that is
+    not the pair's own. It shares the anchor's words, so the model has to learn more than word overlap to
+    tell them apart, which random in-batch negatives rarely ask of it. A pair with no such document (or a
+    labelled pair, whose document may be any of them) gets a random other document."""
+    rng = random.Random(settings.seed + 1)
+    max_chars = settings.max_seq_length * 6
+    texts = [embedding_text(d.title, " ".join(d.text.split()))[:max_chars] for d in docs]
+    lexical = LexicalIndex.build([(i, d.title, d.text) for i, d in enumerate(docs)])
+    ranked = lexical.top_many([anchor for anchor, _, _ in pairs], HARD_NEGATIVE_DEPTH + 1)
+    negatives = []
+    for (_, _, source), candidates in zip(pairs, ranked):
+        others = [int(c) for c in candidates if int(c) != source][:HARD_NEGATIVE_DEPTH] if source is not None else []
+        if not others:
+            others = [j for j in (rng.randrange(len(docs)) for _ in range(3)) if j != source] or [0]
+        negatives.append(texts[rng.choice(others)])
+    return negatives
 
 
 # ---- training
@@ -225,7 +248,12 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings) -> dic
     else:
         loss = MultipleNegativesRankingLoss(model)
 
-    dataset = Dataset.from_dict({"anchor": [a for a, _ in pairs], "positive": [p for _, p in pairs]})
+    columns = {"anchor": [a for a, _, _ in pairs], "positive": [p for _, p, _ in pairs]}
+    if settings.hard_negatives and len(training_docs) > 1:
+        start = time.perf_counter()
+        columns["negative"] = hard_negatives(training_docs, pairs, settings)
+        info(f"mined a BM25 hard negative for each pair in {time.perf_counter() - start:.0f}s")
+    dataset = Dataset.from_dict(columns)
     scratch = Path(tempfile.mkdtemp(dir=ws.root, prefix=".tune."))
     start = time.perf_counter()
 
@@ -258,7 +286,7 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings) -> dic
         shutil.rmtree(scratch, ignore_errors=True)
 
     summary = {"path": TUNED_DIR, "fingerprint": model_fingerprint(out_dir), "base_fingerprint": base_fingerprint,
-               "architecture": settings.architecture, "pooling": settings.pooling, "pairs": counts, "steps": settings.steps, "batch_size": settings.batch_size,
+               "architecture": settings.architecture, "pooling": settings.pooling, "pairs": counts, "hard_negatives": "negative" in columns, "steps": settings.steps, "batch_size": settings.batch_size,
                "loss": "cached_mnrl" if settings.mini_batch else "mnrl", "lr": settings.lr,
                "max_seq_length": settings.max_seq_length, "dropout": settings.dropout,
                "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else result.training_loss,

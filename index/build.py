@@ -2,7 +2,7 @@
 
 Vectors are L2-normalised, so every index uses inner product (= cosine similarity). Chunk ids are
 kept through IndexIDMap2. The index file is written to a temporary name and renamed, so a crash
-mid-build leaves the previous index usable. The lexical index (search/lexical.py) goes into a new
+mid-build leaves the previous index usable. The lexical index (common/lexical.py) goes into a new
 versioned directory; the manifest's "index" section, written last, names both files, so a reader
 that follows the manifest (`pipeline serve`) always sees a matching pair.
 """
@@ -20,7 +20,7 @@ from common.console import info
 from common.errors import PipelineError
 from common.store import Store
 from common.workspace import Workspace, atomic_write_bytes
-from search.lexical import LexicalIndex, remove_old_versions
+from common.lexical import LexicalIndex, remove_old_versions
 
 INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")
 EXACT_LIMIT = 50_000  # below this many vectors exact search is fast enough and has perfect recall

@@ -21,7 +21,7 @@ from common.models import embedding_text, encode
 from common.store import Store
 from common.workspace import Workspace
 from search.engine import fuse
-from search.lexical import LexicalIndex
+from common.lexical import LexicalIndex
 
 MAX_PAIRS = 300
 MAX_COLLECTION_CHUNKS = 50_000  # larger collections are measured on a sample of their documents

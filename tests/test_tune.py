@@ -12,7 +12,7 @@ from common.readers import Document, read_documents
 from common.workspace import Workspace
 from conftest import run_cli, scifact_slice
 from common.heldout import sentences
-from embed.tune import TuneSettings, make_pairs, pair_for, read_labelled_pairs
+from embed.tune import TuneSettings, hard_negatives, make_pairs, pair_for, read_labelled_pairs
 
 ABSTRACT = ("Vitamin D is made in the skin. Sunlight drives its synthesis. Older people make less of it. "
             "Supplements raise blood levels. Bone density depends on it. Deficiency is common in winter.")
@@ -41,6 +41,23 @@ def test_make_pairs_covers_the_steps_one_pair_per_document_per_round(corpus_file
     assert len(pairs) >= 320 and counts["title"] > 0 and counts["ict"] > 0
     rounds = -(-320 // (len(docs) + 1))
     assert counts["labelled"] == rounds and sum(counts.values()) == len(pairs)
+    assert all(source is None if (anchor, positive) == ("a query", "its document") else docs[source].text
+               for anchor, positive, source in pairs)
+
+
+def test_hard_negatives_share_the_anchors_words_and_are_never_its_own_document(corpus_file):
+    from common.lexical import tokenize
+    from common.models import embedding_text
+
+    docs = list(read_documents([corpus_file]))
+    settings = TuneSettings(steps=4, batch_size=32)
+    pairs, _ = make_pairs(docs, settings, [])
+    negatives = hard_negatives(docs, pairs, settings)
+    assert len(negatives) == len(pairs)
+    own = [embedding_text(docs[source].title, " ".join(docs[source].text.split())) for _, _, source in pairs]
+    assert not any(negative == text[:len(negative)] for negative, text in zip(negatives, own))
+    shared = [bool(set(tokenize([anchor])[0]) & set(tokenize([negative])[0])) for (anchor, _, _), negative in zip(pairs, negatives)]
+    assert sum(shared) >= 0.9 * len(pairs)  # BM25 ranked them for the anchor's words (a few fall back to random)
 
 
 def test_labelled_pairs_file(tmp_path):
@@ -129,7 +146,9 @@ def test_static_tune_from_the_pretrained_token_embeddings_finds_documents_by_tit
     assert tuned["architecture"] == "static" and tuned["lr"] == 5e-2 and tuned["final_loss"] < tuned["first_loss"]
     status = json.loads(run_cli("status", "-w", str(tmp_path / "static"), "--json").stdout)["parts"]
     assert status["tuned"]["state"] == "ok" and status["tuned"]["detail"].startswith("static embedder, 150 steps")
-    assert status["index"]["detail"].endswith("BM25 lexical index") and status["search"]["state"] == "default"
+    assert status["index"]["detail"].endswith("BM25 lexical index")
+    # pipeline index chose the default mode on held-out pairs of the corpus, for this model
+    assert status["search"]["state"] == "ok" and status["search"]["detail"].endswith("(chosen on held-out corpus pairs)")
     modules = json.loads((tmp_path / "static" / "tuned" / "modules.json").read_text())
     assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["StaticEmbedding"]
     # The untuned transformer's mean-pooled states rarely put a document first for its own title; the tuned static embedder mostly does.

@@ -1,5 +1,8 @@
 """The lexical (BM25) index over the stored chunks, with bm25s.
 
+Shared by the stages that rank text lexically: `pipeline index` builds and saves it, search and the
+default-mode measurement query it, and `pipeline tune` mines hard negatives with it.
+
 Each chunk is indexed as its document's title followed by the chunk text (what the dense side embeds
 too), lower-cased, English stop words removed, Snowball-stemmed. The index lives in its own directory
 under the workspace's index/ folder: it is written to a temporary directory, renamed to a new
@@ -80,6 +83,15 @@ class LexicalIndex:
         positions, scores = positions[0], scores[0]
         keep = scores > 0  # bm25s pads with zero-score documents that share no word with the query
         return self.chunk_ids[positions[keep]], scores[keep].astype(np.float32)
+
+
+    def top_many(self, queries: list[str], k: int) -> list[np.ndarray]:
+        """The best k chunk ids of each query, best first (batched: for many queries at once)."""
+        k = min(k, len(self.chunk_ids))
+        if k == 0:
+            return [np.zeros(0, np.int64) for _ in queries]
+        positions, scores = self.retriever.retrieve(tokenize(queries), k=k, show_progress=False)
+        return [self.chunk_ids[p[s > 0]] for p, s in zip(positions, scores)]
 
 
 def remove_old_versions(index_dir: Path, keep: Path) -> None:
