@@ -23,7 +23,7 @@ def pretrained_workspace(path: Path, steps: int = 300) -> Path:
     """A workspace whose tiny model was pretrained on all of SciFact (reused if already there)."""
     if not (path / "model" / "model.safetensors").exists():
         pipeline("pretrain", "-w", str(path), "--data", str(SCIFACT / "corpus.jsonl"), "--preset", "tiny",
-                 "--max-steps", str(steps), "--log-every", "50", "--eval-every", str(steps))
+                 "--max-steps", str(steps), "--log-every", "50", "--eval-every", str(steps), "--no-adapt")
     return path
 
 

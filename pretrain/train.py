@@ -449,7 +449,7 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
     if not main:
         return {}
     summary = {"path": "model", "preset": cfg.preset, "steps": cfg.max_steps, "final_loss": loss_value,
-               "final_val_loss": val_loss, "parameters": n_params, "config": asdict(cfg.model),
+               "final_val_loss": val_loss, "parameters": n_params, "config": asdict(cfg.model), "seq_len": cfg.seq_len, "batch_size": cfg.batch_size, "lr": cfg.lr,
                "plan": plan.to_dict(), **({"prediction": prediction} if prediction else {})}
     if export:
         export_model(state, cfg.model, load_tokenizer(ws.tokenizer_dir), ws.model_dir)
