@@ -141,6 +141,12 @@ def pretrain(
     from pretrain.parallel import ParallelConfig
     from pretrain.train import checkpoint_dirs, config_from_checkpoint, prepare_data
 
+    from pretrain.sizing import parse_duration
+
+    try:
+        budget_s = parse_duration(time_budget)
+    except ValueError as e:
+        raise PipelineError(f"--time-budget: {e}") from None
     ws = Workspace(workspace).create()
     if ray is not None and (nnodes != 1 or node_rank != 0 or master_addr or master_port):
         raise PipelineError("--ray places the workers itself: drop --nnodes/--node-rank/--master-addr/--master-port")
@@ -212,12 +218,8 @@ def pretrain(
         if not shape_given:
             import time
 
-            from pretrain.sizing import parse_duration, size_to_budget
+            from pretrain.sizing import size_to_budget
 
-            try:
-                budget_s = parse_duration(time_budget)
-            except ValueError as e:
-                raise PipelineError(f"--time-budget: {e}") from None
             started = time.monotonic()
             cfg.preset, cfg.vocab_size = "sized", vocab_size or 0  # 0: sized to the corpus
             meta = prepare_data(ws, list(data or []), text_field, cfg)

@@ -123,3 +123,35 @@ def test_zero_steps_exports_the_model_at_initialisation(tmp_path, corpus_file):
     torch.testing.assert_close(exported["transformer.wte.weight"], initial.tok_emb.weight.detach(), rtol=0, atol=0)
     torch.testing.assert_close(exported["transformer.h.1.mlp.c_fc.weight"], initial.layers["1"].mlp.fc_in.weight.detach().t(),
                                rtol=0, atol=0)
+
+
+def test_sizing_moves_up_the_ladder_on_a_faster_machine_and_discounts_repeated_data():
+    from pretrain.sizing import LADDER, choose_shape, predicted_loss
+
+    # Repeated tokens are worth less than new ones, and more than none.
+    assert predicted_loss(10**6, 10**7, 10**7) < predicted_loss(10**6, 10**7, 10**6) < predicted_loss(10**6, 10**6, 10**6)
+
+    def machine(flops_per_s: float):
+        def timer(shape, vocab_size, device):  # a step costs its training FLOPs at this speed
+            parameters = 12 * shape.n_layer * shape.n_embd**2 + vocab_size * shape.n_embd
+            return parameters, 6 * parameters * shape.batch_size * shape.seq_len / flops_per_s
+        return timer
+    chosen = {speed: choose_shape(2_000_000, 8192, 600, torch.device("cpu"), timer=machine(speed))[0] for speed in (5e10, 5e13)}
+    slow, fast = chosen[5e10], chosen[5e13]
+    assert LADDER.index(fast.shape) > LADDER.index(slow.shape)
+    assert slow.epochs > 1 and slow.steps >= 100  # a small corpus on a CPU: a small model, several epochs
+
+
+def test_pretrain_without_a_shape_is_sized_to_the_time_budget(tmp_path, corpus_file):
+    from pretrain.sizing import LADDER
+
+    ws = tmp_path / "ws"
+    result = run_cli("pretrain", "-w", str(ws), "--data", str(corpus_file), "--time-budget", "15s", "--no-adapt", "--log-every", "5")
+    assert "sizing for" in result.stderr and "chosen:" in result.stderr
+    model = json.loads((ws / "manifest.json").read_text())["model"]
+    shapes = {(s.n_layer, s.n_embd, s.n_head, s.batch_size) for s in LADDER}
+    assert model["preset"] == "sized" and model["steps"] >= 1
+    assert (model["config"]["n_layer"], model["config"]["n_embd"], model["config"]["n_head"], model["batch_size"]) in shapes
+    bad = run_cli("pretrain", "-w", str(tmp_path / "bad"), "--data", str(corpus_file), "--time-budget", "soon", check=False)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["error: --time-budget: 'soon' is not a duration (e.g. 90s, 15m, 1.5h)"]
+    assert not (tmp_path / "bad").exists()
