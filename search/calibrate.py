@@ -112,7 +112,8 @@ def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> dict
     scores = {**result["ndcg@10"], "hybrid": result["hybrid_ndcg@10"][best_weight]}
     mode = max(("lexical", "hybrid", "dense"), key=lambda m: scores[m])  # ties go to the cheaper, lexical first
     section = {"default_mode": mode, "dense_weight": best_weight, "embedder_fingerprint": embedder_fingerprint,
-               "chosen_by": CHOSEN_BY, "ndcg@10": scores, **result}
+               "chosen_by": CHOSEN_BY, "ndcg@10": scores, "hybrid_ndcg@10": result["hybrid_ndcg@10"],
+               "pairs": result["pairs"], "collection_documents": result["collection_documents"]}
     ws.update_manifest("search", section)
     info(f"default search mode: {mode} (nDCG@10 on {result['pairs']} held-out corpus pairs: lexical {scores['lexical']:.3f}, "
          f"dense {scores['dense']:.3f}, hybrid {scores['hybrid']:.3f} at dense weight {best_weight})")

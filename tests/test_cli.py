@@ -35,7 +35,7 @@ def test_status_reports_a_consistent_workspace(trained_workspace):
     report = json.loads(run_cli("status", "-w", str(trained_workspace), "--json").stdout)
     assert report["problems"] == []
     assert {name: part["state"] for name, part in report["parts"].items()} == {
-        "tokenizer": "ok", "model": "ok", "tuned": "none", "vectors": "ok", "index": "ok", "search": "default"}
+        "tokenizer": "ok", "model": "ok", "tuned": "none", "vectors": "ok", "index": "ok", "search": "ok"}
 
 
 def test_status_of_a_missing_workspace_says_so_and_fails(tmp_path):

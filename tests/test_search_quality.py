@@ -134,6 +134,28 @@ def test_eval_scores_every_mode_with_pytrec_eval_and_sets_the_default(trained_wo
     table = run_cli("eval", "-w", str(trained_workspace), "--queries", str(judged_titles / "queries.jsonl"),
                     "--qrels", str(judged_titles / "qrels.tsv"), "--mode", "lexical").stdout
     assert table.startswith("lexical ") and "nDCG@10" in table and "Recall@100 1.0000" in table and "MRR@10" in table
+    # A mode chosen on judged queries is kept when `pipeline index` runs again for the same model.
+    run_cli("eval", "-w", str(ws), "--queries", str(judged_titles / "queries.jsonl"), "--qrels", str(judged_titles / "qrels.tsv"),
+            "--mode", "all", "--set-default", "--dense-weight", "0.2")
+    run_cli("index", "-w", str(ws))
+    search = json.loads((ws / "manifest.json").read_text())["search"]
+    assert search["chosen_by"] == "judged queries" and search["default_mode"] == best
+
+
+def test_index_chooses_the_default_mode_on_held_out_corpus_pairs(trained_workspace):
+    from common.heldout import is_held_out
+
+    manifest = json.loads((trained_workspace / "manifest.json").read_text())
+    search = manifest["search"]
+    assert search["chosen_by"] == "held-out corpus pairs" and search["embedder_fingerprint"] == manifest["index"]["embedder_fingerprint"]
+    assert 0 < search["pairs"] <= search["collection_documents"] == manifest["embedder"]["documents"]
+    scores = search["ndcg@10"]
+    assert all(0.0 <= v <= 1.0 for v in scores.values()) and scores["hybrid"] == max(search["hybrid_ndcg@10"].values())
+    assert scores[search["default_mode"]] == max(scores.values())
+    assert SearchEngine(Workspace(trained_workspace), load_model=False).resolve_mode(None) == search["default_mode"]
+    # The split is a fixed function of the id: about 5% of documents are held out, the same ones every time.
+    ids = [f"doc-{i}" for i in range(2000)]
+    assert 60 <= sum(map(is_held_out, ids)) <= 140 and [is_held_out(i) for i in ids] == [is_held_out(i) for i in ids]
 
 
 def test_eval_agrees_with_a_hand_computed_reciprocal_rank(judged_titles, engine):

@@ -1,5 +1,6 @@
 """`pipeline serve`: a real uvicorn server on loopback, real HTTP requests, a real headless browser."""
 import os
+import json
 import shutil
 import socket
 import subprocess
@@ -64,11 +65,12 @@ def client(server):
         yield c
 
 
-def test_search_get_and_post_return_ranked_documents(client):
+def test_search_get_and_post_return_ranked_documents(client, workspace):
     got = client.get("/search", params={"q": "cancer cells and tumour growth", "k": 5})
     assert got.status_code == 200
     body = got.json()
-    assert body["mode"] == client.get("/health").json()["default_mode"] == "lexical"  # no measured default: lexical
+    chosen = json.loads((workspace / "manifest.json").read_text())["search"]["default_mode"]  # by `pipeline index`
+    assert body["mode"] == client.get("/health").json()["default_mode"] == chosen
     assert [h["rank"] for h in body["results"]] == [1, 2, 3, 4, 5]
     assert len({h["doc_id"] for h in body["results"]}) == 5
     assert all(a["score"] >= b["score"] for a, b in zip(body["results"], body["results"][1:]))
