@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -139,9 +140,8 @@ def pretrain(
     from pretrain.launch import default_nproc, parse_split
     from pretrain.launch import run_training as launch_training
     from pretrain.parallel import ParallelConfig
+    from pretrain.sizing import parse_duration, size_to_budget
     from pretrain.train import checkpoint_dirs, config_from_checkpoint, prepare_data
-
-    from pretrain.sizing import parse_duration
 
     try:
         budget_s = parse_duration(time_budget)
@@ -216,10 +216,6 @@ def pretrain(
         if not auto:
             plan.validate(cfg.model, cfg)  # fail before the data is prepared
         if not shape_given:
-            import time
-
-            from pretrain.sizing import size_to_budget
-
             started = time.monotonic()
             cfg.preset, cfg.vocab_size = "sized", vocab_size or 0  # 0: sized to the corpus
             meta = prepare_data(ws, list(data or []), text_field, cfg)

@@ -10,8 +10,9 @@ time budget, and a scaling law predicts the loss each shape would reach. The low
                                                         new data, more decay in value (R* = 15.4)
 
 with N the model's parameters, D the tokens trained on and U the corpus's unique training tokens.
-Small corpora therefore get small models trained for several epochs; a fast machine (a GPU) or a long
-budget moves up the ladder. The ladder is walked from the smallest shape and stops once the predicted
+Repetition is discounted, so a longer budget or a faster machine (a GPU) buys a larger model rather
+than ever more epochs of a small one; on 2 CPU cores and SciFact (1.7M tokens) 12 minutes chose 6
+layers, d=192, for about one epoch. The ladder is walked from the smallest shape and stops once the predicted
 loss rises (it falls, then rises, as shapes get slower) or a shape could not take MIN_STEPS steps.
 """
 from __future__ import annotations

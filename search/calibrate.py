@@ -54,14 +54,14 @@ def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
     if len(rows) > MAX_COLLECTION_CHUNKS:
         other_docs = rng.sample(other_docs, k=max(1, len(other_docs) * MAX_COLLECTION_CHUNKS // len(rows)))
     in_collection = set(other_docs)
-    keep = np.array([r[1] in in_collection for r in rows], dtype=bool)
     others = [r for r in rows if r[1] in in_collection]
+    other_vectors = vectors[np.searchsorted(chunk_ids, np.array([r[0] for r in others], dtype=np.int64))]  # both sorted by chunk id
     titles = {d[0]: d[1] or "" for d in documents}
     doc_ids = list(pairs)
     queries = [pairs[d][0] for d in doc_ids]
     shortened = [embedding_text(titles[d], pairs[d][1]) for d in doc_ids]
     collection_ids = [r[1] for r in others] + doc_ids
-    collection_vectors = np.concatenate([vectors[keep], encode(model, shortened)])
+    collection_vectors = np.concatenate([other_vectors, encode(model, shortened)])
     query_vectors = encode(model, queries)
 
     lexical_rows = [(i, r[2], r[3]) for i, r in enumerate(others)] + [(len(others) + i, titles[d], pairs[d][1]) for i, d in enumerate(doc_ids)]
