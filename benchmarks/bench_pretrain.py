@@ -30,7 +30,7 @@ def main() -> None:
     for name, args in CASES.items():
         ws = Path(tempfile.mkdtemp()) / name
         pipeline("pretrain", "-w", str(ws), "--data", str(SCIFACT / "corpus.jsonl"), "--eval-every", "1000",
-                 "--checkpoint-every", "1000", *args)
+                 "--checkpoint-every", "1000", "--no-adapt", *args)
         steps = [json.loads(l) for l in (ws / "metrics.jsonl").read_text().splitlines() if '"train"' in l]
         steady = steps[1:] or steps  # the first interval includes warm-up
         results[name] = {
