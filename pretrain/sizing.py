@@ -103,8 +103,14 @@ def choose_shape(unique_tokens: int, vocab_size: int, seconds: float, device: to
     """The ladder shape with the lowest predicted loss within `seconds` of training, and every shape measured.
     `processes` data-parallel processes take that many times the tokens per second of one."""
     measured: list[Candidate] = []
+    candidate = None
     for shape in ladder:
-        parameters, step_s = timer(shape, vocab_size, device)
+        try:
+            parameters, step_s = timer(shape, vocab_size, device)
+        except torch.OutOfMemoryError:  # a shape whose batch does not fit the device: larger ones won't either
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            break
         steps = max(1, int(seconds * processes / step_s))
         tokens = steps * shape.batch_size * shape.seq_len
         candidate = Candidate(shape, parameters, step_s, steps, tokens, tokens / max(unique_tokens, 1),
@@ -114,7 +120,9 @@ def choose_shape(unique_tokens: int, vocab_size: int, seconds: float, device: to
         measured.append(candidate)
         if len(measured) > 1 and candidate.predicted_loss > measured[-2].predicted_loss:
             break
-    if not measured:  # even the smallest shape is slow here: take it, with as many steps as fit
+    if not measured:  # even the smallest shape is slow here (or too big): take it, with as many steps as fit
+        if candidate is None:
+            raise PipelineError(f"the smallest model shape does not fit on {device.type}: give --preset, or a shape with --n-layer/--n-embd and a --batch-size")
         measured.append(candidate)
     best = min(measured, key=lambda c: c.predicted_loss)
     return best, measured
