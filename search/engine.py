@@ -20,9 +20,9 @@ import faiss
 import numpy as np
 
 from common.errors import PipelineError
+from common.lexical import LexicalIndex
 from common.models import encode, load_embedder
 from common.workspace import Workspace, model_fingerprint
-from common.lexical import LexicalIndex
 
 MODES = ("dense", "lexical", "hybrid")
 # Which mode ranks best depends on the collection and the model: `pipeline index` measures it on held-out
