@@ -18,9 +18,9 @@ import numpy as np
 
 from common.console import info
 from common.errors import PipelineError
+from common.lexical import LexicalIndex, remove_old_versions
 from common.store import Store
 from common.workspace import Workspace, atomic_write_bytes
-from common.lexical import LexicalIndex, remove_old_versions
 
 INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")
 EXACT_LIMIT = 50_000  # below this many vectors exact search is fast enough and has perfect recall

@@ -17,11 +17,11 @@ import numpy as np
 
 from common.console import info
 from common.heldout import held_out_pair, is_held_out
+from common.lexical import LexicalIndex
 from common.models import embedding_text, encode
 from common.store import Store
 from common.workspace import Workspace
 from search.engine import fuse
-from common.lexical import LexicalIndex
 
 MAX_PAIRS = 300
 MAX_COLLECTION_CHUNKS = 50_000  # larger collections are measured on a sample of their documents
