@@ -84,7 +84,6 @@ class LexicalIndex:
         keep = scores > 0  # bm25s pads with zero-score documents that share no word with the query
         return self.chunk_ids[positions[keep]], scores[keep].astype(np.float32)
 
-
     def top_many(self, queries: list[str], k: int) -> list[np.ndarray]:
         """The best k chunk ids of each query, best first (batched: for many queries at once)."""
         k = min(k, len(self.chunk_ids))

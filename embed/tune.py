@@ -74,6 +74,11 @@ class TuneSettings:
     seed: int = 0
     log_every: int = 10
 
+    @property
+    def max_chars(self) -> int:
+        """Characters kept of a training text: ample for max_seq_length tokens; the tokenizer truncates the rest."""
+        return self.max_seq_length * 6
+
 
 def tuned_model_dir(ws: Workspace) -> Path | None:
     """The tuned model recorded in the manifest, if it is there and was tuned from the current pretrained model."""
@@ -160,7 +165,6 @@ def make_pairs(docs: list[Document], settings: TuneSettings, labelled: list[tupl
     the corpus, one pair per document per round, of a kind drawn at random among those the document can
     give; labelled pairs have no source document (None)."""
     rng = random.Random(settings.seed)
-    max_chars = settings.max_seq_length * 6  # ample for max_seq_length tokens; the tokenizer truncates the rest
     needed = settings.steps * settings.batch_size
     pairs: list[tuple[str, str, int | None]] = []
     counts = {kind: 0 for kind in (*settings.pair_kinds, "labelled")}
@@ -168,7 +172,7 @@ def make_pairs(docs: list[Document], settings: TuneSettings, labelled: list[tupl
         before = len(pairs)
         for i in rng.sample(range(len(docs)), len(docs)):
             for kind in rng.sample(settings.pair_kinds, len(settings.pair_kinds)):
-                pair = pair_for(docs[i], kind, rng, max_chars)
+                pair = pair_for(docs[i], kind, rng, settings.max_chars)
                 if pair is not None:
                     pairs.append((*pair, i))
                     counts[kind] += 1
@@ -187,16 +191,17 @@ def hard_negatives(docs: list[Document], pairs: list[tuple[str, str, int | None]
     tell them apart, which random in-batch negatives rarely ask of it. A pair with no such document (or a
     labelled pair, whose document may be any of them) gets a random other document."""
     rng = random.Random(settings.seed + 1)
-    max_chars = settings.max_seq_length * 6
-    texts = [embedding_text(d.title, " ".join(d.text.split()))[:max_chars] for d in docs]
+    texts = [embedding_text(d.title, " ".join(d.text.split()))[:settings.max_chars] for d in docs]
     lexical = LexicalIndex.build([(i, d.title, d.text) for i, d in enumerate(docs)])
     ranked = lexical.top_many([anchor for anchor, _, _ in pairs], HARD_NEGATIVE_DEPTH + 1)
     negatives = []
     for (_, _, source), candidates in zip(pairs, ranked):
         others = [int(c) for c in candidates if int(c) != source][:HARD_NEGATIVE_DEPTH] if source is not None else []
-        if not others:
-            others = [j for j in (rng.randrange(len(docs)) for _ in range(3)) if j != source] or [0]
-        negatives.append(texts[rng.choice(others)])
+        if others:
+            negatives.append(texts[rng.choice(others)])
+        else:  # any document but the pair's own (the caller ensures there are at least two)
+            j = rng.randrange(len(docs) - (source is not None))
+            negatives.append(texts[j + (source is not None and j >= source)])
     return negatives
 
 
