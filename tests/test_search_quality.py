@@ -2,6 +2,7 @@
 import json
 import shutil
 
+import numpy as np
 import pytest
 
 from common.errors import PipelineError
@@ -54,14 +55,22 @@ def test_hybrid_keeps_what_lexical_finds_and_returns_distinct_documents(engine, 
         assert len({h.doc_id for h in hits}) == len(hits) == 10
 
 
-def test_reciprocal_rank_fusion_weights():
+def test_fusion_combines_standardised_scores():
     dense = [(0.9, {"doc_id": "a"}), (0.8, {"doc_id": "b"}), (0.7, {"doc_id": "c"})]
-    lexical = [(9.0, {"doc_id": "c"}), (8.0, {"doc_id": "d"})]
-    assert [r["doc_id"] for _, r in fuse(dense, lexical, 1.0)][:3] == ["a", "b", "c"]
+    lexical = [(9.0, {"doc_id": "c"}), (8.9, {"doc_id": "d"}), (2.0, {"doc_id": "e"})]
+    assert [r["doc_id"] for _, r in fuse(dense, lexical, 1.0)][:2] == ["a", "b"]
     assert [r["doc_id"] for _, r in fuse(dense, lexical, 0.0)][:2] == ["c", "d"]
     balanced = fuse(dense, lexical, 0.5)
-    assert balanced[0][1]["doc_id"] == "c"  # in both lists: 0.5/63 + 0.5/61 beats 0.5/61
-    assert balanced[0][0] == pytest.approx(0.5 / 63 + 0.5 / 61)
+    # Each retriever adds weight * (score - its lowest score) / deviation of its scores. a leads dense by
+    # a clear gap; c is dense's last but BM25's first, barely ahead of d: a wins, where reciprocal rank
+    # fusion would put c, the only document in both lists, first.
+    expected = {"a": 0.5 * 0.2 / np.std([0.9, 0.8, 0.7]), "b": 0.5 * 0.1 / np.std([0.9, 0.8, 0.7]),
+                "c": 0.5 * 7.0 / np.std([9.0, 8.9, 2.0]), "d": 0.5 * 6.9 / np.std([9.0, 8.9, 2.0]), "e": 0.0}
+    assert [r["doc_id"] for _, r in balanced] == ["a", "c", "d", "b", "e"]
+    assert {r["doc_id"]: score for score, r in balanced} == pytest.approx(expected)
+    assert [r["doc_id"] for _, r in fuse(dense, [], 0.5)] == ["a", "b", "c"]
+    # a list of one document, or of equal scores: each counts as one deviation above the documents not returned
+    assert [r["doc_id"] for _, r in fuse([(0.5, {"doc_id": "x"})], [(1.0, {"doc_id": "y"}), (1.0, {"doc_id": "x"})], 0.5)][0] == "x"
 
 
 def test_filters_restrict_results(engine, corpus_file):
