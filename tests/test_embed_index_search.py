@@ -84,7 +84,7 @@ def test_a_directory_typed_relative_or_absolute_holds_the_same_documents(trained
     assert stored == [("a.md", str(tmp_path / "txt" / "a.md")), ("sub/b.txt", str(tmp_path / "txt" / "sub" / "b.txt"))]
 
 
-def test_interrupted_embed_keeps_whole_documents_and_resumes(trained_workspace, tmp_path, monkeypatch, corpus_file):
+def test_interrupted_embed_changes_nothing_search_sees_and_resumes(trained_workspace, tmp_path, monkeypatch, corpus_file):
     ws = Workspace(tmp_path / "ws")
     ws.create()
     shutil.copytree(trained_workspace / "model", ws.model_dir)
@@ -101,15 +101,16 @@ def test_interrupted_embed_keeps_whole_documents_and_resumes(trained_workspace, 
     with pytest.raises(KeyboardInterrupt):
         run_embed(ws, [corpus_file], None, settings)
     with Store(ws.db_path, read_only=True) as store:
-        counts = store.counts()
+        assert store.counts() == {"documents": 0, "chunks": 0, "vectors": 0} and store.generation() == 0
+        staged = store.con.execute("SELECT count(*) FROM staged_documents").fetchall()[0][0]
         orphans = store.con.execute(
-            "SELECT count(*) FROM documents d WHERE NOT EXISTS (SELECT 1 FROM chunks c WHERE c.doc_id = d.doc_id)").fetchall()[0][0]
+            "SELECT count(*) FROM staged_documents d WHERE NOT EXISTS (SELECT 1 FROM staged_chunks c WHERE c.doc_id = d.doc_id)").fetchall()[0][0]
         unvectored = store.con.execute(
-            "SELECT count(*) FROM chunks c WHERE NOT EXISTS (SELECT 1 FROM vectors v WHERE v.chunk_id = c.chunk_id)").fetchall()[0][0]
-    assert counts["documents"] == 40 and orphans == 0 and unvectored == 0
+            "SELECT count(*) FROM staged_chunks c WHERE NOT EXISTS (SELECT 1 FROM staged_vectors v WHERE v.chunk_id = c.chunk_id)").fetchall()[0][0]
+    assert staged == 40 and orphans == 0 and unvectored == 0  # whole documents, kept for the next run
     monkeypatch.setattr(embed_run, "encode", real_encode)
     resumed = run_embed(ws, [corpus_file], None, settings)
-    assert resumed["embedded_documents"] == 80 and resumed["documents"] == 120
+    assert resumed["embedded_documents"] == 80 and resumed["documents"] == 120 and resumed["store_generation"] == 1
 
 
 def test_each_index_type_finds_stored_vectors(trained_workspace, tmp_path):
@@ -132,8 +133,9 @@ def test_each_index_type_finds_stored_vectors(trained_workspace, tmp_path):
 
 def test_index_failure_leaves_the_previous_index(trained_workspace, tmp_path, monkeypatch):
     ws = copy_workspace(trained_workspace, tmp_path / "ws")
-    before = (ws.index_dir / "faiss.index").read_bytes()
-    files_before = sorted(p.name for p in ws.index_dir.iterdir())  # faiss.index and the lexical index's directory
+    recorded = ws.root / ws.read_manifest()["index"]["path"]
+    before = recorded.read_bytes()
+    files_before = sorted(p.name for p in ws.index_dir.iterdir())  # the FAISS file and the lexical index's directory
 
     def crash(*args):  # the process dies while serialising the new index
         raise KeyboardInterrupt
@@ -141,7 +143,7 @@ def test_index_failure_leaves_the_previous_index(trained_workspace, tmp_path, mo
     monkeypatch.setattr(faiss, "serialize_index", crash)
     with pytest.raises(KeyboardInterrupt):
         build_index(ws, "hnsw")
-    assert (ws.index_dir / "faiss.index").read_bytes() == before
+    assert recorded.read_bytes() == before and ws.root / ws.read_manifest()["index"]["path"] == recorded
     assert sorted(p.name for p in ws.index_dir.iterdir()) == files_before
 
 
