@@ -68,6 +68,34 @@ def test_incremental_embed_only_embeds_new_or_changed_and_prunes(trained_workspa
     assert n_chunks == 0 and text.endswith("An added sentence.")
 
 
+def test_a_new_chunking_embeds_the_stored_documents_again_and_search_waits_for_the_index(trained_workspace, tmp_path):
+    ws = copy_workspace(trained_workspace, tmp_path / "ws")
+    with Store(ws.db_path, read_only=True) as store:
+        stored = store.con.execute("SELECT doc_id, title, source, text FROM documents ORDER BY doc_id").fetchall()
+        old_ids = {r[0] for r in store.con.execute("SELECT chunk_id FROM chunks").fetchall()}
+    other = scifact_slice(tmp_path / "other.jsonl", 2, start=400)
+    summary = run_embed(ws, [other], None, EmbedSettings(chunk_tokens=48, overlap=8))
+    assert summary["documents"] == len(stored) + 2 and summary["embedded_documents"] == len(stored) + 2
+    with Store(ws.db_path, read_only=True) as store:
+        kept = store.con.execute("SELECT doc_id, title, source, text FROM documents WHERE doc_id IN "
+                                 "(SELECT unnest($ids)) ORDER BY doc_id", {"ids": [r[0] for r in stored]}).fetchall()
+        chunks = store.con.execute("SELECT chunk_id, n_tokens FROM chunks").fetchall()
+        assert store.counts()["vectors"] == len(chunks)
+    assert kept == stored  # every stored document is still there, unchanged
+    assert max(n for _, n in chunks) <= 48 and not {c for c, _ in chunks} & old_ids  # new chunks, never an old id
+
+    stale = run_cli("search", "-w", str(ws.root), "vitamin calcium", check=False)
+    assert stale.returncode == 2 and len(stale.stderr.strip().splitlines()) == 1
+    assert stale.stderr.startswith("error: the documents changed since the index was built") and "run `pipeline index`" in stale.stderr
+    build_index(ws)
+    title = json.loads(other.read_text().splitlines()[0])["title"]
+    hits = run_cli("search", "-w", str(ws.root), title, "--mode", "lexical", "--json").stdout.splitlines()
+    assert json.loads(hits[0])["doc_id"] == json.loads(other.read_text().splitlines()[0])["_id"]
+
+    pruned = run_embed(ws, [other], None, EmbedSettings(chunk_tokens=64, overlap=8, prune=True))  # asked for: only the source stays
+    assert pruned["documents"] == 2
+
+
 def test_a_directory_typed_relative_or_absolute_holds_the_same_documents(trained_workspace, tmp_path, monkeypatch):
     ws = Workspace(tmp_path / "ws").create()
     shutil.copytree(trained_workspace / "model", ws.model_dir)
