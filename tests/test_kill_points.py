@@ -1,37 +1,38 @@
 """SIGKILL `embed`, `index`, `tune` and `pretrain` (real CLI processes) at points inside their writes.
 
-Each kill point is a function call (tests/killpoint.py): inside a DuckDB transaction, between writing a
-file and recording it in the manifest, before and after swapping a directory. After each kill, search
+Each kill point is a function call (tests/killpoint.py, which forks each command from one process that
+imported the libraries once): inside a DuckDB transaction, between writing a file and recording it in
+the manifest, before and after swapping a directory. After each kill, search
 answers exactly as before the command, or, once the command's work is in place (its commit point
 passed), refuses the way it does after that command completed; re-running the command ends where an
 uninterrupted run ends.
 """
 import json
 import shutil
-import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from cli import app
 from common.errors import PipelineError
 from common.store import Store
 from common.workspace import Workspace, model_fingerprint
-from conftest import REPO, TINY_TRAINING, read_metrics, run_cli, scifact_slice
+from conftest import TINY_TRAINING, read_metrics, scifact_slice
 from embed.run import EmbedSettings, run_embed, source_documents
 from embed.tune import TuneSettings, run_tune
 from index.build import build_index
+from killpoint import Killer
 from search.engine import SearchEngine
 
 QUERIES = ["cancer cells and tumour growth", "vitamin D deficiency", "bone density"]
 
 
-def run_killed(target: str, nth: int, *args: str) -> None:
-    """Run `pipeline ARGS` and SIGKILL it on the nth call of target (tests/killpoint.py); the kill must happen."""
-    result = subprocess.run([sys.executable, str(REPO / "tests" / "killpoint.py"), target, str(nth), "--", *args],
-                            capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert result.returncode == -signal.SIGKILL, f"{target} was not reached:\n{result.stderr[-2000:]}"
+@pytest.fixture(scope="module")
+def killer(tmp_path_factory):
+    killer = Killer(tmp_path_factory.mktemp("killed"))
+    yield killer
+    killer.close()
 
 
 def answers(ws, modes=("lexical", "dense")) -> list:
@@ -54,7 +55,7 @@ def assert_same_store(a, b) -> None:
     np.testing.assert_allclose(vectors_a, vectors_b, atol=1e-6)
 
 
-def test_killed_embed_leaves_the_store_as_it_was_and_a_rerun_ends_as_an_uninterrupted_run(trained_workspace, tmp_path):
+def test_killed_embed_leaves_the_store_as_it_was_and_a_rerun_ends_as_an_uninterrupted_run(killer, trained_workspace, tmp_path):
     extra = scifact_slice(tmp_path / "extra.jsonl", 6, start=300)
     # A new chunking: every stored document is embedded again, with the new ones.
     straight = tmp_path / "straight"
@@ -67,10 +68,10 @@ def test_killed_embed_leaves_the_store_as_it_was_and_a_rerun_ends_as_an_uninterr
     for point in ("common.store:Store.stage",  # after start: documents read, model loaded
                   "common.store:Store.set_meta:next_chunk_id",  # inside the transaction writing the vectors
                   "common.store:Store.set_meta:generation"):  # inside the transaction publishing them
-        run_killed(point, 1, *args)
+        killer.run(point, 1, *args)
         assert answers(ws) == before, point
     # Killed after publishing, before the manifest: the store is new, the index is not.
-    run_killed("common.workspace:Workspace.update_manifest:embedder", 1, *args)
+    killer.run("common.workspace:Workspace.update_manifest:embedder", 1, *args)
     with pytest.raises(PipelineError, match=r"^the documents changed since the index was built .*: run `pipeline index`$"):
         SearchEngine(Workspace(ws), load_model=False)
     with pytest.raises(PipelineError, match="run `pipeline embed` again"):
@@ -82,7 +83,7 @@ def test_killed_embed_leaves_the_store_as_it_was_and_a_rerun_ends_as_an_uninterr
     assert answers(ws)  # consistent again
 
 
-def test_killed_index_keeps_the_previous_index_in_use_and_a_rerun_cleans_up(trained_workspace, tmp_path):
+def test_killed_index_keeps_the_previous_index_in_use_and_a_rerun_cleans_up(killer, trained_workspace, tmp_path):
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
     before, entry = answers(ws), Workspace(ws).read_manifest()["index"]
@@ -90,16 +91,16 @@ def test_killed_index_keeps_the_previous_index_in_use_and_a_rerun_cleans_up(trai
     for point in ("os:replace:.index",  # the FAISS file written to its temporary name, not renamed
                   "common.lexical:np.save:chunk_ids.npy",  # in the middle of writing the BM25 index
                   "common.workspace:Workspace.update_manifest:index"):  # both written, not recorded
-        run_killed(point, 1, *args)
+        killer.run(point, 1, *args)
         assert Workspace(ws).read_manifest()["index"] == entry and answers(ws) == before, point
-    run_killed("index.build:remove_other_files", 1, *args)  # recorded; older files not yet removed
+    killer.run("index.build:remove_other_files", 1, *args)  # recorded; older files not yet removed
     assert Workspace(ws).read_manifest()["index"]["build_id"] != entry["build_id"] and answers(ws) == before
     summary = build_index(Workspace(ws), "flat")
     assert sorted(p.name for p in (ws / "index").iterdir()) == sorted([summary["path"].split("/")[-1], summary["lexical_path"].split("/")[-1]])
     assert answers(ws) == before
 
 
-def test_killed_tune_keeps_the_previous_embedder_until_its_model_is_in_place(trained_workspace, tmp_path):
+def test_killed_tune_keeps_the_previous_embedder_until_its_model_is_in_place(killer, trained_workspace, tmp_path):
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
     settings = dict(steps=2, batch_size=8, hard_negatives=False)
@@ -109,10 +110,10 @@ def test_killed_tune_keeps_the_previous_embedder_until_its_model_is_in_place(tra
     build_index(Workspace(ws))
     before, tuned_before = answers(ws), model_fingerprint(ws / "tuned")
     args = ["tune", "-w", str(ws), "--steps", "2", "--batch-size", "8", "--no-hard-negatives", "--seed", "1"]
-    run_killed("embed.tune:replace_directory", 1, *args)  # trained and saved aside, not swapped in
+    killer.run("embed.tune:replace_directory", 1, *args)  # trained and saved aside, not swapped in
     assert model_fingerprint(ws / "tuned") == tuned_before and answers(ws) == before
     # Swapped in, not yet recorded: the embedder changed, as after a finished tune.
-    run_killed("common.workspace:Workspace.update_manifest:tuned", 1, *args)
+    killer.run("common.workspace:Workspace.update_manifest:tuned", 1, *args)
     swapped = model_fingerprint(ws / "tuned")
     assert swapped != tuned_before
     with pytest.raises(PipelineError, match="run `pipeline embed` and `pipeline index` again"):
@@ -121,26 +122,25 @@ def test_killed_tune_keeps_the_previous_embedder_until_its_model_is_in_place(tra
     assert summary["fingerprint"] == swapped  # the re-run ends with the model the killed run had made
 
 
-def test_killed_pretrain_keeps_the_previous_model_and_resumes_to_the_same_losses(trained_workspace, tmp_path, corpus_file):
+def test_killed_pretrain_keeps_the_previous_model_and_resumes_to_the_same_losses(killer, trained_workspace, tmp_path, corpus_file):
     args = ["--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "8", "--checkpoint-every", "2"]
     straight = tmp_path / "straight"
-    run_cli("pretrain", "-w", str(straight), *args)
+    cli("pretrain", "-w", str(straight), *args)
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
     before, model_before = answers(ws, ("dense",)), model_fingerprint(ws / "model")
 
     # Between the token files: a new run has started (the old checkpoints are gone), the old model is intact.
-    run_killed("os:replace:train.bin", 1, "pretrain", "-w", str(ws), *args)
+    killer.run("os:replace:train.bin", 1, "pretrain", "-w", str(ws), *args)
     assert not (ws / "checkpoints").exists()
-    assert run_cli("pretrain", "-w", str(ws), "--resume", check=False).returncode == 2
+    assert cli("pretrain", "-w", str(ws), "--resume", code=2)
     # In the middle of the third checkpoint (step 6): its tensors written, not its training state.
-    run_killed("pretrain.train:atomic_write_json:train_state.json", 3, "pretrain", "-w", str(ws), *args)
+    killer.run("pretrain.train:atomic_write_json:train_state.json", 3, "pretrain", "-w", str(ws), *args)
     assert sorted(p.name for p in (ws / "checkpoints").iterdir()) == ["step_00000002", "step_00000004", "step_00000006.tmp"]
     # Resumed, then killed while swapping in the exported model.
-    run_killed("pretrain.export:replace_directory", 1, "pretrain", "-w", str(ws), "--resume", "--no-adapt")
+    killer.run("pretrain.export:replace_directory", 1, "pretrain", "-w", str(ws), "--resume", "--no-adapt")
     assert model_fingerprint(ws / "model") == model_before and answers(ws, ("dense",)) == before
-    result = run_cli("pretrain", "-w", str(ws), "--resume", "--no-adapt")
-    assert "resumed from" in result.stderr
+    assert "resumed from" in cli("pretrain", "-w", str(ws), "--resume", "--no-adapt")
     resumes = [m["step"] for m in read_metrics(ws) if m["event"] == "resume"]
     assert resumes == [4, 8]  # the half-written checkpoint of step 6 was passed over
     want = [m["loss"] for m in read_metrics(straight) if m["event"] == "train"]
@@ -148,3 +148,10 @@ def test_killed_pretrain_keeps_the_previous_model_and_resumes_to_the_same_losses
     assert len(got) == len(want) == 8
     np.testing.assert_allclose(got, want, rtol=1e-6)
     assert json.loads((ws / "manifest.json").read_text())["model"]["fingerprint"] == model_fingerprint(ws / "model") != model_before
+
+
+def cli(*args: str, code: int = 0) -> str:
+    """`pipeline ARGS` in this process (its libraries are loaded already); returns the output."""
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == code, result.output
+    return result.output
