@@ -7,8 +7,8 @@ Layout (all paths relative to the workspace root):
     checkpoints/         step_XXXXXXXX/ directories (torch.distributed.checkpoint)
     model/               the exported Hugging Face + sentence-transformers model
     metrics.jsonl        one JSON object per logged training step / validation
-    pipeline.duckdb      documents, chunks and vectors
-    index/               the FAISS index (faiss.index) and its chunk-id map
+    pipeline.duckdb      documents, chunks and vectors (common/store.py)
+    index/               the FAISS index (faiss-<build>.index) and the BM25 index (lexical-<id>/)
 """
 from __future__ import annotations
 
