@@ -147,7 +147,7 @@ def pretrain(
         budget_s = parse_duration(time_budget)
     except ValueError as e:
         raise PipelineError(f"--time-budget: {e}") from None
-    ws = Workspace(workspace).create()
+    ws = Workspace(workspace)  # created when the data is prepared, after every check: a failed run writes nothing
     if ray is not None and (nnodes != 1 or node_rank != 0 or master_addr or master_port):
         raise PipelineError("--ray places the workers itself: drop --nnodes/--node-rank/--master-addr/--master-port")
     if ray is not None and nproc is None:

@@ -7,7 +7,7 @@ Each chunk is indexed as its document's title followed by the chunk text (what t
 too), lower-cased, English stop words removed, Snowball-stemmed. The index lives in its own directory
 under the workspace's index/ folder: it is written to a temporary directory, renamed to a new
 versioned name (lexical-<id>/) and only then recorded in the manifest, so a reader always finds a
-complete index; older versions are removed afterwards.
+complete index; `pipeline index` removes older versions afterwards.
 """
 from __future__ import annotations
 
@@ -91,9 +91,3 @@ class LexicalIndex:
             return [np.zeros(0, np.int64) for _ in queries]
         positions, scores = self.retriever.retrieve(tokenize(queries), k=k, show_progress=False)
         return [self.chunk_ids[p[s > 0]] for p, s in zip(positions, scores)]
-
-
-def remove_old_versions(index_dir: Path, keep: Path) -> None:
-    for old in index_dir.glob("lexical-*"):
-        if old.is_dir() and old.resolve() != keep.resolve():
-            shutil.rmtree(old, ignore_errors=True)

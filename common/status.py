@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from common.errors import PipelineError
-from common.store import Store
+from common.store import Store, stale_index_message
 from common.workspace import Workspace, file_sha256, model_fingerprint
 
 
@@ -50,9 +50,11 @@ def workspace_status(ws: Workspace) -> dict:
 
     emb = manifest.get("embedder")
     counts = {"documents": 0, "chunks": 0, "vectors": 0}
+    generation = None
     if emb and ws.db_path.exists():
         with Store(ws.db_path, read_only=True) as store:
             counts = store.counts()
+            generation = store.generation()
         model_dir = ws.embedder_model_dir(emb)
         current = model_fingerprint(model_dir) if model_dir.exists() else None
         state = "ok" if current == emb["fingerprint"] else "stale"
@@ -72,9 +74,9 @@ def workspace_status(ws: Workspace) -> dict:
         elif emb and idx["embedder_fingerprint"] != emb["fingerprint"]:
             state = "stale"
             problems.append("the index was built from another model's vectors: run `pipeline index`")
-        elif idx["vectors"] != counts["vectors"]:
+        elif idx.get("store_generation") != generation:
             state = "stale"
-            problems.append(f"the index holds {idx['vectors']} vectors, the store {counts['vectors']}: run `pipeline index`")
+            problems.append(stale_index_message(idx.get("store_generation"), generation))
         lexical = ", BM25 lexical index" if idx.get("lexical_path") else ", no lexical index"
         parts["index"] = {"state": state, "detail": f"{idx['type']}, {idx['vectors']} vectors{lexical}"}
         measured = manifest.get("search", {})

@@ -4,9 +4,16 @@
     chunks(chunk_id, doc_id, chunk_index, text, start_char, end_char, n_tokens)
     vectors(chunk_id, vector FLOAT[dim])       -- from the embedder recorded in store_meta
     store_meta(key, value)
+    staged_documents, staged_chunks, staged_vectors   -- the next generation, while `pipeline embed` runs
 
-Every change to a document (its row, chunks and vectors) happens in one transaction, so an
-interrupted run leaves each document either fully old or fully new. All SQL takes bound parameters.
+What search sees (documents, chunks, vectors) changes only when an embed run publishes: the run writes
+its documents into the staged tables, a transaction per group (so a killed run resumes where it
+stopped), and then one transaction moves them into the live tables and bumps the store's generation.
+An interrupted run leaves the live tables exactly as they were. A new embedder (model or chunking)
+stages every document again, the stored ones from their stored text, and publishing replaces the whole
+live generation. `pipeline index` records the generation it indexed, so a reader can tell exactly and
+cheaply whether an index matches the store. Chunk ids are never reused: the next free id is kept in
+store_meta and survives every change. All SQL takes bound parameters.
 """
 from __future__ import annotations
 
@@ -19,15 +26,27 @@ import pyarrow as pa
 
 from common.errors import PipelineError
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS documents (
-    doc_id VARCHAR PRIMARY KEY, title VARCHAR, source VARCHAR, text VARCHAR,
-    content_hash VARCHAR NOT NULL, updated_at TIMESTAMP DEFAULT current_timestamp);
-CREATE TABLE IF NOT EXISTS chunks (
-    chunk_id BIGINT PRIMARY KEY, doc_id VARCHAR NOT NULL, chunk_index INTEGER NOT NULL, text VARCHAR,
-    start_char INTEGER, end_char INTEGER, n_tokens INTEGER);
+DOCUMENT_COLUMNS = """(doc_id VARCHAR PRIMARY KEY, title VARCHAR, source VARCHAR, text VARCHAR,
+    content_hash VARCHAR NOT NULL, updated_at TIMESTAMP DEFAULT current_timestamp)"""
+CHUNK_COLUMNS = """(chunk_id BIGINT PRIMARY KEY, doc_id VARCHAR NOT NULL, chunk_index INTEGER NOT NULL, text VARCHAR,
+    start_char INTEGER, end_char INTEGER, n_tokens INTEGER)"""
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS documents {DOCUMENT_COLUMNS};
+CREATE TABLE IF NOT EXISTS chunks {CHUNK_COLUMNS};
+CREATE TABLE IF NOT EXISTS staged_documents {DOCUMENT_COLUMNS};
+CREATE TABLE IF NOT EXISTS staged_chunks {CHUNK_COLUMNS};
 CREATE TABLE IF NOT EXISTS store_meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 """
+
+
+def embedder_key(fingerprint: str, chunk_tokens: int, overlap: int) -> str:
+    """What the stored vectors were made with: the model and the chunking (store_meta "embedder")."""
+    return f"{fingerprint}|chunk={chunk_tokens}|overlap={overlap}"
+
+
+def stale_index_message(index_generation, store_generation: int | None) -> str:
+    return (f"the documents changed since the index was built (store generation {store_generation}, index built from "
+            f"{index_generation if index_generation is not None else 'an older version'}): run `pipeline index`")
 
 
 @dataclass
@@ -70,27 +89,51 @@ class Store:
     def set_meta(self, key: str, value: str) -> None:
         self.con.execute("INSERT OR REPLACE INTO store_meta VALUES (?, ?)", [key, value])
 
+    def generation(self) -> int:
+        """Bumped by every publish: an index built at this generation matches the store exactly."""
+        return int(self.get_meta("generation") or 0)
+
     # ---- documents
     def document_hashes(self) -> dict[str, str]:
         return dict(self.con.execute("SELECT doc_id, content_hash FROM documents").fetchall())
 
-    def next_chunk_id(self) -> int:
-        return self.con.execute("SELECT coalesce(max(chunk_id), -1) + 1 FROM chunks").fetchall()[0][0]
+    def stored_documents(self, ids: list[str]) -> list[tuple[str, str, str, str]]:
+        """(doc_id, title, source, text) of these stored documents, to embed them again."""
+        return self.con.execute("SELECT doc_id, title, source, text FROM documents WHERE list_contains($ids, doc_id) ORDER BY doc_id",
+                                {"ids": ids}).fetchall()
 
-    def reset_vectors(self, dim: int, embedder: str) -> None:
-        """Start over for a new embedder: every document will be embedded again."""
+    def next_chunk_id(self) -> int:
+        """The first id never given to a chunk (ids are not reused, so an old index never names a new chunk)."""
+        highest = self.con.execute(
+            "SELECT greatest((SELECT max(chunk_id) FROM chunks), (SELECT max(chunk_id) FROM staged_chunks))").fetchall()[0][0]
+        return max(int(self.get_meta("next_chunk_id") or 0), -1 if highest is None else highest + 1)
+
+    def stage(self, dim: int, embedder: str, wanted: dict[str, str]) -> dict[str, str]:
+        """Prepare the staged tables for a run writing vectors of `embedder` for the documents `wanted`
+        (doc_id -> content hash). Documents a killed run of the same embedder staged already are kept
+        when they are still wanted unchanged; returns them (doc_id -> content hash)."""
         self.con.execute("BEGIN TRANSACTION")
-        self.con.execute("DROP TABLE IF EXISTS vectors")
-        # dim is an int from the model, not user text.
-        self.con.execute(f"CREATE TABLE vectors (chunk_id BIGINT PRIMARY KEY, vector FLOAT[{int(dim)}])")
-        self.con.execute("DELETE FROM chunks")
-        self.con.execute("DELETE FROM documents")
-        self.set_meta("embedder", embedder)
-        self.set_meta("dim", str(int(dim)))
-        self.con.execute("COMMIT")
+        try:
+            if self.get_meta("staged_embedder") != embedder or "staged_vectors" not in self._tables():
+                self.con.execute("DROP TABLE IF EXISTS staged_vectors")
+                # dim is an int from the model, not user text.
+                self.con.execute(f"CREATE TABLE staged_vectors (chunk_id BIGINT PRIMARY KEY, vector FLOAT[{int(dim)}])")
+                self.con.execute("DELETE FROM staged_chunks")
+                self.con.execute("DELETE FROM staged_documents")
+                self.set_meta("staged_embedder", embedder)
+                self.set_meta("staged_dim", str(int(dim)))
+            staged = dict(self.con.execute("SELECT doc_id, content_hash FROM staged_documents").fetchall())
+            unwanted = [doc_id for doc_id, digest in staged.items() if wanted.get(doc_id) != digest]
+            self._delete(unwanted, "staged_")
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+        return {doc_id: digest for doc_id, digest in staged.items() if wanted.get(doc_id) == digest}
 
     def write_documents(self, docs: list[tuple[str, str, str, str, str]], chunks: list[ChunkRow], vectors: np.ndarray) -> None:
-        """Replace these documents (doc_id, title, source, text, content_hash) with their chunks and vectors, atomically."""
+        """Stage these documents (doc_id, title, source, text, content_hash) with their chunks and vectors,
+        atomically; search sees them once `publish` runs."""
         ids = [d[0] for d in docs]
         chunk_table = pa.table({
             "chunk_id": pa.array([c.chunk_id for c in chunks], pa.int64()),
@@ -105,14 +148,16 @@ class Store:
             "chunk_id": chunk_table["chunk_id"],
             "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.astype(np.float32).ravel()), vectors.shape[1]),
         })
+        next_id = max([self.next_chunk_id()] + [c.chunk_id + 1 for c in chunks])
         self.con.execute("BEGIN TRANSACTION")
         try:
-            self._delete(ids)
-            self.con.executemany("INSERT INTO documents (doc_id, title, source, text, content_hash) VALUES (?, ?, ?, ?, ?)", docs)
+            self._delete(ids, "staged_")
+            self.con.executemany("INSERT INTO staged_documents (doc_id, title, source, text, content_hash) VALUES (?, ?, ?, ?, ?)", docs)
             self.con.register("new_chunks", chunk_table)
             self.con.register("new_vectors", vector_table)
-            self.con.execute("INSERT INTO chunks SELECT * FROM new_chunks")
-            self.con.execute("INSERT INTO vectors SELECT * FROM new_vectors")
+            self.con.execute("INSERT INTO staged_chunks SELECT * FROM new_chunks")
+            self.con.execute("INSERT INTO staged_vectors SELECT * FROM new_vectors")
+            self.set_meta("next_chunk_id", str(next_id))
             self.con.execute("COMMIT")
         except BaseException:
             self.con.execute("ROLLBACK")
@@ -121,21 +166,53 @@ class Store:
             self.con.unregister("new_chunks")
             self.con.unregister("new_vectors")
 
-    def delete_documents(self, ids: list[str]) -> None:
+    def publish(self, replace_all: bool, remove: list[str]) -> int:
+        """Make the staged documents what search sees, in one transaction: with replace_all they become the
+        whole store (a new embedder), else they replace their stored versions and `remove` is deleted.
+        Returns the new generation."""
         self.con.execute("BEGIN TRANSACTION")
-        self._delete(ids)
-        self.con.execute("COMMIT")
+        try:
+            if replace_all:
+                self.con.execute("DELETE FROM chunks")
+                self.con.execute("DELETE FROM documents")
+                self.con.execute("DROP TABLE IF EXISTS vectors")
+                dim = int(self.get_meta("staged_dim"))
+                self.con.execute(f"CREATE TABLE vectors (chunk_id BIGINT PRIMARY KEY, vector FLOAT[{dim}])")
+                self.set_meta("dim", str(dim))
+            else:
+                staged = [r[0] for r in self.con.execute("SELECT doc_id FROM staged_documents").fetchall()]
+                self._delete(staged + remove)
+            self.con.execute("INSERT INTO documents SELECT * FROM staged_documents")
+            self.con.execute("INSERT INTO chunks SELECT * FROM staged_chunks")
+            self.con.execute("INSERT INTO vectors SELECT * FROM staged_vectors")
+            self.set_meta("embedder", self.get_meta("staged_embedder"))
+            self.con.execute("DROP TABLE staged_vectors")
+            self.con.execute("DELETE FROM staged_chunks")
+            self.con.execute("DELETE FROM staged_documents")
+            self.con.execute("DELETE FROM store_meta WHERE key IN ('staged_embedder', 'staged_dim')")
+            generation = self.generation() + 1
+            self.set_meta("generation", str(generation))
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+        return generation
 
-    def _delete(self, ids: list[str]) -> None:
+    def _delete(self, ids: list[str], prefix: str = "") -> None:
+        """Delete these documents with their chunks and vectors from the live tables, or the staged ones (prefix "staged_")."""
         if not ids:
             return
-        self.con.execute("DELETE FROM vectors WHERE chunk_id IN (SELECT chunk_id FROM chunks WHERE list_contains($ids, doc_id))", {"ids": ids})
-        self.con.execute("DELETE FROM chunks WHERE list_contains($ids, doc_id)", {"ids": ids})
-        self.con.execute("DELETE FROM documents WHERE list_contains($ids, doc_id)", {"ids": ids})
+        # prefix is one of two constants, not user text.
+        self.con.execute(f"DELETE FROM {prefix}vectors WHERE chunk_id IN (SELECT chunk_id FROM {prefix}chunks WHERE list_contains($ids, doc_id))", {"ids": ids})
+        self.con.execute(f"DELETE FROM {prefix}chunks WHERE list_contains($ids, doc_id)", {"ids": ids})
+        self.con.execute(f"DELETE FROM {prefix}documents WHERE list_contains($ids, doc_id)", {"ids": ids})
+
+    def _tables(self) -> set[str]:
+        return {r[0] for r in self.con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
 
     # ---- reading
     def counts(self) -> dict[str, int]:
-        tables = {r[0] for r in self.con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+        tables = self._tables()
         return {t: self.con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0] if t in tables else 0
                 for t in ("documents", "chunks", "vectors")}
 
@@ -148,13 +225,3 @@ class Store:
         ids = table.column("chunk_id").to_numpy().astype(np.int64)
         flat = table.column("vector").combine_chunks().values.to_numpy(zero_copy_only=False)
         return ids, np.ascontiguousarray(flat.reshape(-1, dim), dtype=np.float32)
-
-    def chunk_details(self, chunk_ids: list[int]) -> dict[int, dict]:
-        """chunk_id -> doc_id, title, source, chunk text, for search results."""
-        rows = self.con.execute(
-            """SELECT c.chunk_id, c.doc_id, d.title, d.source, c.text, c.chunk_index
-               FROM chunks c JOIN documents d USING (doc_id) WHERE list_contains($ids, c.chunk_id)""",
-            {"ids": [int(i) for i in chunk_ids]},
-        ).fetchall()
-        keys = ("chunk_id", "doc_id", "title", "source", "text", "chunk_index")
-        return {r[0]: dict(zip(keys, r)) for r in rows}

@@ -7,14 +7,17 @@ Layout (all paths relative to the workspace root):
     checkpoints/         step_XXXXXXXX/ directories (torch.distributed.checkpoint)
     model/               the exported Hugging Face + sentence-transformers model
     metrics.jsonl        one JSON object per logged training step / validation
-    pipeline.duckdb      documents, chunks and vectors
-    index/               the FAISS index (faiss.index) and its chunk-id map
+    pipeline.duckdb      documents, chunks and vectors (common/store.py)
+    index/               the FAISS index (faiss-<build>.index) and the BM25 index (lexical-<id>/)
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +49,40 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h: swap the two paths in one step
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically with Linux's renameat2(RENAME_EXCHANGE); False where the system or the
+    filesystem cannot."""
+    renameat2 = getattr(ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    errno = ctypes.get_errno()
+    if errno in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: not supported here
+        return False
+    raise OSError(errno, os.strerror(errno), str(b))
+
+
+def replace_directory(staged: Path, final: Path) -> None:
+    """Put the complete directory `staged` in place of `final` (same filesystem). os.replace cannot replace a
+    non-empty directory, so the two are exchanged in one step: a process killed at any point leaves either
+    the old directory or the new one at `final`, never neither. (Without the exchange, on other systems,
+    the old directory is renamed aside first: a kill between the two renames leaves `final` missing.)"""
+    if final.exists() and _exchange(staged, final):
+        shutil.rmtree(staged, ignore_errors=True)  # now the old version
+        return
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    staged.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def file_sha256(path: Path) -> str:

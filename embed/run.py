@@ -1,7 +1,9 @@
 """`pipeline embed`: ingest documents, chunk them, embed the chunks, store everything in DuckDB.
 
-Only new or changed documents (by content hash) are embedded again; documents are written in
-groups, each group in one transaction, so an interrupted run resumes where it stopped.
+Only new or changed documents (by content hash) are embedded, unless the model or the chunking changed:
+then every document is, the stored ones from their stored text. Documents are staged in groups, each
+group in one transaction, so an interrupted run resumes where it stopped; search sees the run's
+documents once they are all written, in one transaction (common/store.py).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from common.console import err, info
 from common.errors import PipelineError
 from common.models import embedding_text, encode, load_embedder, text_tokenizer, token_limit
 from common.readers import Document, read_documents
-from common.store import ChunkRow, Store
+from common.store import ChunkRow, Store, embedder_key
 from common.workspace import Workspace, model_fingerprint
 from embed.chunking import chunk_texts
 from embed.tune import default_model_dir
@@ -73,7 +75,6 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
     tokenizer = text_tokenizer(model)
     fingerprint = model_fingerprint(model_dir)
     dim = model.get_embedding_dimension()
-    embedder_key = f"{fingerprint}|chunk={settings.chunk_tokens}|overlap={settings.overlap}"
     if settings.ray:
         from embed.ray_encode import RayEncoder
 
@@ -85,27 +86,34 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
             return encode(model, texts, settings.batch_size)
 
     with Store(ws.db_path) as store:
-        if store.get_meta("embedder") != embedder_key:
-            if store.counts()["documents"]:
-                info("the embedding model or chunking changed: every document is embedded again")
-            store.reset_vectors(dim, embedder_key)
+        key = embedder_key(fingerprint, settings.chunk_tokens, settings.overlap)
         stored = store.document_hashes()
-        todo = [d for d in documents if stored.get(d.id) != content_hash(d)]
         gone = sorted(set(stored) - {d.id for d in documents})
-        if settings.prune and gone:
-            store.delete_documents(gone)
-            info(f"pruned {len(gone)} documents no longer in the source")
-        elif gone:
-            info(f"{len(gone)} stored documents are not in the source (keep them; --prune removes them)")
-        info(f"{len(documents)} documents: {len(todo)} new or changed, {len(documents) - len(todo)} unchanged")
+        rebuild = store.get_meta("embedder") != key
+        if rebuild:  # new vectors for every document: the source's and, unless pruned, the stored ones
+            kept = [] if settings.prune else [Document(*row) for row in store.stored_documents(gone)]
+            todo = documents + kept
+            if stored:
+                info(f"the embedding model or chunking changed: all {len(todo)} documents are embedded again "
+                     f"({len(kept)} stored ones that are not in the source from their stored text)")
+        else:
+            todo = [d for d in documents if stored.get(d.id) != content_hash(d)]
+            info(f"{len(documents)} documents: {len(todo)} new or changed, {len(documents) - len(todo)} unchanged")
+        if gone:
+            info(f"pruning {len(gone)} stored documents no longer in the source" if settings.prune
+                 else f"{len(gone)} stored documents are not in the source (kept; --prune removes them)")
+        staged = store.stage(dim, key, {d.id: content_hash(d) for d in todo})
+        if staged:
+            info(f"{len(staged)} of them were embedded by an interrupted run: resuming after them")
+        to_embed = [d for d in todo if staged.get(d.id) != content_hash(d)]
 
         start, n_chunks = time.perf_counter(), 0
         next_id = store.next_chunk_id()
         with Progress(TextColumn("embedding"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
                       TimeRemainingColumn(), console=err, transient=True) as bar:
-            task = bar.add_task("embed", total=len(todo), rate="")
-            for g in range(0, len(todo), settings.group_size):
-                group = todo[g:g + settings.group_size]
+            task = bar.add_task("embed", total=len(to_embed), rate="")
+            for g in range(0, len(to_embed), settings.group_size):
+                group = to_embed[g:g + settings.group_size]
                 doc_chunks = chunk_texts([d.text for d in group], tokenizer, settings.chunk_tokens, settings.overlap)
                 rows: list[ChunkRow] = []
                 texts: list[str] = []
@@ -119,15 +127,18 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
                 n_chunks += len(rows)
                 done = g + len(group)
                 bar.update(task, completed=done, rate=f"{done / (time.perf_counter() - start):.1f} docs/s")
+        if rebuild or todo or (settings.prune and gone):
+            store.publish(replace_all=rebuild, remove=gone if settings.prune else [])
         elapsed = time.perf_counter() - start
         counts = store.counts()
+        generation = store.generation()
 
     summary = {"model_path": ws.recorded_path(model_dir), "fingerprint": fingerprint, "dim": dim,
                "chunk_tokens": settings.chunk_tokens, "overlap": settings.overlap,
-               "documents": counts["documents"], "chunks": counts["chunks"], "embedded_documents": len(todo),
-               "embedded_chunks": n_chunks, "seconds": elapsed, "docs_per_s": len(todo) / elapsed if elapsed else None}
+               "documents": counts["documents"], "chunks": counts["chunks"], "embedded_documents": len(to_embed),
+               "embedded_chunks": n_chunks, "store_generation": generation, "seconds": elapsed, "docs_per_s": len(to_embed) / elapsed if elapsed else None}
     ws.update_manifest("embedder", summary)
-    rate = f", {summary['docs_per_s']:.1f} docs/s" if todo else ""
-    info(f"embedded {len(todo)} documents ({n_chunks} chunks) in {elapsed:.1f}s{rate}; store holds "
+    rate = f", {summary['docs_per_s']:.1f} docs/s" if to_embed else ""
+    info(f"embedded {len(to_embed)} documents ({n_chunks} chunks) in {elapsed:.1f}s{rate}; store holds "
          f"{counts['documents']} documents, {counts['chunks']} chunks")
     return summary

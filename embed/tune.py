@@ -47,7 +47,7 @@ from common.heldout import is_held_out, sentences
 from common.lexical import LexicalIndex
 from common.models import embedding_text, ensure_pad_token
 from common.readers import Document
-from common.workspace import Workspace, model_fingerprint
+from common.workspace import Workspace, model_fingerprint, replace_directory
 
 ARCHITECTURES = ("static", "transformer")
 POOLING_MODES = ("mean", "weightedmean", "lasttoken")
@@ -343,10 +343,5 @@ def save_swapped(model, out_dir: Path, scratch: Path) -> None:
             config = json.loads(p.read_text())
             config.update({k: 0.0 for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop") if k in config})
             p.write_text(json.dumps(config, indent=2))
-    old = out_dir.with_name(f".{out_dir.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if out_dir.exists():
-        out_dir.rename(old)
-    staged.rename(out_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_directory(staged, out_dir)
 

@@ -1,14 +1,17 @@
 """`pipeline index`: build a FAISS index over the vectors in the store, and a BM25 index over the chunks' text.
 
 Vectors are L2-normalised, so every index uses inner product (= cosine similarity). Chunk ids are
-kept through IndexIDMap2. The index file is written to a temporary name and renamed, so a crash
-mid-build leaves the previous index usable. The lexical index (common/lexical.py) goes into a new
-versioned directory; the manifest's "index" section, written last, names both files, so a reader
-that follows the manifest (`pipeline serve`) always sees a matching pair.
+kept through IndexIDMap2. Each build writes new files: the FAISS index under a name of its own
+(faiss-<build id>.index, written to a temporary name and renamed) and the lexical index
+(common/lexical.py) into a new versioned directory. The manifest's "index" section, written last,
+names both and the store generation they were built from, so a reader that follows the manifest
+always sees a matching pair, and a crash mid-build leaves the previous index in use. Older files
+are removed after the manifest moved on.
 """
 from __future__ import annotations
 
 import math
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -18,8 +21,8 @@ import numpy as np
 
 from common.console import info
 from common.errors import PipelineError
-from common.lexical import LexicalIndex, remove_old_versions
-from common.store import Store
+from common.lexical import LexicalIndex
+from common.store import Store, embedder_key
 from common.workspace import Workspace, atomic_write_bytes
 
 INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")
@@ -76,6 +79,11 @@ def build_index(ws: Workspace, kind: str = "auto") -> dict:
         raise PipelineError(f"--type: unknown index type '{kind}' (choose from {', '.join(INDEX_TYPES)})")
     embedder = ws.require("embedder", "run `pipeline embed` first")
     with Store(ws.db_path, read_only=True) as store:
+        if store.get_meta("embedder") != embedder_key(embedder["fingerprint"], embedder["chunk_tokens"], embedder["overlap"]):
+            # Only a `pipeline embed` killed after it changed the store and before it updated the manifest leaves this.
+            raise PipelineError(f"{ws.db_path} holds vectors of another embedder than the manifest records "
+                                "(an interrupted `pipeline embed`?): run `pipeline embed` again")
+        generation = store.generation()
         ids, vectors = store.load_vectors()
         chunk_rows = store.con.execute(
             "SELECT c.chunk_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) ORDER BY c.chunk_id").fetchall()
@@ -99,7 +107,8 @@ def build_index(ws: Workspace, kind: str = "auto") -> dict:
     if kind != "flat":
         recall = recall_at_10(index, ids, vectors)
         info(f"recall@10 against exact search on a sample: {recall:.3f}")
-    path = ws.index_dir / "faiss.index"
+    build_id = uuid.uuid4().hex
+    path = ws.index_dir / f"faiss-{build_id[:12]}.index"
     atomic_write_bytes(path, faiss.serialize_index(index).tobytes())
     info(f"built in {build_seconds:.2f}s; written to {path}")
 
@@ -108,15 +117,26 @@ def build_index(ws: Workspace, kind: str = "auto") -> dict:
     lexical_seconds = time.perf_counter() - start
     info(f"BM25 index over {len(chunk_rows):,} chunks built in {lexical_seconds:.2f}s; written to {lexical_dir}")
 
-    summary = {"path": "index/faiss.index", "type": kind, "reason": reason, "vectors": int(len(ids)),
+    summary = {"path": str(path.relative_to(ws.root)), "type": kind, "reason": reason, "vectors": int(len(ids)),
                "dim": int(vectors.shape[1]), "embedder_fingerprint": embedder["fingerprint"],
                "embedder_chunking": [embedder["chunk_tokens"], embedder["overlap"]],
                "build_seconds": build_seconds, "recall_at_10": recall,
                "lexical_path": str(lexical_dir.relative_to(ws.root)), "lexical_chunks": len(chunk_rows),
-               "lexical_seconds": lexical_seconds, "build_id": uuid.uuid4().hex}
+               "lexical_seconds": lexical_seconds, "store_generation": generation, "build_id": build_id}
     ws.update_manifest("index", summary)
-    remove_old_versions(ws.index_dir, keep=lexical_dir)
+    remove_other_files(ws.index_dir, keep={path.name, lexical_dir.name})
     return summary
+
+
+def remove_other_files(index_dir: Path, keep: set[str]) -> None:
+    """Remove what the manifest no longer names: older index versions, and what a killed build left."""
+    for old in index_dir.iterdir():
+        if old.name in keep:
+            continue
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
 
 
 def load_index(path: Path) -> faiss.Index:

@@ -21,8 +21,9 @@ from common.workspace import atomic_write_json
 from pretrain.tokenizer import END_OF_TEXT
 
 
-def write_token_files(texts: Iterable[str], tokenizer: Tokenizer, data_dir: Path, val_fraction: float, seq_len: int) -> dict:
-    """Tokenize all texts and split off the last `val_fraction` of tokens for validation."""
+def tokenize_corpus(texts: Iterable[str], tokenizer: Tokenizer, val_fraction: float, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """All texts as one token array, split into (train, val): the last `val_fraction` of tokens for
+    validation. Nothing is written: a corpus too small for seq_len is refused first."""
     eot = tokenizer.token_to_id(END_OF_TEXT)
     dtype = np.uint16 if tokenizer.get_vocab_size() <= 65536 else np.uint32
     pieces: list[np.ndarray] = []
@@ -42,13 +43,17 @@ def write_token_files(texts: Iterable[str], tokenizer: Tokenizer, data_dir: Path
     n_val = max(int(len(tokens) * val_fraction), seq_len + 1)
     if len(tokens) - n_val < seq_len + 1:
         raise PipelineError(f"corpus too small: {len(tokens)} tokens, need at least {2 * (seq_len + 1)} for seq-len {seq_len}")
+    return tokens[:-n_val], tokens[-n_val:]
+
+
+def write_token_files(train: np.ndarray, val: np.ndarray, vocab_size: int, data_dir: Path) -> dict:
+    """train.bin, val.bin and meta.json, each written to a temporary name and renamed."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    for name, part in (("train", tokens[:-n_val]), ("val", tokens[-n_val:])):
-        tmp = data_dir / f"{name}.bin.tmp"
+    for name, part in (("train", train), ("val", val)):
+        tmp = data_dir / f".{name}.bin.tmp"
         part.tofile(tmp)
         tmp.replace(data_dir / f"{name}.bin")
-    meta = {"dtype": np.dtype(dtype).name, "train_tokens": int(len(tokens) - n_val), "val_tokens": int(n_val),
-            "vocab_size": tokenizer.get_vocab_size()}
+    meta = {"dtype": train.dtype.name, "train_tokens": len(train), "val_tokens": len(val), "vocab_size": vocab_size}
     atomic_write_json(data_dir / "meta.json", meta)
     return meta
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
+from common.workspace import replace_directory
 from pretrain.config import ModelConfig
 from pretrain.tokenizer import END_OF_TEXT
 
@@ -79,12 +80,7 @@ def export_model(state: dict[str, torch.Tensor], cfg: ModelConfig, tokenizer: To
         # weights plus the tied head) so AutoModelForCausalLM loads it as well.
         hf_model.save_pretrained(final)
         hf_tokenizer.save_pretrained(final)
-        old = out_dir.with_name(f".{out_dir.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        if out_dir.exists():
-            out_dir.rename(old)
-        final.rename(out_dir)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_directory(final, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir

@@ -26,7 +26,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
 def save_tokenizer(tokenizer: Tokenizer, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "tokenizer.json"
-    tmp = path.with_suffix(".json.tmp")
+    tmp = directory / ".tokenizer.json.tmp"
     tokenizer.save(str(tmp))
     tmp.replace(path)
     return path

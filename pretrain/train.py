@@ -28,7 +28,7 @@ from common.errors import PipelineError
 from common.readers import Document, read_documents
 from common.workspace import Workspace, atomic_write_bytes, atomic_write_json, file_sha256, model_fingerprint
 from pretrain.config import ModelConfig, TrainConfig
-from pretrain.data import TokenWindows, step_sample_indices, write_token_files
+from pretrain.data import TokenWindows, step_sample_indices, tokenize_corpus, write_token_files
 from pretrain.default_corpus import stdlib_documents
 from pretrain.export import export_model
 from pretrain.hardware import measure_matmul_flops
@@ -50,7 +50,8 @@ def training_texts(documents: Iterable[Document]) -> Iterator[str]:
 
 def prepare_data(ws: Workspace, data_paths: list[Path], text_field: str | None, cfg: TrainConfig) -> dict:
     """Train the tokenizer and write the token files; returns the data section of the manifest.
-    cfg.vocab_size 0 sizes the vocabulary to the corpus (and sets it)."""
+    cfg.vocab_size 0 sizes the vocabulary to the corpus (and sets it). Nothing is written unless the
+    corpus is usable; each file is written to a temporary name and renamed."""
     if data_paths:
         documents = list(read_documents(data_paths, text_field))
         sources = [str(p) for p in data_paths]
@@ -64,8 +65,13 @@ def prepare_data(ws: Workspace, data_paths: list[Path], text_field: str | None, 
         cfg.vocab_size = vocab_for(sum(len(text) for text in training_texts(documents)))
     info(f"training a {cfg.vocab_size}-token byte-level BPE tokenizer on {len(documents)} documents")
     tokenizer = train_tokenizer(training_texts(documents), cfg.vocab_size)
+    train_tokens, val_tokens = tokenize_corpus(training_texts(documents), tokenizer, cfg.val_fraction, cfg.seq_len)
+    # Everything is checked: from here on this is a new run. The previous run's checkpoints go first, so
+    # that a `--resume` after a crash mid-way can never continue them on the new tokens.
+    ws.create()
+    shutil.rmtree(ws.checkpoints_dir, ignore_errors=True)
     save_tokenizer(tokenizer, ws.tokenizer_dir)
-    meta = write_token_files(training_texts(documents), tokenizer, ws.data_dir, cfg.val_fraction, cfg.seq_len)
+    meta = write_token_files(train_tokens, val_tokens, tokenizer.get_vocab_size(), ws.data_dir)
     info(f"tokenized: {meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens")
     ws.update_manifest("tokenizer", {
         "path": "tokenizer", "sha256": file_sha256(ws.tokenizer_dir / "tokenizer.json"),

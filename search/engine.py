@@ -27,6 +27,7 @@ import numpy as np
 from common.errors import PipelineError
 from common.lexical import LexicalIndex
 from common.models import encode, load_embedder
+from common.store import Store, stale_index_message
 from common.workspace import Workspace, model_fingerprint
 
 MODES = ("dense", "lexical", "hybrid")
@@ -119,15 +120,23 @@ class SearchEngine:
             raise PipelineError(
                 f"the index was built with model {self.index_entry['embedder_fingerprint']} but {self.model_dir} now holds "
                 f"model {current}: run `pipeline embed` and `pipeline index` again")
+        self._memory: duckdb.DuckDBPyConnection | None = None
+        if in_memory:
+            self._memory, generation = snapshot_store(ws.db_path)
+        else:
+            with Store(ws.db_path, read_only=True) as store:
+                generation = store.generation()
+        # The indexes hold chunk ids of the store generation they were built from: any other is refused.
+        if generation != self.index_entry.get("store_generation"):
+            if self._memory is not None:
+                self._memory.close()
+            raise PipelineError(stale_index_message(self.index_entry.get("store_generation"), generation))
         self.index = faiss.deserialize_index(np.fromfile(index_path, dtype=np.uint8))
         lexical_path = self.index_entry.get("lexical_path")
         self.lexical = LexicalIndex.load(ws.root / lexical_path) if lexical_path else None
         self._model = reuse_model
         self._default_mode, self._default_dense_weight = self.measured_defaults()
         self._model_lock = threading.Lock()
-        self._memory: duckdb.DuckDBPyConnection | None = None
-        if in_memory:
-            self._memory = snapshot_store(ws.db_path)
         if load_model and self._model is None:
             self.model  # noqa: B018 -- load now rather than on the first query
 
@@ -302,17 +311,21 @@ def fuse(dense: list[tuple[float, dict]], lexical: list[tuple[float, dict]], den
     return [(scores[d], rows[d][1]) for d in order]
 
 
-def snapshot_store(db_path: Path) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB holding a copy of the store's documents and chunks tables (no vectors)."""
+def snapshot_store(db_path: Path) -> tuple[duckdb.DuckDBPyConnection, int]:
+    """An in-memory DuckDB holding a copy of the store's documents and chunks tables (no vectors), and the
+    store generation they are."""
     if not db_path.exists():
         raise PipelineError(f"{db_path}: no document store yet; run `pipeline embed` first")
     memory = duckdb.connect(":memory:")
     try:
         memory.execute("ATTACH ? AS store (READ_ONLY)", [str(db_path)])
+        memory.execute("BEGIN TRANSACTION")  # the copies and the generation from one snapshot of the store
         memory.execute("CREATE TABLE documents AS SELECT doc_id, title, source, text FROM store.documents")
         memory.execute("CREATE TABLE chunks AS SELECT chunk_id, doc_id, chunk_index, text FROM store.chunks")
+        rows = memory.execute("SELECT value FROM store.store_meta WHERE key = 'generation'").fetchall()
+        memory.execute("COMMIT")
         memory.execute("DETACH store")
     except duckdb.Error as e:
         memory.close()
         raise PipelineError(f"{db_path}: cannot read the DuckDB store ({str(e).splitlines()[0]})") from None
-    return memory
+    return memory, int(rows[0][0]) if rows else 0

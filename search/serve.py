@@ -4,14 +4,16 @@
     GET  /search?q=...      ranked documents (k, mode, source, title, dense_weight as query parameters)
     POST /search            the same with a JSON body: {"q": ..., "k": 10, "mode": "hybrid", "filter": {"source": "docs/*"}}
     GET  /documents/{id}    one stored document
-    GET  /health            liveness, what is loaded (never needs the API key)
+    GET  /health            liveness, what is loaded, whether it matches the store (never needs the API key)
     GET  /docs, /openapi.json   the OpenAPI description
 
 The model and indexes are loaded once. A watcher thread notices when `pipeline index` has rebuilt the
 index (the manifest's "index" section changed), loads the new generation beside the old one and swaps
 it in under a lock: requests in flight finish on the generation they started with, none fails. Chunk
 and document rows come from an in-memory copy of the store made at load time, so the server holds no
-lock on the workspace's DuckDB file and `pipeline embed` can write to it meanwhile.
+lock on the workspace's DuckDB file and `pipeline embed` can write to it meanwhile. An index is loaded
+only with the store generation it was built from; when the documents change, the server keeps
+answering from the generation it has and /health says so until `pipeline index` has run.
 
 With an API key, /search and /documents need it (header X-API-Key, or ?api_key= for a browser);
 the static page, the OpenAPI description and /health do not: they show no stored data.
@@ -35,6 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.console import info, warn
 from common.errors import PipelineError
+from common.store import stale_index_message
 from common.workspace import Workspace
 from search.engine import MAX_QUERY_CHARS, Filters, SearchEngine
 
@@ -75,11 +78,15 @@ class Generation:
         if mtime == self._seen_mtime:
             return False
         try:
-            entry = self.ws.read_manifest().get("index")
+            manifest = self.ws.read_manifest()
+            entry = manifest.get("index")
             old = self.current()
             if not entry or entry == old.index_entry:
                 self._seen_mtime = mtime  # another stage wrote the manifest; the index is unchanged
                 return False
+            store_generation = manifest.get("embedder", {}).get("store_generation")
+            if entry.get("store_generation") != store_generation:  # known stale without reading the store
+                raise PipelineError(stale_index_message(entry.get("store_generation"), store_generation))
             same_model = entry.get("embedder_fingerprint") == old.index_entry.get("embedder_fingerprint")
             new = SearchEngine(self.ws, in_memory=True, reuse_model=old.model if same_model else None)
         except (PipelineError, OSError, duckdb.Error) as e:
@@ -195,12 +202,17 @@ def create_app(ws: Workspace, api_key: str | None = None, poll_seconds: float = 
         found = generation.current().document(doc_id)
         return found if found is not None else error(404, f"no document with id '{doc_id}'")
 
-    @app.get("/health", summary="Liveness and what is loaded")
+    @app.get("/health", summary="Liveness, what is loaded, and whether it still matches the stored documents")
     def health():
         engine = generation.current()
         entry = engine.index_entry
-        return {"status": "ok", "index": {"type": entry.get("type"), "vectors": entry.get("vectors"), "build_id": entry.get("build_id"),
-                                          "lexical": engine.lexical is not None},
+        store_generation = ws.read_manifest().get("embedder", {}).get("store_generation")
+        consistent = store_generation == entry.get("store_generation")
+        problem = None if consistent else (stale_index_message(entry.get("store_generation"), store_generation)
+                                           + "; serving the index loaded before until then")
+        return {"status": "ok", "consistent": consistent, "problem": problem, "store_generation": store_generation,
+                "index": {"type": entry.get("type"), "vectors": entry.get("vectors"), "build_id": entry.get("build_id"),
+                          "store_generation": entry.get("store_generation"), "lexical": engine.lexical is not None},
                 "default_mode": engine.resolve_mode(None), "default_dense_weight": engine.resolve_dense_weight(None), "model": str(engine.model_dir), "reloads": generation.reloads,
                 "loaded_at": generation.loaded_at, "last_reload_error": generation.last_error, "auth": bool(api_key)}
 

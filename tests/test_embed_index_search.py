@@ -68,6 +68,34 @@ def test_incremental_embed_only_embeds_new_or_changed_and_prunes(trained_workspa
     assert n_chunks == 0 and text.endswith("An added sentence.")
 
 
+def test_a_new_chunking_embeds_the_stored_documents_again_and_search_waits_for_the_index(trained_workspace, tmp_path):
+    ws = copy_workspace(trained_workspace, tmp_path / "ws")
+    with Store(ws.db_path, read_only=True) as store:
+        stored = store.con.execute("SELECT doc_id, title, source, text FROM documents ORDER BY doc_id").fetchall()
+        old_ids = {r[0] for r in store.con.execute("SELECT chunk_id FROM chunks").fetchall()}
+    other = scifact_slice(tmp_path / "other.jsonl", 2, start=400)
+    summary = run_embed(ws, [other], None, EmbedSettings(chunk_tokens=48, overlap=8))
+    assert summary["documents"] == len(stored) + 2 and summary["embedded_documents"] == len(stored) + 2
+    with Store(ws.db_path, read_only=True) as store:
+        kept = store.con.execute("SELECT doc_id, title, source, text FROM documents WHERE doc_id IN "
+                                 "(SELECT unnest($ids)) ORDER BY doc_id", {"ids": [r[0] for r in stored]}).fetchall()
+        chunks = store.con.execute("SELECT chunk_id, n_tokens FROM chunks").fetchall()
+        assert store.counts()["vectors"] == len(chunks)
+    assert kept == stored  # every stored document is still there, unchanged
+    assert max(n for _, n in chunks) <= 48 and not {c for c, _ in chunks} & old_ids  # new chunks, never an old id
+
+    stale = run_cli("search", "-w", str(ws.root), "vitamin calcium", check=False)
+    assert stale.returncode == 2 and len(stale.stderr.strip().splitlines()) == 1
+    assert stale.stderr.startswith("error: the documents changed since the index was built") and "run `pipeline index`" in stale.stderr
+    build_index(ws)
+    title = json.loads(other.read_text().splitlines()[0])["title"]
+    hits = run_cli("search", "-w", str(ws.root), title, "--mode", "lexical", "--json").stdout.splitlines()
+    assert json.loads(hits[0])["doc_id"] == json.loads(other.read_text().splitlines()[0])["_id"]
+
+    pruned = run_embed(ws, [other], None, EmbedSettings(chunk_tokens=64, overlap=8, prune=True))  # asked for: only the source stays
+    assert pruned["documents"] == 2
+
+
 def test_a_directory_typed_relative_or_absolute_holds_the_same_documents(trained_workspace, tmp_path, monkeypatch):
     ws = Workspace(tmp_path / "ws").create()
     shutil.copytree(trained_workspace / "model", ws.model_dir)
@@ -84,7 +112,7 @@ def test_a_directory_typed_relative_or_absolute_holds_the_same_documents(trained
     assert stored == [("a.md", str(tmp_path / "txt" / "a.md")), ("sub/b.txt", str(tmp_path / "txt" / "sub" / "b.txt"))]
 
 
-def test_interrupted_embed_keeps_whole_documents_and_resumes(trained_workspace, tmp_path, monkeypatch, corpus_file):
+def test_interrupted_embed_changes_nothing_search_sees_and_resumes(trained_workspace, tmp_path, monkeypatch, corpus_file):
     ws = Workspace(tmp_path / "ws")
     ws.create()
     shutil.copytree(trained_workspace / "model", ws.model_dir)
@@ -101,15 +129,16 @@ def test_interrupted_embed_keeps_whole_documents_and_resumes(trained_workspace, 
     with pytest.raises(KeyboardInterrupt):
         run_embed(ws, [corpus_file], None, settings)
     with Store(ws.db_path, read_only=True) as store:
-        counts = store.counts()
+        assert store.counts() == {"documents": 0, "chunks": 0, "vectors": 0} and store.generation() == 0
+        staged = store.con.execute("SELECT count(*) FROM staged_documents").fetchall()[0][0]
         orphans = store.con.execute(
-            "SELECT count(*) FROM documents d WHERE NOT EXISTS (SELECT 1 FROM chunks c WHERE c.doc_id = d.doc_id)").fetchall()[0][0]
+            "SELECT count(*) FROM staged_documents d WHERE NOT EXISTS (SELECT 1 FROM staged_chunks c WHERE c.doc_id = d.doc_id)").fetchall()[0][0]
         unvectored = store.con.execute(
-            "SELECT count(*) FROM chunks c WHERE NOT EXISTS (SELECT 1 FROM vectors v WHERE v.chunk_id = c.chunk_id)").fetchall()[0][0]
-    assert counts["documents"] == 40 and orphans == 0 and unvectored == 0
+            "SELECT count(*) FROM staged_chunks c WHERE NOT EXISTS (SELECT 1 FROM staged_vectors v WHERE v.chunk_id = c.chunk_id)").fetchall()[0][0]
+    assert staged == 40 and orphans == 0 and unvectored == 0  # whole documents, kept for the next run
     monkeypatch.setattr(embed_run, "encode", real_encode)
     resumed = run_embed(ws, [corpus_file], None, settings)
-    assert resumed["embedded_documents"] == 80 and resumed["documents"] == 120
+    assert resumed["embedded_documents"] == 80 and resumed["documents"] == 120 and resumed["store_generation"] == 1
 
 
 def test_each_index_type_finds_stored_vectors(trained_workspace, tmp_path):
@@ -132,8 +161,9 @@ def test_each_index_type_finds_stored_vectors(trained_workspace, tmp_path):
 
 def test_index_failure_leaves_the_previous_index(trained_workspace, tmp_path, monkeypatch):
     ws = copy_workspace(trained_workspace, tmp_path / "ws")
-    before = (ws.index_dir / "faiss.index").read_bytes()
-    files_before = sorted(p.name for p in ws.index_dir.iterdir())  # faiss.index and the lexical index's directory
+    recorded = ws.root / ws.read_manifest()["index"]["path"]
+    before = recorded.read_bytes()
+    files_before = sorted(p.name for p in ws.index_dir.iterdir())  # the FAISS file and the lexical index's directory
 
     def crash(*args):  # the process dies while serialising the new index
         raise KeyboardInterrupt
@@ -141,7 +171,7 @@ def test_index_failure_leaves_the_previous_index(trained_workspace, tmp_path, mo
     monkeypatch.setattr(faiss, "serialize_index", crash)
     with pytest.raises(KeyboardInterrupt):
         build_index(ws, "hnsw")
-    assert (ws.index_dir / "faiss.index").read_bytes() == before
+    assert recorded.read_bytes() == before and ws.root / ws.read_manifest()["index"]["path"] == recorded
     assert sorted(p.name for p in ws.index_dir.iterdir()) == files_before
 
 

@@ -35,7 +35,8 @@ def test_rebuilding_replaces_the_lexical_index_and_removes_the_old_one(trained_w
     first = json.loads(run_cli("index", "-w", str(ws), "--json").stdout)
     second = json.loads(run_cli("index", "-w", str(ws), "--json").stdout)
     assert first["lexical_path"] != second["lexical_path"] and first["build_id"] != second["build_id"]
-    assert sorted(p.name for p in (ws / "index").iterdir()) == sorted(["faiss.index", second["lexical_path"].split("/")[-1]])
+    assert first["path"] != second["path"]
+    assert sorted(p.name for p in (ws / "index").iterdir()) == sorted([second["path"].split("/")[-1], second["lexical_path"].split("/")[-1]])
 
 
 def test_lexical_search_finds_a_document_by_its_title_words(engine, corpus_file):

@@ -210,3 +210,28 @@ def test_web_page_searches_in_a_real_browser(server, tmp_path):
             assert "API key" in page.inner_text("#status")
         finally:
             browser.close()
+
+
+def test_changed_documents_keep_the_loaded_index_serving_and_health_says_so(client, workspace, tmp_path):
+    from common.workspace import Workspace
+    from conftest import scifact_slice
+    from embed.run import EmbedSettings, run_embed
+
+    before = client.get("/search", params={"q": "cancer", "k": 5, "mode": "lexical"}).json()["results"]
+    assert client.get("/health").json()["consistent"] is True
+    new = scifact_slice(tmp_path / "new.jsonl", 3, start=500)
+    run_embed(Workspace(workspace), [new], None, EmbedSettings(chunk_tokens=64, overlap=8))  # the server holds no lock
+    health = client.get("/health").json()
+    assert health["consistent"] is False and "run `pipeline index`" in health["problem"]
+    assert health["store_generation"] == health["index"]["store_generation"] + 1
+    assert client.get("/search", params={"q": "cancer", "k": 5, "mode": "lexical"}).json()["results"] == before
+
+    reloads = health["reloads"]
+    run_cli("index", "-w", str(workspace))
+    deadline = time.monotonic() + 60
+    while client.get("/health").json()["reloads"] == reloads and time.monotonic() < deadline:
+        time.sleep(0.2)
+    health = client.get("/health").json()
+    assert health["consistent"] is True and health["problem"] is None and health["reloads"] == reloads + 1
+    title, doc_id = (json.loads(new.read_text().splitlines()[0])[k] for k in ("title", "_id"))
+    assert client.get("/search", params={"q": title, "k": 1, "mode": "lexical"}).json()["results"][0]["doc_id"] == doc_id

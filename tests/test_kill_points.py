@@ -1,0 +1,157 @@
+"""SIGKILL `embed`, `index`, `tune` and `pretrain` (real CLI processes) at points inside their writes.
+
+Each kill point is a function call (tests/killpoint.py, which forks each command from one process that
+imported the libraries once): inside a DuckDB transaction, between writing a file and recording it in
+the manifest, before and after swapping a directory. After each kill, search
+answers exactly as before the command, or, once the command's work is in place (its commit point
+passed), refuses the way it does after that command completed; re-running the command ends where an
+uninterrupted run ends.
+"""
+import json
+import shutil
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+from common.errors import PipelineError
+from common.store import Store
+from common.workspace import Workspace, model_fingerprint
+from conftest import TINY_TRAINING, read_metrics, scifact_slice
+from embed.run import EmbedSettings, run_embed, source_documents
+from embed.tune import TuneSettings, run_tune
+from index.build import build_index
+from killpoint import Killer
+from search.engine import SearchEngine
+
+QUERIES = ["cancer cells and tumour growth", "vitamin D deficiency", "bone density"]
+
+
+@pytest.fixture(scope="module")
+def killer(tmp_path_factory):
+    killer = Killer(tmp_path_factory.mktemp("killed"))
+    yield killer
+    killer.close()
+
+
+def answers(ws, modes=("lexical", "dense")) -> list:
+    engine = SearchEngine(Workspace(ws))
+    return [[(h.doc_id, h.chunk_id, round(h.score, 5)) for h in engine.search(q, 5, mode)] for q in QUERIES for mode in modes]
+
+
+def store_contents(ws) -> tuple:
+    with Store(ws / "pipeline.duckdb", read_only=True) as store:
+        documents = store.con.execute("SELECT doc_id, title, source, text, content_hash FROM documents ORDER BY doc_id").fetchall()
+        chunks = store.con.execute("SELECT * FROM chunks ORDER BY chunk_id").fetchall()
+        ids, vectors = store.load_vectors()
+    return documents, chunks, ids, vectors
+
+
+def assert_same_store(a, b) -> None:
+    (docs_a, chunks_a, ids_a, vectors_a), (docs_b, chunks_b, ids_b, vectors_b) = store_contents(a), store_contents(b)
+    assert docs_a == docs_b and chunks_a == chunks_b
+    np.testing.assert_array_equal(ids_a, ids_b)
+    np.testing.assert_allclose(vectors_a, vectors_b, atol=1e-6)
+
+
+def test_killed_embed_leaves_the_store_as_it_was_and_a_rerun_ends_as_an_uninterrupted_run(killer, trained_workspace, tmp_path):
+    extra = scifact_slice(tmp_path / "extra.jsonl", 6, start=300)
+    # A new chunking: every stored document is embedded again, with the new ones.
+    straight = tmp_path / "straight"
+    shutil.copytree(trained_workspace, straight)
+    run_embed(Workspace(straight), [extra], None, EmbedSettings(chunk_tokens=48, overlap=8))
+    ws = tmp_path / "ws"
+    shutil.copytree(trained_workspace, ws)
+    before = answers(ws)
+    args = ["embed", "-w", str(ws), "--data", str(extra), "--chunk-tokens", "48", "--overlap", "8"]
+    for point in ("common.store:Store.stage",  # after start: documents read, model loaded
+                  "common.store:Store.set_meta:next_chunk_id",  # inside the transaction writing the vectors
+                  "common.store:Store.set_meta:generation"):  # inside the transaction publishing them
+        killer.run(point, 1, *args)
+        assert answers(ws) == before, point
+    # Killed after publishing, before the manifest: the store is new, the index is not.
+    killer.run("common.workspace:Workspace.update_manifest:embedder", 1, *args)
+    with pytest.raises(PipelineError, match=r"^the documents changed since the index was built .*: run `pipeline index`$"):
+        SearchEngine(Workspace(ws), load_model=False)
+    with pytest.raises(PipelineError, match="run `pipeline embed` again"):
+        build_index(Workspace(ws))
+    rerun = run_embed(Workspace(ws), [extra], None, EmbedSettings(chunk_tokens=48, overlap=8))
+    assert rerun["embedded_documents"] == 0 and rerun["documents"] == 126
+    assert_same_store(ws, straight)
+    build_index(Workspace(ws))
+    assert answers(ws)  # consistent again
+
+
+def test_killed_index_keeps_the_previous_index_in_use_and_a_rerun_cleans_up(killer, trained_workspace, tmp_path):
+    ws = tmp_path / "ws"
+    shutil.copytree(trained_workspace, ws)
+    before, entry = answers(ws), Workspace(ws).read_manifest()["index"]
+    args = ["index", "-w", str(ws), "--type", "flat"]
+    for point in ("os:replace:.index",  # the FAISS file written to its temporary name, not renamed
+                  "common.lexical:np.save:chunk_ids.npy",  # in the middle of writing the BM25 index
+                  "common.workspace:Workspace.update_manifest:index"):  # both written, not recorded
+        killer.run(point, 1, *args)
+        assert Workspace(ws).read_manifest()["index"] == entry and answers(ws) == before, point
+    killer.run("index.build:remove_other_files", 1, *args)  # recorded; older files not yet removed
+    assert Workspace(ws).read_manifest()["index"]["build_id"] != entry["build_id"] and answers(ws) == before
+    summary = build_index(Workspace(ws), "flat")
+    assert sorted(p.name for p in (ws / "index").iterdir()) == sorted([summary["path"].split("/")[-1], summary["lexical_path"].split("/")[-1]])
+    assert answers(ws) == before
+
+
+def test_killed_tune_keeps_the_previous_embedder_until_its_model_is_in_place(killer, trained_workspace, tmp_path):
+    ws = tmp_path / "ws"
+    shutil.copytree(trained_workspace, ws)
+    settings = dict(steps=2, batch_size=8, hard_negatives=False)
+    docs = list(source_documents(Workspace(ws), [], None))
+    run_tune(Workspace(ws), docs, TuneSettings(**settings, seed=0))
+    run_embed(Workspace(ws), [], None, EmbedSettings(chunk_tokens=64, overlap=8))  # with the tuned model
+    build_index(Workspace(ws))
+    before, tuned_before = answers(ws), model_fingerprint(ws / "tuned")
+    args = ["tune", "-w", str(ws), "--steps", "2", "--batch-size", "8", "--no-hard-negatives", "--seed", "1"]
+    killer.run("embed.tune:replace_directory", 1, *args)  # trained and saved aside, not swapped in
+    assert model_fingerprint(ws / "tuned") == tuned_before and answers(ws) == before
+    # Swapped in, not yet recorded: the embedder changed, as after a finished tune.
+    killer.run("common.workspace:Workspace.update_manifest:tuned", 1, *args)
+    swapped = model_fingerprint(ws / "tuned")
+    assert swapped != tuned_before
+    with pytest.raises(PipelineError, match="run `pipeline embed` and `pipeline index` again"):
+        SearchEngine(Workspace(ws), load_model=False)
+    summary = run_tune(Workspace(ws), docs, TuneSettings(**settings, seed=1))
+    assert summary["fingerprint"] == swapped  # the re-run ends with the model the killed run had made
+
+
+def test_killed_pretrain_keeps_the_previous_model_and_resumes_to_the_same_losses(killer, trained_workspace, tmp_path, corpus_file):
+    args = ["--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "8", "--checkpoint-every", "2"]
+    straight = tmp_path / "straight"
+    cli("pretrain", "-w", str(straight), *args)
+    ws = tmp_path / "ws"
+    shutil.copytree(trained_workspace, ws)
+    before, model_before = answers(ws, ("dense",)), model_fingerprint(ws / "model")
+
+    # Between the token files: a new run has started (the old checkpoints are gone), the old model is intact.
+    killer.run("os:replace:train.bin", 1, "pretrain", "-w", str(ws), *args)
+    assert not (ws / "checkpoints").exists()
+    assert cli("pretrain", "-w", str(ws), "--resume", code=2)
+    # In the middle of the third checkpoint (step 6): its tensors written, not its training state.
+    killer.run("pretrain.train:atomic_write_json:train_state.json", 3, "pretrain", "-w", str(ws), *args)
+    assert sorted(p.name for p in (ws / "checkpoints").iterdir()) == ["step_00000002", "step_00000004", "step_00000006.tmp"]
+    # Resumed, then killed while swapping in the exported model.
+    killer.run("pretrain.export:replace_directory", 1, "pretrain", "-w", str(ws), "--resume", "--no-adapt")
+    assert model_fingerprint(ws / "model") == model_before and answers(ws, ("dense",)) == before
+    assert "resumed from" in cli("pretrain", "-w", str(ws), "--resume", "--no-adapt")
+    resumes = [m["step"] for m in read_metrics(ws) if m["event"] == "resume"]
+    assert resumes == [4, 8]  # the half-written checkpoint of step 6 was passed over
+    want = [m["loss"] for m in read_metrics(straight) if m["event"] == "train"]
+    got = [m["loss"] for m in read_metrics(ws) if m["event"] == "train"]
+    assert len(got) == len(want) == 8
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert json.loads((ws / "manifest.json").read_text())["model"]["fingerprint"] == model_fingerprint(ws / "model") != model_before
+
+
+def cli(*args: str, code: int = 0) -> str:
+    """`pipeline ARGS` in this process (its libraries are loaded already); returns the output."""
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == code, result.output
+    return result.output
