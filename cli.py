@@ -409,6 +409,7 @@ def tune(
     pairs: Annotated[Optional[Path], typer.Option(help="Labelled pairs, JSON lines: {\"query\": ..., \"document\": text} or {\"query\": ..., \"doc_id\": ...}.")] = None,
     architecture: Annotated[str, typer.Option(help="static (the GPT-2's token embeddings, mean of a text's tokens; fast, best on CPU) or transformer (the whole GPT-2 plus pooling).")] = "static",
     pooling: Annotated[str, typer.Option(help="With --architecture transformer: mean, weightedmean (position-weighted, SGPT) or lasttoken.")] = "mean",
+    dimensions: Annotated[int, typer.Option(help="With --architecture static: the width of its token vectors (the pretrained model's, then random ones).")] = 1024,
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 500,
     batch_size: Annotated[int, typer.Option(help="Pairs per batch; the other pairs are each one's negatives.")] = 128,
     mini_batch: Annotated[Optional[int], typer.Option(help="Use CachedMultipleNegativesRankingLoss with this many texts per pass (large batches, little memory).")] = None,
@@ -420,9 +421,11 @@ def tune(
     """Contrastive tuning of the pretrained model into a sentence embedder, from your unlabelled documents.
 
     Pairs the corpus provides (title <-> text, a sentence <-> its passage, neighbouring spans, dropout
-    views) are trained with in-batch negatives (MultipleNegativesRankingLoss). The default embedder is
-    static: the pretrained model's token embeddings, a text being the mean of its tokens' vectors (it
-    measured far better than the tuned transformer for small models trained on a CPU). The result goes
+    views) are trained with in-batch negatives and a BM25-mined hard negative each
+    (MultipleNegativesRankingLoss). The default embedder is static: a table of token vectors, the
+    pretrained model's token embeddings widened with random columns to --dimensions, a text being the
+    mean of its tokens' vectors (it measured far better than the tuned transformer for small models
+    trained on a CPU). The result goes
     to the workspace's tuned/ directory; `pipeline embed` uses it from then on.
 
     Examples:
@@ -439,7 +442,7 @@ def tune(
     from embed.tune import TuneSettings, run_tune
 
     ws = Workspace(workspace)
-    settings = TuneSettings(architecture=architecture, pooling=pooling, pair_kinds=tuple(k.strip() for k in pairs_from.split(",") if k.strip()),
+    settings = TuneSettings(architecture=architecture, pooling=pooling, dimensions=dimensions, pair_kinds=tuple(k.strip() for k in pairs_from.split(",") if k.strip()),
                             pairs_file=pairs, hard_negatives=hard_negatives, steps=steps, batch_size=batch_size, mini_batch=mini_batch, lr=lr,
                             max_seq_length=max_seq_length, seed=seed)
     docs = list(source_documents(ws, list(data or []), text_field))
