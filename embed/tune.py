@@ -309,7 +309,7 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings) -> dic
 def static_student(model_dir: Path, settings: TuneSettings, device: str, docs: list[Document]):
     """The GPT-2's tokenizer and a token-embedding table as a StaticEmbedding: a text is the mean of its
     token vectors. The table is wider than the GPT-2's (settings.dimensions): the pretrained token
-    embeddings fill its first columns and random ones the rest, since a mean of vectors keeps more
+    embeddings (centred) fill its first columns and random ones the rest, since a mean of vectors keeps more
     words apart the more dimensions it has (on SciFact's train queries, before any tuning, 1,024 random
     dimensions retrieve at nDCG@10 0.50 and 192 at 0.35). Each token's vector is scaled by its SIF weight
     a / (a + p(token)) in the corpus (Arora et al., 2017), so frequent tokens start nearly silent in the
@@ -323,13 +323,17 @@ def static_student(model_dir: Path, settings: TuneSettings, device: str, docs: l
     pretrained = load_file(model_dir / "model.safetensors")["transformer.wte.weight"]
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     vocab_size, width = pretrained.shape
-    generator = torch.Generator().manual_seed(settings.seed)
-    extra = torch.randn(vocab_size, max(0, settings.dimensions - width), generator=generator) * pretrained.std()
-    vectors = torch.cat([pretrained[:, :settings.dimensions], extra], dim=1)
     counts = torch.zeros(vocab_size)
     for encoding in tokenizer.encode_batch([embedding_text(d.title, d.text) for d in docs]):
         counts.index_add_(0, torch.tensor(encoding.ids, dtype=torch.long), torch.ones(len(encoding.ids)))
     frequency = counts / counts.sum().clamp(min=1)
+    # A language model's token embeddings share a common direction, which a mean of them would carry
+    # into every text: take it out, and give the columns the random ones' scale.
+    centred = pretrained[:, :settings.dimensions] - frequency @ pretrained[:, :settings.dimensions]
+    centred = centred / centred.std().clamp(min=1e-12)
+    generator = torch.Generator().manual_seed(settings.seed)
+    extra = torch.randn(vocab_size, max(0, settings.dimensions - width), generator=generator)
+    vectors = torch.cat([centred, extra], dim=1) * pretrained.std()
     vectors *= (SIF_A / (SIF_A + frequency))[:, None]
     model = SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_weights=vectors)], device=device)
     return model, lambda model: None
