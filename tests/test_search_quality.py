@@ -149,12 +149,12 @@ def test_eval_scores_every_mode_with_pytrec_eval_and_sets_the_default(trained_wo
     assert reports["lexical"]["mrr@10"] > 0.9 and reports["lexical"]["recall@100"] == 1.0
     assert reports["hybrid"]["ndcg@10"] > 0.6
     assert reports["dense"]["ndcg@10"] < reports["lexical"]["ndcg@10"]  # the barely trained, untuned test model
-    table = run_cli("eval", "-w", str(trained_workspace), "--queries", str(judged_titles / "queries.jsonl"),
-                    "--qrels", str(judged_titles / "qrels.tsv"), "--mode", "lexical").stdout
-    assert table.startswith("lexical ") and "nDCG@10" in table and "Recall@100 1.0000" in table and "MRR@10" in table
-    # A mode chosen on judged queries is kept when `pipeline index` runs again for the same model.
-    run_cli("eval", "-w", str(ws), "--queries", str(judged_titles / "queries.jsonl"), "--qrels", str(judged_titles / "qrels.tsv"),
-            "--mode", "all", "--set-default", "--dense-weight", "0.2")
+    # Without --json: a table, one line per mode. A mode chosen on judged queries is kept when `pipeline index`
+    # runs again for the same model.
+    table = run_cli("eval", "-w", str(ws), "--queries", str(judged_titles / "queries.jsonl"), "--qrels", str(judged_titles / "qrels.tsv"),
+                    "--mode", "all", "--set-default", "--dense-weight", "0.2").stdout.splitlines()
+    assert [line.split()[0] for line in table] == ["dense", "lexical", "hybrid"]
+    assert "nDCG@10" in table[1] and "Recall@100 1.0000" in table[1] and "MRR@10" in table[1]
     run_cli("index", "-w", str(ws))
     search = json.loads((ws / "manifest.json").read_text())["search"]
     assert search["chosen_by"] == "judged queries" and search["default_mode"] == best
