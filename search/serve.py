@@ -13,6 +13,9 @@ it in under a lock: requests in flight finish on the generation they started wit
 and document rows come from an in-memory copy of the store made at load time, so the server holds no
 lock on the workspace's DuckDB file and `pipeline embed` can write to it meanwhile.
 
+Requests are bounded and the bounds are declared in the OpenAPI description (query length, k, filter
+length; a body over MAX_BODY_BYTES gets 413). Documents are read from the store: no route reads a file.
+
 With an API key, /search and /documents need it (header X-API-Key, or ?api_key= for a browser);
 the static page, the OpenAPI description and /health do not: they show no stored data.
 """
