@@ -336,10 +336,10 @@ def search(
     """
     from rich.table import Table
 
-    from search.engine import Filters, SearchEngine
+    from search.engine import Filters, SearchEngine, snippet
 
     engine = SearchEngine(Workspace(workspace), load_model=False)
-    hits = engine.search(query, k, mode, Filters(source, title), dense_weight)
+    hits = engine.search_many([query], k, mode, Filters(source, title), dense_weight, names=[f'"{snippet(query, 40)}"'])[0]
     if json_output:
         for hit in hits:
             print(json.dumps(hit.to_dict(), ensure_ascii=False))

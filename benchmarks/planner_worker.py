@@ -30,15 +30,16 @@ def worker(spec_json: str) -> None:
     from common.workspace import Workspace
     from pretrain import linkemu, train as train_module
     from pretrain.config import train_config_from_dict
+    from pretrain.hardware import machine_key
     from pretrain.parallel import ParallelConfig
 
     linkemu.install_from_env()
     try:
         for run in json.loads(spec_json):
             plan = ParallelConfig(**run["plan"])
-            # MFU's matmul peak is measured once per process inside train(); its 12 MB of matrices would
-            # count as the run's memory, and MFU is not what this benchmark looks at.
-            train_module._peak_flops[("cpu", plan.world_size)] = 1.0
+            # MFU's matmul peak is measured inside train() unless known; its 12 MB of matrices would count as
+            # the run's memory, and MFU is not what this benchmark looks at: a peak no run reaches, never measured.
+            train_module._peak_flops[machine_key(torch.device("cpu"), plan.world_size)] = 1e30
             gc.collect()
             Path("/proc/self/clear_refs").write_text("5")
             base = _status_kb("VmRSS")

@@ -52,6 +52,16 @@ def token_limit(model) -> int:
     return int(limit) if limit and math.isfinite(limit) else UNLIMITED_MODEL_CHUNK_TOKENS
 
 
+def truncate_to_model(model, texts: list[str]) -> tuple[list[str], list[int]]:
+    """Each text cut after the tokens the model reads (token_limit), at a token boundary of the original
+    text, and each text's number of tokens. A transformer would drop the rest itself; a static model
+    averages every token, so a text is cut to what chunks hold."""
+    limit = token_limit(model)
+    offsets = text_tokenizer(model)(texts, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    cut = [text if len(spans) <= limit else text[:spans[limit - 1][1]] for text, spans in zip(texts, offsets)]
+    return cut, [len(spans) for spans in offsets]
+
+
 def embedding_text(title: str, text: str) -> str:
     """What gets embedded for a chunk: its document's title, then the chunk."""
     return f"{title}\n{text}" if title else text

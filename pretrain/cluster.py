@@ -399,17 +399,19 @@ def _measure_device(device, settings: MeasureSettings, world: int) -> dict:
     import torch
     import torch.distributed as dist
 
+    from pretrain.hardware import measure_matmul_flops
+
     if world > 1:
         dist.barrier()  # every rank measures at the same time
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     t = torch.ones(1, device=device)
     launch = _timed(lambda: t.add(t), device, settings.seconds / 4, min_iters=100)
-    # Matmul throughput by size: a small model's matmuls run far below the peak of a large one.
+    # Matmul throughput by size: a small model's matmuls run far below the peak of a large one. The best
+    # of a few repeats, as for MFU's peak: a busy machine slows some down, nothing speeds one up.
     rates = []
     for size in ((256, 512, 1024, 2048, 4096) if device.type == "cuda" else (32, 64, 128, 256, 512, 1024)):
-        a, b = torch.randn(size, size, device=device, dtype=dtype), torch.randn(size, size, device=device, dtype=dtype)
-        seconds = _timed(lambda: torch.mm(a, b), device, settings.seconds / 3)
         flops = 2 * size**3
+        seconds = flops / measure_matmul_flops(device, dtype, size, settings.seconds / 3, repeats=3)
         rates.append([float(flops), flops / max(seconds - launch, seconds / 10)])  # the op's own launch is counted per op
     x = torch.randn(8 * 2**20 // 4 * (8 if device.type == "cuda" else 1), device=device)
     y = torch.empty_like(x)
@@ -682,7 +684,8 @@ def cache_key(nproc: int) -> str:
     return f"{MEASUREMENT_VERSION}|{socket.gethostname()}|{nproc}|{'cuda' if torch.cuda.is_available() else 'cpu'}|{emu}"
 
 
-def local_cluster(cache_path: Path | None, nproc: int, remeasure: bool = False) -> tuple[Cluster, bool]:
+def local_cluster(cache_path: Path | None, nproc: int, remeasure: bool = False,
+                  settings: MeasureSettings | None = None) -> tuple[Cluster, bool]:
     """The measured cluster for `nproc` local processes, from the cache when there; returns (cluster, cached)."""
     key = cache_key(nproc)
     cache = {}
@@ -693,7 +696,7 @@ def local_cluster(cache_path: Path | None, nproc: int, remeasure: bool = False) 
             cache = {}
     if key in cache and not remeasure:
         return Cluster.from_dict(cache[key]), True
-    cluster = measure_cluster(nproc)
+    cluster = measure_cluster(nproc, settings)
     if cache_path is not None:
         from common.workspace import atomic_write_json
 

@@ -31,7 +31,7 @@ from pretrain.config import ModelConfig, TrainConfig
 from pretrain.data import TokenWindows, step_sample_indices, tokenize_corpus, write_token_files
 from pretrain.default_corpus import stdlib_documents
 from pretrain.export import export_model
-from pretrain.hardware import measure_matmul_flops
+from pretrain.hardware import PEAK_CACHE, cached_peak, machine_key, measure_matmul_flops, record_peak
 from pretrain.autoplan import memory_now_mb, predict_run
 from pretrain.metrics import CommunicationTimer, Stopwatch, model_state_mb, peak_memory_mb, reset_peak_memory
 from pretrain.model import GPT, lm_loss
@@ -272,19 +272,23 @@ def gather_floats(par: Parallel, values: list[float]) -> list[list[float]]:
     return [t.tolist() for t in everyone]
 
 
-_peak_flops: dict[tuple, float] = {}
+_peak_flops: dict[str, float] = {}  # machine_key -> the peak this process measured or was given
 
 
-def job_peak_flops(par: Parallel) -> float:
-    """Sustained matmul FLOP/s of the whole job: every rank measures at once (so ranks sharing a
-    CPU share it) and the results are summed. Measured once per process."""
-    key = (par.device.type, par.world_size)
-    if key not in _peak_flops:
-        mine = torch.tensor([measure_matmul_flops(par.device)], dtype=torch.float64)
+def job_peak_flops(par: Parallel, cache: Path) -> float:
+    """Sustained matmul FLOP/s of the whole job (pretrain/hardware.py), as rank 0 knows it: recorded in
+    the workspace for this machine and job size, else measured by every rank at once (ranks sharing a
+    CPU share it), summed and recorded. Rank 0 decides, so that every rank measures or none does."""
+    key = machine_key(par.device, par.world_size)
+    peak = torch.tensor([(cached_peak(cache, key) or _peak_flops.get(key, 0.0)) if par.rank == 0 else 0.0], dtype=torch.float64)
+    if par.world_size > 1:
+        dist.broadcast(peak, 0)
+    if peak.item() == 0.0:  # none recorded: measure
+        peak = torch.tensor([measure_matmul_flops(par.device)], dtype=torch.float64)
         if par.world_size > 1:
-            dist.all_reduce(mine)
-        _peak_flops[key] = mine.item()
-    return _peak_flops[key]
+            dist.all_reduce(peak)
+    _peak_flops[key] = peak.item()
+    return record_peak(cache, key, peak.item(), "measured (best of 5 matmul timings)") if par.rank == 0 else peak.item()
 
 
 def theoretical_bubble(config: ParallelConfig) -> float | None:
@@ -379,12 +383,15 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
     metrics = MetricsLog(ws.metrics_path, start_step if resume_from else None) if main else None
     if metrics is not None and resume_from is not None:  # the log says where a resumed run picked up
         metrics.write({"event": "resume", "step": start_step, "checkpoint": str(resume_from), "world_size": par.world_size})
-    peak_flops = job_peak_flops(par)
+    peak_cache, peak_key = ws.root / PEAK_CACHE, machine_key(par.device, par.world_size)
+    peak_flops = job_peak_flops(par, peak_cache)
     tokens_per_step = cfg.batch_size * cfg.seq_len
     local_batch = cfg.batch_size // plan.dp
     if main:
         info(f"model: {n_params / 1e6:.2f}M parameters, {cfg.model.n_layer} layers, d={cfg.model.n_embd}; "
              f"{cfg.max_steps} steps of {tokens_per_step:,} tokens; {len(train_windows):,} training windows")
+        info(f"MFU below is model FLOP/s against this machine's measured matmul peak, {peak_flops / 1e9:,.1f} GFLOP/s "
+             f"({peak_cache.name}), not a datasheet peak")
     print_layout(pm, cfg)
 
     for part in pm.parts:
@@ -418,9 +425,14 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
             ranks = gather_floats(par, [peak_memory_mb(par.device), model_state_mb(pm.parts, optimizers), comm.seconds,
                                         watch.seconds, pm.bubble_fraction()])
             if main:
+                achieved = tokens_per_s * flops_per_token
+                if achieved > peak_flops:  # faster than the peak: the peak was measured low (a busy machine)
+                    info(f"this run computes {achieved / 1e9:,.1f} GFLOP/s, above the matmul peak measured here "
+                         f"({peak_flops / 1e9:,.1f}): the peak was measured low; it is now {achieved / 1e9:,.1f}")
+                    peak_flops = _peak_flops[peak_key] = record_peak(peak_cache, peak_key, achieved, f"achieved by training, step {done}")
                 record = {"event": "train", "step": done, "loss": loss_value, "lr": schedulers[0].get_last_lr()[0],
                           "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
-                          "mfu": tokens_per_s * flops_per_token / peak_flops,
+                          "mfu": achieved / peak_flops, "matmul_peak_flops": peak_flops,
                           "peak_rss_mb": peak_rss_mb(), "peak_mem_mb_per_rank": [r[0] for r in ranks],
                           "model_state_mb_per_rank": [r[1] for r in ranks],
                           "step_s": watch.seconds, "comm_s_per_rank": [r[2] for r in ranks],
@@ -437,7 +449,7 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
                                   bubble_theory=theoretical_bubble(plan))
                 metrics.write(record)
                 info(f"step {done}/{cfg.max_steps}  loss {loss_value:.4f}  lr {record['lr']:.2e}  "
-                     f"{tokens_per_s:,.0f} tok/s  mfu {record['mfu']:.1%}  comm {record['comm_fraction']:.0%}"
+                     f"{tokens_per_s:,.0f} tok/s  MFU {record['mfu']:.1%} of measured peak  comm {record['comm_fraction']:.0%}"
                      + (f"  bubble {record['bubble_fraction']:.0%}" if plan.pp > 1 else "") + f"  eta {format_eta(eta)}")
             last_log, steps_since_log = time.perf_counter(), 0
         if done % cfg.eval_every == 0 or done == cfg.max_steps:

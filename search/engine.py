@@ -24,9 +24,10 @@ import duckdb
 import faiss
 import numpy as np
 
+from common.console import warn
 from common.errors import PipelineError
 from common.lexical import LexicalIndex
-from common.models import encode, load_embedder
+from common.models import encode, load_embedder, token_limit, truncate_to_model
 from common.store import Store, stale_index_message
 from common.workspace import Workspace, model_fingerprint
 
@@ -37,7 +38,6 @@ MODES = ("dense", "lexical", "hybrid")
 DEFAULT_MODE = "lexical"
 DEFAULT_DENSE_WEIGHT = 0.5
 FUSION_DEPTH = 100  # documents taken from each retriever before fusing
-MAX_QUERY_CHARS = 2000
 MAX_K = 1000
 # Hugging Face fast tokenizers fail ("Already borrowed") when one is used from two threads at once, and
 # torch already spreads one forward pass over every core: queries are encoded one batch at a time.
@@ -88,8 +88,6 @@ def check_request(query: str, k: int, mode: str | None) -> str:
     query = query.strip()
     if not query:
         raise PipelineError("empty query")
-    if len(query) > MAX_QUERY_CHARS:
-        raise PipelineError(f"query too long: {len(query)} characters (limit {MAX_QUERY_CHARS})")
     if not 1 <= k <= MAX_K:
         raise PipelineError(f"k must be between 1 and {MAX_K}, got {k}")
     if mode is not None and mode not in MODES:
@@ -137,6 +135,7 @@ class SearchEngine:
         self._model = reuse_model
         self._default_mode, self._default_dense_weight = self.measured_defaults()
         self._model_lock = threading.Lock()
+        self._warned_long: set[str] = set()
         if load_model and self._model is None:
             self.model  # noqa: B018 -- load now rather than on the first query
 
@@ -194,20 +193,18 @@ class SearchEngine:
         return self.search_many([query], k, mode, filters, dense_weight)[0]
 
     def search_many(self, queries: list[str], k: int = 10, mode: str | None = None, filters: Filters | None = None,
-                    dense_weight: float | None = None) -> list[list[Hit]]:
+                    dense_weight: float | None = None, names: list[str] | None = None) -> list[list[Hit]]:
         """Results for each query; queries are embedded in one batch (what `pipeline eval` uses).
-        mode and dense_weight default to the workspace's measured defaults."""
+        mode and dense_weight default to the workspace's measured defaults. A query longer than the model
+        reads is embedded up to the model's input length (lexical search reads all of it); given `names`
+        (how to call each query), the first time for each name, with a warning naming it."""
         queries = [check_request(q, k, mode) for q in queries]
         mode = self.resolve_mode(mode)
         dense_weight = self.resolve_dense_weight(dense_weight)
         if not 0.0 <= dense_weight <= 1.0:
             raise PipelineError(f"dense weight must be between 0 and 1, got {dense_weight}")
         depth = k if mode != "hybrid" else max(k, FUSION_DEPTH)
-        vectors = None
-        if mode != "lexical":
-            model = self.model
-            with _ENCODE_LOCK:
-                vectors = encode(model, queries)
+        vectors = self.embed_queries(queries, names) if mode != "lexical" else None
         results = []
         with self.connect() as con:
             allowed = self._allowed_chunks(con, filters) if filters else None
@@ -225,6 +222,19 @@ class SearchEngine:
                                     snippet(row["text"] or "", starts_mid_text=row["chunk_index"] > 0), row["chunk_id"])
                                 for rank, (score, row) in enumerate(ranked[:k], start=1)])
         return results
+
+    def embed_queries(self, queries: list[str], names: list[str] | None = None) -> np.ndarray:
+        model = self.model
+        with _ENCODE_LOCK:
+            cut, lengths = truncate_to_model(model, queries)
+            vectors = encode(model, cut)
+        limit = token_limit(model)
+        for name, n_tokens in zip(names or [], lengths):
+            if n_tokens > limit and name not in self._warned_long:  # `eval --mode all` embeds the queries twice
+                self._warned_long.add(name)
+                warn(f"query {name} is {n_tokens:,} tokens long and the model reads {limit}: "
+                     f"it is embedded up to there (lexical search reads all of it)")
+        return vectors
 
     def _dense(self, con, vector: np.ndarray, n_docs: int, allowed: np.ndarray | None) -> list[tuple[float, dict]]:
         params = faiss.SearchParameters(sel=faiss.IDSelectorBatch(allowed)) if allowed is not None else None

@@ -81,7 +81,7 @@ def evaluate(engine: SearchEngine, queries: dict[str, str], qrels: dict[str, dic
         raise PipelineError("no query in the qrels file has a text in the queries file (are the ids the same?)")
     mode = engine.resolve_mode(mode)
     start = time.perf_counter()
-    results = engine.search_many([queries[q] for q in judged], k=depth, mode=mode, dense_weight=dense_weight)
+    results = engine.search_many([queries[q] for q in judged], k=depth, mode=mode, dense_weight=dense_weight, names=judged)
     seconds = time.perf_counter() - start
     run = {q: [hit.doc_id for hit in hits] for q, hits in zip(judged, results)}
     metrics = score_run(run, {q: qrels[q] for q in judged})

@@ -15,6 +15,9 @@ lock on the workspace's DuckDB file and `pipeline embed` can write to it meanwhi
 only with the store generation it was built from; when the documents change, the server keeps
 answering from the generation it has and /health says so until `pipeline index` has run.
 
+Requests are bounded and the bounds are declared in the OpenAPI description (query length, k, filter
+length; a body over MAX_BODY_BYTES gets 413). Documents are read from the store: no route reads a file.
+
 With an API key, /search and /documents need it (header X-API-Key, or ?api_key= for a browser);
 the static page, the OpenAPI description and /health do not: they show no stored data.
 """
@@ -39,9 +42,13 @@ from common.console import info, warn
 from common.errors import PipelineError
 from common.store import stale_index_message
 from common.workspace import Workspace
-from search.engine import MAX_QUERY_CHARS, Filters, SearchEngine
+from search.engine import Filters, SearchEngine
 
+# Bounds on a request, declared in the OpenAPI schema. A query longer than the model reads is embedded
+# up to its input length (search/engine.py); the bound keeps a request's size, and BM25's work, small.
+MAX_QUERY_CHARS = 2000
 MAX_SERVE_K = 100
+MAX_BODY_BYTES = 64 * 1024  # a JSON search request at its bounds, escaped, is under 20 KB
 POLL_SECONDS = 1.0
 PUBLIC_PATHS = {"/", "/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/favicon.ico"}
 log = logging.getLogger("pipeline.serve")
@@ -118,13 +125,17 @@ class Generation:
         self._stop.set()
 
 
+QUERY_HELP = (f"The query, at most {MAX_QUERY_CHARS:,} characters. Dense search embeds it up to the model's input length "
+              "(a longer query is cut there); lexical search reads all of it.")
+
+
 class SearchFilter(BaseModel):
     source: Optional[str] = Field(None, max_length=500, description="Glob on the document's source file path, absolute or relative to the server's working directory, e.g. 'docs/*.md'.")
     title: Optional[str] = Field(None, max_length=500, description="Text the title must contain (case-insensitive).")
 
 
 class SearchRequest(BaseModel):
-    q: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, description="The query.")
+    q: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, description=QUERY_HELP)
     k: int = Field(10, ge=1, le=MAX_SERVE_K, description="Number of documents.")
     mode: Optional[Literal["dense", "lexical", "hybrid"]] = Field(None, description="Default: the workspace's default mode (see /health).")
     dense_weight: Optional[float] = Field(None, ge=0.0, le=1.0, description="Hybrid: weight of the dense ranking (default: the workspace's, see /health).")
@@ -144,7 +155,7 @@ def create_app(ws: Workspace, api_key: str | None = None, poll_seconds: float = 
         yield
         generation.stop()
 
-    app = FastAPI(title="embedding-pipeline search", lifespan=lifespan,
+    app = FastAPI(title="embedding-pipeline search", lifespan=lifespan, max_body_size=MAX_BODY_BYTES,
                   description="Search the documents of a pipeline workspace: dense, lexical (BM25) or hybrid.")
     app.state.generation = generation
 
@@ -184,7 +195,7 @@ def create_app(ws: Workspace, api_key: str | None = None, poll_seconds: float = 
                 "took_ms": round((time.perf_counter() - start) * 1000, 2), "results": [h.to_dict() for h in hits]}
 
     @app.get("/search", summary="Search (query parameters)")
-    def search_get(q: str = Query(..., min_length=1, max_length=MAX_QUERY_CHARS),
+    def search_get(q: str = Query(..., min_length=1, max_length=MAX_QUERY_CHARS, description=QUERY_HELP),
                    k: int = Query(10, ge=1, le=MAX_SERVE_K),
                    mode: Optional[Literal["dense", "lexical", "hybrid"]] = None,
                    dense_weight: Optional[float] = Query(None, ge=0.0, le=1.0),

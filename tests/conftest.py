@@ -42,7 +42,8 @@ def corpus_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def trained_workspace(tmp_path_factory, corpus_file) -> Path:
-    """pretrain -> embed -> index on the SciFact slice, through the CLI. Tests must not modify it."""
+    """pretrain -> embed -> index on the SciFact slice, through the CLI. Tests must not modify it. Its
+    pretraining is also the uninterrupted run a killed and resumed one is compared with (test_pretrain)."""
     ws = tmp_path_factory.mktemp("ws")
     run_cli("pretrain", "-w", str(ws), "--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "20")
     run_cli("embed", "-w", str(ws), "--chunk-tokens", "64", "--overlap", "8")

@@ -239,7 +239,7 @@ def test_every_plan_exports_the_same_hugging_face_model(prepared, world4, single
 def test_metrics_report_throughput_memory_communication_and_bubble(world2):
     ddp, pipeline = steps(world2["ddp"])[STEPS], steps(world2["pp-1f1b"])[STEPS]
     for record, world in ((ddp, 2), (pipeline, 2)):
-        assert record["tokens_per_s"] > 0 and 0 < record["mfu"] < 1
+        assert record["tokens_per_s"] > 0 and 0 < record["mfu"] <= 1 and record["matmul_peak_flops"] > 0
         assert len(record["peak_mem_mb_per_rank"]) == world and min(record["peak_mem_mb_per_rank"]) > 0
         assert len(record["comm_s_per_rank"]) == world and max(record["comm_s_per_rank"]) > 0
         assert 0 < record["comm_fraction"] < 1
@@ -247,6 +247,32 @@ def test_metrics_report_throughput_memory_communication_and_bubble(world2):
     # 2 stages, 2 microbatches: 1 of 3 slots idle in theory; processes sharing CPUs wait longer.
     assert pipeline["bubble_theory"] == pytest.approx(1 / 3)
     assert len(pipeline["bubble_fraction_per_rank"]) == 2 and 0 < pipeline["bubble_fraction"] < 1
+
+
+def test_mfu_is_against_the_measured_peak_and_never_exceeds_it(prepared, single, capsys):
+    """The matmul peak is measured once per machine and job size and kept in the workspace. One measured
+    on a busy machine comes out low: a run computing faster than it proves it wrong and becomes the peak."""
+    from pretrain.hardware import PEAK_CACHE
+    from pretrain.train import train
+
+    ((key, measured),) = json.loads((single / PEAK_CACHE).read_text()).items()
+    assert measured["flops"] > 0 and measured["how"].startswith("measured")
+    ws = new_workspace(prepared, "busy-peak")
+    (ws.root / PEAK_CACHE).write_text(json.dumps({key: {"flops": 1.0, "how": "measured on a busy machine"}}))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the run that measured the peak above
+    try:
+        train(ws, train_config(prepared), export=False)
+    finally:
+        torch.set_num_threads(threads)
+    records = steps(ws.root).values()
+    achieved = [r["mfu"] * r["matmul_peak_flops"] for r in records]
+    assert all(0 < r["mfu"] <= 1 for r in records)
+    raised = json.loads((ws.root / PEAK_CACHE).read_text())[key]
+    assert raised["how"].startswith("achieved by training") and raised["flops"] == pytest.approx(max(achieved))
+    stderr = capsys.readouterr().err
+    assert "MFU below is model FLOP/s against this machine's measured matmul peak" in stderr
+    assert "the peak was measured low" in stderr and " MFU " in stderr and "% of measured peak" in stderr
 
 
 # ---------------------------------------------------------------- failures
@@ -282,7 +308,6 @@ def test_a_failing_rank_ends_the_job_with_one_clear_error(prepared, tmp_path, fa
     # Rank 0 is blocked in the pipeline when rank 1 fails: the job must still end, quickly.
     spec = RunSpec(str(new_workspace(prepared, f"failing-{failure}").root), asdict(cfg),
                    asdict(ParallelConfig(strategy="pp", pp=2, timeout_s=600)), export=False)
-    start = time.monotonic()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OMP_NUM_THREADS", "1")
         mp.setenv("FAILURE", failure)
@@ -293,7 +318,7 @@ def test_a_failing_rank_ends_the_job_with_one_clear_error(prepared, tmp_path, fa
     message = str(error.value)
     assert message.startswith(expected) or (message.startswith("training failed: rank 0") and "rank" in message[20:]), message
     assert "\n" not in message
-    assert time.monotonic() - start < 60  # far below the 600 s process-group timeout
+    assert "timeout" not in message.lower() and "timed out" not in message.lower()  # ended by the failure, not the 600 s timeout
 
 
 def children(pid: int) -> list[int]:

@@ -92,18 +92,14 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
     assert result.stderr.strip().splitlines() == [f"error: --resume: no checkpoint in {tmp_path / 'checkpoints'}"]
 
 
-def test_default_corpus_is_used_without_data_and_said(tmp_path):
-    result = run_cli("pretrain", "-w", str(tmp_path), *TINY_TRAINING, "--max-steps", "2", "--vocab-size", "300")
-    assert "built-in corpus of Python standard library docstrings" in result.stderr
-    assert (tmp_path / "model" / "model.safetensors").exists()
-
-
-def test_zero_steps_exports_the_model_at_initialisation(tmp_path, corpus_file):
-    """--max-steps 0 is the ablation baseline: the exported weights are GPT-2's initialisation for the seed."""
+def test_default_corpus_and_zero_steps_export_the_model_at_initialisation(tmp_path):
+    """Without --data, the built-in corpus is used and said. --max-steps 0 is the ablation baseline: the
+    exported weights are GPT-2's initialisation for the seed. Search before embed and index says what to run."""
     from safetensors.torch import load_file
 
     ws = tmp_path / "ws"
-    run_cli("pretrain", "-w", str(ws), "--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "0", "--seed", "5")
+    result = run_cli("pretrain", "-w", str(ws), *TINY_TRAINING, "--max-steps", "0", "--vocab-size", "300", "--seed", "5")
+    assert "built-in corpus of Python standard library docstrings" in result.stderr
     manifest = json.loads((ws / "manifest.json").read_text())
     assert manifest["model"]["steps"] == 0 and manifest["model"]["final_loss"] is None
     torch.manual_seed(5)
@@ -113,6 +109,9 @@ def test_zero_steps_exports_the_model_at_initialisation(tmp_path, corpus_file):
     torch.testing.assert_close(exported["transformer.wte.weight"], initial.tok_emb.weight.detach(), rtol=0, atol=0)
     torch.testing.assert_close(exported["transformer.h.1.mlp.c_fc.weight"], initial.layers["1"].mlp.fc_in.weight.detach().t(),
                                rtol=0, atol=0)
+    no_index = run_cli("search", "-w", str(ws), "anything", check=False)
+    assert no_index.returncode == 2
+    assert no_index.stderr.strip() == f"error: workspace {ws} has no index: run `pipeline embed` and `pipeline index` first"
 
 
 def test_sizing_moves_up_the_ladder_on_a_faster_machine_and_discounts_repeated_data():
@@ -136,7 +135,7 @@ def test_pretrain_without_a_shape_is_sized_to_the_time_budget(tmp_path, corpus_f
     from pretrain.sizing import LADDER
 
     ws = tmp_path / "ws"
-    result = run_cli("pretrain", "-w", str(ws), "--data", str(corpus_file), "--time-budget", "15s", "--no-adapt", "--log-every", "5")
+    result = run_cli("pretrain", "-w", str(ws), "--data", str(corpus_file), "--time-budget", "5s", "--no-adapt", "--log-every", "5")
     assert "sizing for" in result.stderr and "chosen:" in result.stderr
     model = json.loads((ws / "manifest.json").read_text())["model"]
     shapes = {(s.n_layer, s.n_embd, s.n_head, s.batch_size) for s in LADDER}

@@ -14,11 +14,14 @@ pytest.importorskip("ray", reason="the ray extra is not installed")
 def test_ray_embedded_vectors_equal_single_process_ones(trained_workspace, tmp_path, corpus_file):
     data = tmp_path / "docs.jsonl"
     data.write_text("\n".join(corpus_file.read_text().splitlines()[:30]) + "\n")
+    from embed.run import EmbedSettings, run_embed
+
     stores = {}
-    for name, extra in (("single", []), ("ray", ["--ray", "local"])):
-        ws = Workspace(tmp_path / name).create()
-        run_cli("embed", "-w", str(ws.root), "--data", str(data), "--model", str(trained_workspace / "model"),
-                "--chunk-tokens", "48", "--overlap", "8", *extra, timeout=400)
+    single, ray = Workspace(tmp_path / "single").create(), Workspace(tmp_path / "ray").create()
+    run_embed(single, [data], None, EmbedSettings(model_dir=trained_workspace / "model", chunk_tokens=48, overlap=8))  # the reference, in this process
+    run_cli("embed", "-w", str(ray.root), "--data", str(data), "--model", str(trained_workspace / "model"),
+            "--chunk-tokens", "48", "--overlap", "8", "--ray", "local", timeout=400)
+    for name, ws in (("single", single), ("ray", ray)):
         with Store(ws.db_path, read_only=True) as store:
             chunks = store.con.execute("SELECT chunk_id, doc_id, chunk_index, text FROM chunks ORDER BY chunk_id").fetchall()
             stores[name] = (chunks, *store.load_vectors())

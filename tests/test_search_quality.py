@@ -96,19 +96,34 @@ def test_a_relative_source_glob_is_read_from_the_current_directory(engine, corpu
 
 
 def test_bad_requests_are_pipeline_errors(engine):
-    for query, k, mode, message in [("", 5, None, "empty query"), ("x" * 2001, 5, None, "query too long"),
-                                    ("q", 0, None, "k must be between"), ("q", 5, "fuzzy", "unknown mode")]:
+    for query, k, mode, message in [("", 5, None, "empty query"), ("q", 0, None, "k must be between"), ("q", 5, "fuzzy", "unknown mode")]:
         with pytest.raises(PipelineError, match=message):
             engine.search(query, k, mode)
 
 
+def test_a_query_longer_than_the_model_reads_is_embedded_up_to_its_input_length(engine, corpus_file, capsys):
+    from common.models import token_limit, truncate_to_model
+
+    long_query = " ".join(row["text"] for row in corpus_rows(corpus_file)[:5])
+    (cut,), (n_tokens,) = truncate_to_model(engine.model, [long_query])
+    assert n_tokens > token_limit(engine.model) and long_query.startswith(cut) and len(cut) < len(long_query)
+    for mode in ("dense", "hybrid", "lexical"):
+        assert engine.search_many([long_query], k=5, mode=mode, names=["the long one"])[0], mode
+    assert engine.search(long_query, k=5, mode="dense") == engine.search(cut, k=5, mode="dense")
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: query the long one is {n_tokens:,} tokens long")
+
+
 @pytest.fixture(scope="module")
 def judged_titles(corpus_file, tmp_path_factory):
-    """Queries that are documents' titles, each judged relevant to its own document: an easy, known answer."""
+    """Queries that are documents' titles, each judged relevant to its own document: an easy, known answer;
+    and one query far longer than the model reads (five documents' texts), judged relevant to those five."""
     rows = corpus_rows(corpus_file)[:30]
     folder = tmp_path_factory.mktemp("eval")
-    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": r["title"]}) + "\n" for i, r in enumerate(rows)))
-    (folder / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\t{r['_id']}\t1\n" for i, r in enumerate(rows)))
+    queries = [{"_id": f"q{i}", "text": r["title"]} for i, r in enumerate(rows)] + [{"_id": "long", "text": " ".join(r["text"] for r in rows[:5])}]
+    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    (folder / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\t{r['_id']}\t1\n" for i, r in enumerate(rows))
+                                      + "".join(f"long\t{r['_id']}\t1\n" for r in rows[:5]))
     return folder
 
 
@@ -124,6 +139,9 @@ def test_eval_scores_every_mode_with_pytrec_eval_and_sets_the_default(trained_wo
     assert SearchEngine(Workspace(ws), load_model=False).resolve_mode(None) == best
     assert SearchEngine(Workspace(ws), load_model=False).resolve_dense_weight(None) == 0.2  # the weight that was measured
     assert f"default mode for this workspace: {best}" in result.stderr
+    # the long query is evaluated, cut to the model's input length, with one warning though two modes embed it
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: query long is "), warnings
     manifest = json.loads((ws / "manifest.json").read_text())
     manifest["search"]["default_mode"] = "hybrid"
     (ws / "manifest.json").write_text(json.dumps(manifest))
@@ -134,19 +152,19 @@ def test_eval_scores_every_mode_with_pytrec_eval_and_sets_the_default(trained_wo
     assert SearchEngine(Workspace(ws), load_model=False).resolve_dense_weight(None) == 0.5
     assert set(reports) == {"dense", "lexical", "hybrid"}
     for report in reports.values():
-        assert report["queries"] == 30
+        assert report["queries"] == 31
         for metric in ("ndcg@10", "recall@100", "mrr@10"):
             assert 0.0 <= report[metric] <= 1.0
     # A title finds its own document by its words: near-perfect lexical scores, and fusion keeps most of it.
     assert reports["lexical"]["mrr@10"] > 0.9 and reports["lexical"]["recall@100"] == 1.0
     assert reports["hybrid"]["ndcg@10"] > 0.6
     assert reports["dense"]["ndcg@10"] < reports["lexical"]["ndcg@10"]  # the barely trained, untuned test model
-    table = run_cli("eval", "-w", str(trained_workspace), "--queries", str(judged_titles / "queries.jsonl"),
-                    "--qrels", str(judged_titles / "qrels.tsv"), "--mode", "lexical").stdout
-    assert table.startswith("lexical ") and "nDCG@10" in table and "Recall@100 1.0000" in table and "MRR@10" in table
-    # A mode chosen on judged queries is kept when `pipeline index` runs again for the same model.
-    run_cli("eval", "-w", str(ws), "--queries", str(judged_titles / "queries.jsonl"), "--qrels", str(judged_titles / "qrels.tsv"),
-            "--mode", "all", "--set-default", "--dense-weight", "0.2")
+    # Without --json: a table, one line per mode. A mode chosen on judged queries is kept when `pipeline index`
+    # runs again for the same model.
+    table = run_cli("eval", "-w", str(ws), "--queries", str(judged_titles / "queries.jsonl"), "--qrels", str(judged_titles / "qrels.tsv"),
+                    "--mode", "all", "--set-default", "--dense-weight", "0.2").stdout.splitlines()
+    assert [line.split()[0] for line in table] == ["dense", "lexical", "hybrid"]
+    assert "nDCG@10" in table[1] and "Recall@100 1.0000" in table[1] and "MRR@10" in table[1]
     run_cli("index", "-w", str(ws))
     search = json.loads((ws / "manifest.json").read_text())["search"]
     assert search["chosen_by"] == "judged queries" and search["default_mode"] == best

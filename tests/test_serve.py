@@ -59,6 +59,13 @@ def server(workspace):
         process.kill()
 
 
+@pytest.fixture(scope="module")
+def api_schema(server):
+    import schemathesis
+
+    return schemathesis.openapi.from_url(f"{server}/openapi.json")
+
+
 @pytest.fixture()
 def client(server):
     with httpx.Client(base_url=server, headers={"X-API-Key": KEY}, timeout=60) as c:
@@ -116,6 +123,65 @@ def test_bad_requests_get_4xx_json_and_the_server_lives_on(client):
         assert isinstance(response.json()["error"], str) and response.json()["error"]
     assert client.get("/search", params={"q": "   "}).json() == {"error": "empty query"}
     assert client.get("/health").json()["status"] == "ok"
+
+
+def test_request_size_is_bounded_and_the_bounds_are_in_the_schema(client):
+    schema = client.get("/openapi.json").json()
+    get_q = next(p for p in schema["paths"]["/search"]["get"]["parameters"] if p["name"] == "q")
+    assert get_q["schema"]["maxLength"] == 2000
+    assert schema["components"]["schemas"]["SearchRequest"]["properties"]["q"]["maxLength"] == 2000
+    too_long = client.post("/search", json={"q": "x" * 2001})
+    assert too_long.status_code == 422 and "at most 2000 characters" in too_long.json()["error"]
+    huge = client.post("/search", content=b'{"q": "x", "pad": "' + b"y" * 200_000 + b'"}', headers={"content-type": "application/json"})
+    assert huge.status_code == 413 and "Too Large" in huge.text  # answered by the framework's limit, before parsing
+    assert client.get("/health").json()["status"] == "ok"
+
+
+def raw_get(base: str, path: str) -> tuple[int, str]:
+    """GET `path` exactly as written: HTTP clients normalise `..` away before sending it."""
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as conn:
+        conn.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nX-API-Key: {KEY}\r\nConnection: close\r\n\r\n".encode())
+        reply = b""
+        while chunk := conn.recv(65536):
+            reply += chunk
+    head, _, body = reply.decode(errors="replace").partition("\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_no_path_reads_a_file_outside_the_workspace(server, workspace):
+    """Documents come from the store, never from the file system; no route serves files."""
+    secret = workspace.parent / "secret.txt"
+    secret.write_text("TOP-SECRET-0451")
+    depth = "../" * len(workspace.parts)
+    paths = ["/documents/../secret.txt", "/documents/..%2Fsecret.txt", "/documents/%2e%2e/%2e%2e/secret.txt",
+             f"/documents/{secret}", f"/documents/%2F{str(secret).lstrip('/')}", f"/documents/{depth}etc/passwd",
+             f"/documents/{depth.replace('/', '%2F')}etc%2Fpasswd", f"/{depth}etc/passwd", f"/%2e%2e/{depth}etc/passwd",
+             f"/docs/{depth}etc/passwd", f"/static/{depth}etc/passwd", f"/{secret}", "/documents/manifest.json",
+             "/documents/../manifest.json", "/..%2Fmanifest.json", "/pipeline.duckdb"]
+    manifest = (workspace / "manifest.json").read_text()
+    for path in paths:
+        status, body = raw_get(server, path)
+        assert status in (400, 404), (path, status, body)
+        assert "TOP-SECRET" not in body and "root:x:" not in body and manifest[:200] not in body, path
+
+
+def test_fuzzed_requests_never_get_a_server_error(api_schema):
+    """Schemathesis generates requests for every operation of the OpenAPI description, within the declared
+    bounds and outside them; none may answer 5xx. Bounded to 60 requests: a few seconds."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+    from schemathesis.generation import GenerationMode
+
+    @given(case=st.one_of([api_schema.as_strategy(generation_mode=mode) for mode in GenerationMode]))
+    @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    def no_server_error(case):
+        response = case.call(headers={"X-API-Key": KEY})
+        assert response.status_code < 500, (case.method, case.formatted_path, case.query, case.body, response.text)
+        seen.add((case.method, case.path))
+
+    seen = set()
+    no_server_error()
+    assert seen >= {("GET", "/search"), ("POST", "/search"), ("GET", "/documents/{doc_id}")}
 
 
 def test_api_key_is_required_for_data_but_not_for_health(server):
