@@ -265,7 +265,8 @@ def test_web_page_searches_in_a_real_browser(server, tmp_path):
             assert first.locator(".title").inner_text().strip()
             assert first.locator(".snippet").inner_text().strip()
             assert first.locator(".meta").inner_text().startswith("score ")
-            assert page.inner_text("#status").startswith("10 results (lexical, ")
+            default = httpx.get(f"{server}/health").json()["default_mode"]  # what `pipeline index` measured
+            assert page.inner_text("#status").startswith(f"10 results ({default}, ")
             page.screenshot(path=str(tmp_path / "search.png"))
 
             page.goto(f"{server}/")  # without the key: the page asks for one and shows the server's refusal
