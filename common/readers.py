@@ -129,10 +129,9 @@ def _row_to_document(row: dict, file: Path, where: str, fallback_id: str, text_f
     title_key = _pick_field(fields, None, TITLE_FIELDS, file, "title")
     doc_id = str(row[id_key]) if id_key and row.get(id_key) is not None else fallback_id
     title = str(row[title_key]) if title_key and row.get(title_key) is not None else ""
-    metadata = {key: json_value(value) for key, value in row.items()
-                if key not in (text_key, id_key, title_key) and value is not None}
+    metadata = {key: json_value(value) for key, value in row.items() if key not in (text_key, id_key, title_key)}
     return Document(id=doc_id, title=title, source=os.path.abspath(file), text=text,
-                    metadata={key: value for key, value in metadata.items() if value is not None})
+                    metadata={key: value for key, value in metadata.items() if value is not None})  # a missing value is no field
 
 
 def json_value(value):

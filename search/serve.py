@@ -44,7 +44,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import APIKeyHeader, APIKeyQuery
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.console import info, warn
@@ -147,7 +147,9 @@ Scalar = str | int | float | bool
 
 
 class FieldCondition(BaseModel):
-    """Conditions on one field; all must hold. (Documents the filter's shape: the filter is checked against the loaded fields.)"""
+    """Conditions on one field; all must hold. (The filter's shape in the OpenAPI description; requests are
+    checked by common/filters.py against the loaded fields, which names what is wrong.)"""
+    model_config = ConfigDict(extra="forbid")
     eq: Optional[Scalar] = None
     ne: Optional[Scalar] = None
     gt: Optional[Scalar] = None
@@ -166,7 +168,7 @@ class SearchRequest(BaseModel):
     mode: Optional[Literal["dense", "lexical", "hybrid"]] = Field(None, description=MODE_HELP)
     dense_weight: Optional[float] = Field(None, ge=0.0, le=1.0, description="Hybrid: weight of the dense ranking (default: the workspace's, see /health).")
     filter: Optional[dict[str, Any]] = Field(None, description=FILTER_HELP, json_schema_extra={
-        "additionalProperties": {"anyOf": [{"$ref": "#/components/schemas/FieldCondition"}, {"type": "string"}, {"type": "number"}, {"type": "boolean"}]},
+        "additionalProperties": {"anyOf": [FieldCondition.model_json_schema(by_alias=True), {"type": "string"}, {"type": "number"}, {"type": "boolean"}]},
         "examples": [{"year": {"gte": 2015}, "journal": {"in": ["Nature", "Cell"]}}]})
 
 
@@ -570,8 +572,14 @@ function fromUrl() {
   else { results.replaceChildren(); $("document-view").hidden = true; empty.hidden = true; show(""); }
 }
 
+async function loadFields() {
+  const response = await fetch("fields", { headers: headers() });
+  if (response.ok) fields = (await response.json()).fields;
+}
+
 $("search-form").addEventListener("submit", (event) => {
   event.preventDefault();
+  if (!Object.keys(fields).length && keyBox.value) loadFields();  // the key was typed after the page loaded
   const params = new URLSearchParams({ q: $("q").value, k: $("k").value });
   if ($("mode").value) params.set("mode", $("mode").value);
   const filter = currentFilter();
@@ -586,8 +594,7 @@ window.addEventListener("popstate", fromUrl);
 fetch("health").then(r => r.json()).then(async (h) => {
   $("default-mode").textContent = "default (" + h.default_mode + ")";
   if (h.auth && !urlKey) keyBox.hidden = false;
-  const response = await fetch("fields", { headers: headers() });
-  if (response.ok) fields = (await response.json()).fields;
+  await loadFields();
   fromUrl();
 });
 </script>

@@ -3,7 +3,6 @@ and highlighted snippets."""
 import json
 import shutil
 
-import faiss
 import numpy as np
 import pytest
 
