@@ -33,6 +33,7 @@ DataOption = Annotated[Optional[list[Path]], typer.Option("--data", "-d", help="
 TextFieldOption = Annotated[Optional[str], typer.Option(help="Field holding the text in structured files (auto-detected by default).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
 ModeOption = Annotated[Optional[str], typer.Option(help="dense, lexical or hybrid (default: what `pipeline eval --set-default` measured best, else lexical).")]
+WhereOption = Annotated[Optional[str], typer.Option(help="Only documents for which this DuckDB SQL condition holds, over their metadata fields (the columns of the input files), doc_id, title and source, e.g. \"year >= 2015 AND journal = 'Nature'\".")]
 DenseWeightOption = Annotated[Optional[float], typer.Option(help="Hybrid only: weight of the dense ranking in the fusion (lexical gets 1 - it) [default: the workspace's, set by eval --set-default, else 0.5].")]
 
 
@@ -320,11 +321,13 @@ def search(
     k: Annotated[int, typer.Option("-k", help="Number of documents to return.")] = 10,
     mode: ModeOption = None,
     dense_weight: DenseWeightOption = None,
+    where: WhereOption = None,
     source: Annotated[Optional[str], typer.Option(help="Only documents whose source file matches this glob, absolute or relative to the current directory, e.g. 'docs/*.md'.")] = None,
     title: Annotated[Optional[str], typer.Option(help="Only documents whose title contains this text (case-insensitive).")] = None,
-    json_output: Annotated[bool, typer.Option("--json", help="One JSON object per result line.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="One JSON object per result line (with the document's metadata and the snippet's highlighted character ranges).")] = False,
 ):
-    """Search the indexed documents; one row per document, with its best-matching chunk.
+    """Search the indexed documents; one row per document, with the passage of its best chunk that best
+    matches the query, the query's terms highlighted.
 
     Examples:
 
@@ -333,13 +336,16 @@ def search(
         pipeline search "vitamin D and bone density" -k 5 --json
 
         pipeline search "bone density" --mode lexical --source 'papers/*.jsonl'
+
+        pipeline search "bone density" --where "year >= 2015 AND journal IN ('Nature', 'Cell')"
     """
     from rich.table import Table
 
-    from search.engine import Filters, SearchEngine, snippet
+    from search.engine import SearchEngine, short_text
 
     engine = SearchEngine(Workspace(workspace), load_model=False)
-    hits = engine.search_many([query], k, mode, Filters(source, title), dense_weight, names=[f'"{snippet(query, 40)}"'])[0]
+    hits = engine.search_many([query], k, mode, command_line_filter(where, source, title), dense_weight,
+                              names=[f'"{short_text(query, 40)}"'])[0]
     if json_output:
         for hit in hits:
             print(json.dumps(hit.to_dict(), ensure_ascii=False))
@@ -348,8 +354,22 @@ def search(
     for column in ("rank", "score", "title / source", "snippet"):
         table.add_column(column)
     for hit in hits:
-        table.add_row(str(hit.rank), f"{hit.score:.3f}", Text.assemble(hit.title, "\n", (hit.source, "dim")) if hit.title else hit.source, hit.snippet)
+        about = Text.assemble(hit.title, "\n", (hit.source, "dim")) if hit.title else Text(hit.source, "dim")
+        if hit.metadata:
+            about.append("\n" + ", ".join(f"{name}: {json.dumps(value, ensure_ascii=False)}" for name, value in hit.metadata.items()), "dim")
+        snippet = Text(hit.snippet)  # user text, never read as markup
+        for start, end in hit.highlights:
+            snippet.stylize("bold yellow", start, end)
+        table.add_row(str(hit.rank), f"{hit.score:.3f}", about, snippet)
     out.print(table)
+
+
+def command_line_filter(where: str | None, source: str | None = None, title: str | None = None):
+    """--where, --source and --title as one filter (all must hold), or None."""
+    from common.filters import DocumentFilter
+
+    structured = {**({"source": {"glob": source}} if source else {}), **({"title": {"contains": title}} if title else {})}
+    return DocumentFilter.of(structured, where)
 
 
 @app.command(name="eval")
@@ -361,6 +381,7 @@ def eval_command(
     mode: Annotated[Optional[str], typer.Option(help="dense, lexical, hybrid, or all (default: the search default).")] = None,
     k: Annotated[int, typer.Option("-k", help="Documents retrieved per query (Recall@100 needs 100).")] = 100,
     dense_weight: DenseWeightOption = None,
+    where: WhereOption = None,
     set_default: Annotated[bool, typer.Option("--set-default", help="With --mode all: make the best mode (by nDCG@10), and the --dense-weight used, this workspace's default for search and serve.")] = False,
     json_output: JsonOption = False,
 ):
@@ -373,6 +394,8 @@ def eval_command(
         pipeline eval --queries q.jsonl --qrels qrels.tsv --mode all --json
 
         pipeline eval --queries q.jsonl --qrels qrels.tsv --mode all --set-default
+
+        pipeline eval --queries q.jsonl --qrels qrels.tsv --where "year >= 2015"   # on a part of the collection
     """
     from search.engine import SearchEngine
     from search.evaluate import evaluate, modes_to_run, read_qrels, read_queries
@@ -381,8 +404,10 @@ def eval_command(
     engine = SearchEngine(Workspace(workspace), load_model=False)
     if set_default and mode != "all":
         raise PipelineError("--set-default needs --mode all: the default is the best of the measured modes")
+    if set_default and where:
+        raise PipelineError("--set-default measures the whole collection: leave out --where")
     modes = modes_to_run(engine, mode) if mode else [None]
-    reports = [evaluate(engine, texts, judged, m, k, dense_weight) for m in modes]
+    reports = [evaluate(engine, texts, judged, m, k, dense_weight, command_line_filter(where)) for m in modes]
     if set_default:
         best = max(reports, key=lambda r: r["ndcg@10"])
         Workspace(workspace).update_manifest("search", {

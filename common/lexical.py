@@ -1,20 +1,17 @@
 """The lexical (BM25) index over the stored chunks, with bm25s.
 
-Shared by the stages that rank text lexically: `pipeline index` builds and saves it, search and the
-default-mode measurement query it, and `pipeline tune` mines hard negatives with it.
+Shared by the stages that rank text lexically: `pipeline index` builds it and writes it into the
+workspace (index/build.py names and swaps its versioned directory), search and the default-mode
+measurement query it, and `pipeline tune` mines hard negatives with it before any index exists. It is
+in common/ because three stages use it and no stage imports another; what only `pipeline index` does
+(where the files go, when older versions are removed) is in index/build.py.
 
 Each chunk is indexed as its document's title followed by the chunk text (what the dense side embeds
-too), lower-cased, English stop words removed, Snowball-stemmed. The index lives in its own directory
-under the workspace's index/ folder: it is written to a temporary directory, renamed to a new
-versioned name (lexical-<id>/) and only then recorded in the manifest, so a reader always finds a
-complete index; `pipeline index` removes older versions afterwards.
+too), lower-cased, English stop words removed, Snowball-stemmed.
 """
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-import uuid
 from pathlib import Path
 
 import bm25s
@@ -33,6 +30,16 @@ def tokenize(texts: list[str]) -> list[list[str]]:
     return bm25s.tokenize(texts, stopwords="en", stemmer=_stemmer, return_ids=False, show_progress=False)
 
 
+def query_terms(query: str) -> list[str]:
+    """The stemmed terms BM25 matches for a query."""
+    return tokenize([query])[0]
+
+
+def stem_words(words: list[str]) -> list[str]:
+    """Lower-cased words stemmed as the index stems them."""
+    return _stemmer.stemWords(words)
+
+
 class LexicalIndex:
     def __init__(self, retriever: bm25s.BM25, chunk_ids: np.ndarray):
         self.retriever = retriever
@@ -48,20 +55,11 @@ class LexicalIndex:
     def __len__(self) -> int:
         return len(self.chunk_ids)
 
-    def save(self, index_dir: Path) -> Path:
-        """Write into a fresh versioned directory under index_dir and return it (the caller records it)."""
-        index_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=index_dir, prefix=".lexical.staging."))
-        try:
-            self.retriever.save(str(staging))
-            np.save(staging / "chunk_ids.npy", self.chunk_ids)
-            (staging / "tokenizer.json").write_text(json.dumps({"stopwords": "en", "stemmer": LANGUAGE}))
-            final = index_dir / f"lexical-{uuid.uuid4().hex[:12]}"
-            staging.rename(final)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        return final
+    def write(self, directory: Path) -> None:
+        """Write the index's files into an existing, empty directory."""
+        self.retriever.save(str(directory))
+        np.save(directory / "chunk_ids.npy", self.chunk_ids)
+        (directory / "tokenizer.json").write_text(json.dumps({"stopwords": "en", "stemmer": LANGUAGE}))
 
     @classmethod
     def load(cls, path: Path) -> "LexicalIndex":
@@ -72,17 +70,20 @@ class LexicalIndex:
     def search(self, query: str, n: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The best n (chunk ids, BM25 scores), best first; only chunks matching a query word, and only
         `allowed` chunk ids if given."""
+        mask = np.isin(self.chunk_ids, allowed).astype(np.float32) if allowed is not None else None
+        positions, scores = self.search_positions(query, n, mask)
+        return self.chunk_ids[positions], scores
+
+    def search_positions(self, query: str, n: int, weight_mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The best n (positions in the corpus, i.e. in chunk-id order; BM25 scores), best first; only
+        chunks sharing a word with the query, and only where weight_mask (1.0 per allowed position) is set."""
         n = min(n, len(self.chunk_ids))
         tokens = tokenize([query])
         if n == 0 or not tokens[0]:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        mask = None
-        if allowed is not None:
-            mask = np.isin(self.chunk_ids, allowed).astype(np.float32)
-        positions, scores = self.retriever.retrieve(tokens, k=n, weight_mask=mask, show_progress=False, n_threads=1)
-        positions, scores = positions[0], scores[0]
-        keep = scores > 0  # bm25s pads with zero-score documents that share no word with the query
-        return self.chunk_ids[positions[keep]], scores[keep].astype(np.float32)
+        positions, scores = self.retriever.retrieve(tokens, k=n, weight_mask=weight_mask, show_progress=False, n_threads=1)
+        keep = scores[0] > 0  # bm25s pads with zero-score documents that share no word with the query
+        return positions[0][keep].astype(np.int64), scores[0][keep].astype(np.float32)
 
     def top_many(self, queries: list[str], k: int) -> list[np.ndarray]:
         """The best k chunk ids of each query, best first (batched: for many queries at once)."""

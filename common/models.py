@@ -52,14 +52,23 @@ def token_limit(model) -> int:
     return int(limit) if limit and math.isfinite(limit) else UNLIMITED_MODEL_CHUNK_TOKENS
 
 
-def truncate_to_model(model, texts: list[str]) -> tuple[list[str], list[int]]:
+def truncate_to_model(model, texts: list[str], tokenizer=None) -> tuple[list[str], list[int]]:
     """Each text cut after the tokens the model reads (token_limit), at a token boundary of the original
     text, and each text's number of tokens. A transformer would drop the rest itself; a static model
-    averages every token, so a text is cut to what chunks hold."""
+    averages every token, so a text is cut to what chunks hold. `tokenizer`: text_tokenizer(model), made
+    once by a caller that truncates often (wrapping a static model's tokenizer copies it)."""
     limit = token_limit(model)
-    offsets = text_tokenizer(model)(texts, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    offsets = (tokenizer or text_tokenizer(model))(texts, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     cut = [text if len(spans) <= limit else text[:spans[limit - 1][1]] for text, spans in zip(texts, offsets)]
     return cut, [len(spans) for spans in offsets]
+
+
+def is_static(model) -> bool:
+    """A static-embedding model (a table of token vectors): its forward pass is a lookup and its bare
+    `tokenizers.Tokenizer` keeps no per-call state, so it may encode from several threads at once."""
+    from sentence_transformers.models import StaticEmbedding
+
+    return isinstance(model[0], StaticEmbedding)
 
 
 def embedding_text(title: str, text: str) -> str:

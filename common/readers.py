@@ -1,15 +1,20 @@
 """Read user documents from files and directories: .txt/.md, .jsonl, .json, .csv, .parquet.
 
-Every document keeps an id, a title, the path it came from (absolute) and its text. A .txt/.md file's
+Every document keeps an id, a title, the path it came from (absolute), its text and its metadata: every
+other field of a structured row (JSONL keys, CSV/Parquet/JSON columns), with the type the reader gave it
+(JSON's types; a date or timestamp becomes its ISO text, a decimal a number). A .txt/.md file's
 id is its path relative to the --data directory given (its name when the file itself is given), so the
 same file gets the same id however the directory is typed. Structured formats (.json, .csv, .parquet)
 go through DuckDB's readers; .jsonl is parsed line by line so that a broken line is reported as file:line.
 """
 from __future__ import annotations
 
+import datetime
+import decimal
 import json
+import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -34,6 +39,7 @@ class Document:
     title: str
     source: str
     text: str
+    metadata: dict = field(default_factory=dict)
 
 
 def list_files(paths: Iterable[Path]) -> list[tuple[Path, str]]:
@@ -123,7 +129,29 @@ def _row_to_document(row: dict, file: Path, where: str, fallback_id: str, text_f
     title_key = _pick_field(fields, None, TITLE_FIELDS, file, "title")
     doc_id = str(row[id_key]) if id_key and row.get(id_key) is not None else fallback_id
     title = str(row[title_key]) if title_key and row.get(title_key) is not None else ""
-    return Document(id=doc_id, title=title, source=os.path.abspath(file), text=text)
+    metadata = {key: json_value(value) for key, value in row.items() if key not in (text_key, id_key, title_key)}
+    return Document(id=doc_id, title=title, source=os.path.abspath(file), text=text,
+                    metadata={key: value for key, value in metadata.items() if value is not None})  # a missing value is no field
+
+
+def json_value(value):
+    """A reader's value as JSON keeps it: dates and timestamps as ISO text, decimals as numbers, a
+    float that is not a number as missing (None), lists and objects item by item."""
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)  # e.g. an interval: kept as DuckDB writes it
 
 
 def _kind(value: object) -> str:

@@ -1,6 +1,6 @@
 """The DuckDB store: documents, their chunks, and one float32 vector per chunk.
 
-    documents(doc_id, title, source, text, content_hash, updated_at)
+    documents(doc_id, title, source, text, content_hash, updated_at, metadata JSON)
     chunks(chunk_id, doc_id, chunk_index, text, start_char, end_char, n_tokens)
     vectors(chunk_id, vector FLOAT[dim])       -- from the embedder recorded in store_meta
     store_meta(key, value)
@@ -13,12 +13,22 @@ An interrupted run leaves the live tables exactly as they were. A new embedder (
 stages every document again, the stored ones from their stored text, and publishing replaces the whole
 live generation. `pipeline index` records the generation it indexed, so a reader can tell exactly and
 cheaply whether an index matches the store. Chunk ids are never reused: the next free id is kept in
-store_meta and survives every change. All SQL takes bound parameters.
+store_meta and survives every change.
+
+A document's metadata (every field of its input row beyond id, title and text) is one JSON object:
+documents from different files carry different fields, and a JSON column takes them all without a
+schema change in the middle of an embed run. Filtering does not read it from here per query: search
+loads the store once (`load_corpus`) and types each field into a column of its own in memory
+(common/filters.py).
+
+All SQL against the store is in this module, and it takes bound parameters.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+import json
 
 import duckdb
 import numpy as np
@@ -27,7 +37,7 @@ import pyarrow as pa
 from common.errors import PipelineError
 
 DOCUMENT_COLUMNS = """(doc_id VARCHAR PRIMARY KEY, title VARCHAR, source VARCHAR, text VARCHAR,
-    content_hash VARCHAR NOT NULL, updated_at TIMESTAMP DEFAULT current_timestamp)"""
+    content_hash VARCHAR NOT NULL, updated_at TIMESTAMP DEFAULT current_timestamp, metadata JSON)"""
 CHUNK_COLUMNS = """(chunk_id BIGINT PRIMARY KEY, doc_id VARCHAR NOT NULL, chunk_index INTEGER NOT NULL, text VARCHAR,
     start_char INTEGER, end_char INTEGER, n_tokens INTEGER)"""
 SCHEMA = f"""
@@ -36,6 +46,9 @@ CREATE TABLE IF NOT EXISTS chunks {CHUNK_COLUMNS};
 CREATE TABLE IF NOT EXISTS staged_documents {DOCUMENT_COLUMNS};
 CREATE TABLE IF NOT EXISTS staged_chunks {CHUNK_COLUMNS};
 CREATE TABLE IF NOT EXISTS store_meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+-- stores written before documents had metadata
+ALTER TABLE documents ADD COLUMN IF NOT EXISTS metadata JSON;
+ALTER TABLE staged_documents ADD COLUMN IF NOT EXISTS metadata JSON;
 """
 
 
@@ -60,6 +73,26 @@ class ChunkRow:
     n_tokens: int
 
 
+@dataclass
+class Corpus:
+    """What search reads, loaded once: documents by position, and chunks by position in chunk-id order
+    (the order of the vectors in the FAISS index and of the BM25 corpus)."""
+    generation: int
+    doc_ids: list[str]
+    titles: list[str]
+    sources: list[str]
+    texts: list[str]
+    metadata: list[dict]
+    chunk_ids: np.ndarray  # int64, ascending
+    chunk_docs: np.ndarray  # int32: the position of each chunk's document
+    chunk_starts_mid_text: np.ndarray  # bool: the chunk is not its document's first
+    chunk_texts: list[str]
+
+    def __post_init__(self):
+        self.doc_position = {doc_id: i for i, doc_id in enumerate(self.doc_ids)}
+        self.chunks_per_doc = np.bincount(self.chunk_docs, minlength=len(self.doc_ids))
+
+
 class Store:
     def __init__(self, path: Path, read_only: bool = False):
         self.path = path
@@ -71,6 +104,8 @@ class Store:
             raise PipelineError(f"{path}: cannot open the DuckDB store ({str(e).splitlines()[0]})") from None
         if not read_only:
             self.con.execute(SCHEMA)
+        self.has_metadata = "metadata" in {r[0] for r in self.con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'documents'").fetchall()}
 
     def close(self) -> None:
         self.con.close()
@@ -97,10 +132,11 @@ class Store:
     def document_hashes(self) -> dict[str, str]:
         return dict(self.con.execute("SELECT doc_id, content_hash FROM documents").fetchall())
 
-    def stored_documents(self, ids: list[str]) -> list[tuple[str, str, str, str]]:
-        """(doc_id, title, source, text) of these stored documents, to embed them again."""
-        return self.con.execute("SELECT doc_id, title, source, text FROM documents WHERE list_contains($ids, doc_id) ORDER BY doc_id",
+    def stored_documents(self, ids: list[str]) -> list[tuple[str, str, str, str, dict]]:
+        """(doc_id, title, source, text, metadata) of these stored documents, to embed them again."""
+        rows = self.con.execute("SELECT doc_id, title, source, text, metadata FROM documents WHERE list_contains($ids, doc_id) ORDER BY doc_id",
                                 {"ids": ids}).fetchall()
+        return [(*row[:4], json.loads(row[4]) if row[4] else {}) for row in rows]
 
     def next_chunk_id(self) -> int:
         """The first id never given to a chunk (ids are not reused, so an old index never names a new chunk)."""
@@ -131,9 +167,9 @@ class Store:
             raise
         return {doc_id: digest for doc_id, digest in staged.items() if wanted.get(doc_id) == digest}
 
-    def write_documents(self, docs: list[tuple[str, str, str, str, str]], chunks: list[ChunkRow], vectors: np.ndarray) -> None:
-        """Stage these documents (doc_id, title, source, text, content_hash) with their chunks and vectors,
-        atomically; search sees them once `publish` runs."""
+    def write_documents(self, docs: list[tuple[str, str, str, str, str, dict]], chunks: list[ChunkRow], vectors: np.ndarray) -> None:
+        """Stage these documents (doc_id, title, source, text, content_hash, metadata) with their chunks and
+        vectors, atomically; search sees them once `publish` runs."""
         ids = [d[0] for d in docs]
         chunk_table = pa.table({
             "chunk_id": pa.array([c.chunk_id for c in chunks], pa.int64()),
@@ -152,7 +188,8 @@ class Store:
         self.con.execute("BEGIN TRANSACTION")
         try:
             self._delete(ids, "staged_")
-            self.con.executemany("INSERT INTO staged_documents (doc_id, title, source, text, content_hash) VALUES (?, ?, ?, ?, ?)", docs)
+            self.con.executemany("INSERT INTO staged_documents (doc_id, title, source, text, content_hash, metadata) VALUES (?, ?, ?, ?, ?, ?)",
+                                 [(*d[:5], json.dumps(d[5], ensure_ascii=False) if d[5] else None) for d in docs])
             self.con.register("new_chunks", chunk_table)
             self.con.register("new_vectors", vector_table)
             self.con.execute("INSERT INTO staged_chunks SELECT * FROM new_chunks")
@@ -182,7 +219,7 @@ class Store:
             else:
                 staged = [r[0] for r in self.con.execute("SELECT doc_id FROM staged_documents").fetchall()]
                 self._delete(staged + remove)
-            self.con.execute("INSERT INTO documents SELECT * FROM staged_documents")
+            self.con.execute("INSERT INTO documents BY NAME SELECT * FROM staged_documents")
             self.con.execute("INSERT INTO chunks SELECT * FROM staged_chunks")
             self.con.execute("INSERT INTO vectors SELECT * FROM staged_vectors")
             self.set_meta("embedder", self.get_meta("staged_embedder"))
@@ -215,6 +252,36 @@ class Store:
         tables = self._tables()
         return {t: self.con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0] if t in tables else 0
                 for t in ("documents", "chunks", "vectors")}
+
+    def chunk_rows(self) -> list[tuple[int, str, str, str]]:
+        """(chunk_id, doc_id, document title, chunk text) of every chunk, in chunk_id order."""
+        return self.con.execute(
+            "SELECT c.chunk_id, c.doc_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) ORDER BY c.chunk_id").fetchall()
+
+    def document_texts(self) -> list[tuple[str, str, str]]:
+        """(doc_id, title, text) of every document, by doc_id."""
+        return self.con.execute("SELECT doc_id, title, text FROM documents ORDER BY doc_id").fetchall()
+
+    def load_corpus(self) -> Corpus:
+        """Documents and chunks as search reads them, from one snapshot of the store."""
+        metadata = "metadata" if self.has_metadata else "NULL"
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            generation = self.generation()
+            docs = self.con.execute(f"SELECT doc_id, title, source, text, {metadata} FROM documents ORDER BY doc_id").fetchall()
+            chunks = self.con.sql(
+                """SELECT c.chunk_id, d.position, c.chunk_index > 0 AS starts_mid_text, c.text
+                   FROM chunks c JOIN (SELECT doc_id, row_number() OVER (ORDER BY doc_id) - 1 AS position FROM documents) d USING (doc_id)
+                   ORDER BY c.chunk_id""").to_arrow_table()
+        finally:
+            self.con.execute("COMMIT")
+        return Corpus(generation=generation, doc_ids=[d[0] for d in docs], titles=[d[1] or "" for d in docs],
+                      sources=[d[2] or "" for d in docs], texts=[d[3] or "" for d in docs],
+                      metadata=[json.loads(d[4]) if d[4] else {} for d in docs],
+                      chunk_ids=chunks.column("chunk_id").to_numpy().astype(np.int64),
+                      chunk_docs=chunks.column("position").to_numpy().astype(np.int32),
+                      chunk_starts_mid_text=chunks.column("starts_mid_text").to_numpy(zero_copy_only=False).astype(bool),
+                      chunk_texts=[t or "" for t in chunks.column("text").to_pylist()])
 
     def load_vectors(self) -> tuple[np.ndarray, np.ndarray]:
         """All (chunk_ids int64, vectors float32 [n, dim]) in chunk_id order."""

@@ -8,6 +8,7 @@ documents once they are all written, in one transaction (common/store.py).
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,10 @@ TITLE_TOKENS = 32
 
 
 def content_hash(doc: Document) -> str:
-    return hashlib.sha256("\x1f".join((doc.title, doc.source, doc.text)).encode()).hexdigest()
+    """Changes with anything stored about the document (the metadata counts only when there is some, so
+    documents stored before metadata was kept keep their hash)."""
+    parts = (doc.title, doc.source, doc.text) + ((json.dumps(doc.metadata, sort_keys=True),) if doc.metadata else ())
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
 
 
 def source_documents(ws: Workspace, data: list[Path], text_field: str | None) -> Iterable[Document]:
@@ -123,7 +127,7 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
                         texts.append(embedding_text(doc.title, c.text))
                         next_id += 1
                 vectors = embed_texts(texts) if texts else np.zeros((0, dim), np.float32)
-                store.write_documents([(d.id, d.title, d.source, d.text, content_hash(d)) for d in group], rows, vectors)
+                store.write_documents([(d.id, d.title, d.source, d.text, content_hash(d), d.metadata) for d in group], rows, vectors)
                 n_chunks += len(rows)
                 done = g + len(group)
                 bar.update(task, completed=done, rate=f"{done / (time.perf_counter() - start):.1f} docs/s")

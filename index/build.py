@@ -3,7 +3,7 @@
 Vectors are L2-normalised, so every index uses inner product (= cosine similarity). Chunk ids are
 kept through IndexIDMap2. Each build writes new files: the FAISS index under a name of its own
 (faiss-<build id>.index, written to a temporary name and renamed) and the lexical index
-(common/lexical.py) into a new versioned directory. The manifest's "index" section, written last,
+(common/lexical.py) into a staging directory renamed to a versioned name (lexical-<id>/). The manifest's "index" section, written last,
 names both and the store generation they were built from, so a reader that follows the manifest
 always sees a matching pair, and a crash mid-build leaves the previous index in use. Older files
 are removed after the manifest moved on.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -85,8 +86,7 @@ def build_index(ws: Workspace, kind: str = "auto") -> dict:
                                 "(an interrupted `pipeline embed`?): run `pipeline embed` again")
         generation = store.generation()
         ids, vectors = store.load_vectors()
-        chunk_rows = store.con.execute(
-            "SELECT c.chunk_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) ORDER BY c.chunk_id").fetchall()
+        chunk_rows = [(chunk_id, title, text) for chunk_id, _, title, text in store.chunk_rows()]
     if len(ids) == 0:
         raise PipelineError(f"{ws.db_path}: no vectors stored; run `pipeline embed` first")
     reason = f"--type {kind}"
@@ -113,7 +113,7 @@ def build_index(ws: Workspace, kind: str = "auto") -> dict:
     info(f"built in {build_seconds:.2f}s; written to {path}")
 
     start = time.perf_counter()
-    lexical_dir = LexicalIndex.build(chunk_rows).save(ws.index_dir)
+    lexical_dir = save_lexical(LexicalIndex.build(chunk_rows), ws.index_dir)
     lexical_seconds = time.perf_counter() - start
     info(f"BM25 index over {len(chunk_rows):,} chunks built in {lexical_seconds:.2f}s; written to {lexical_dir}")
 
@@ -126,6 +126,21 @@ def build_index(ws: Workspace, kind: str = "auto") -> dict:
     ws.update_manifest("index", summary)
     remove_other_files(ws.index_dir, keep={path.name, lexical_dir.name})
     return summary
+
+
+def save_lexical(lexical: LexicalIndex, index_dir: Path) -> Path:
+    """Write into a fresh versioned directory under index_dir and return it (the manifest then names it),
+    so a reader always finds a complete index."""
+    index_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=index_dir, prefix=".lexical.staging."))
+    try:
+        lexical.write(staging)
+        final = index_dir / f"lexical-{uuid.uuid4().hex[:12]}"
+        staging.rename(final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final
 
 
 def remove_other_files(index_dir: Path, keep: set[str]) -> None:

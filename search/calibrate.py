@@ -34,7 +34,7 @@ def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
     """nDCG@10 of lexical, dense and hybrid (per dense weight) on held-out pairs of the stored corpus."""
     rng = random.Random(seed)
     with Store(ws.db_path, read_only=True) as store:
-        documents = store.con.execute("SELECT doc_id, title, text FROM documents ORDER BY doc_id").fetchall()
+        documents = store.document_texts()
         held = [d for d in documents if is_held_out(d[0])] or documents
         pairs = {}  # doc_id -> (query, shortened text)
         for doc_id, _, text in rng.sample(held, len(held)):
@@ -46,8 +46,7 @@ def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
         if not pairs:
             return {}
         chunk_ids, vectors = store.load_vectors()
-        rows = store.con.execute(
-            "SELECT c.chunk_id, c.doc_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) ORDER BY c.chunk_id").fetchall()
+        rows = store.chunk_rows()
     # The collection: every other document's stored chunks and vectors (a sample of the documents if
     # there are many), and each measured document as one shortened text, embedded here.
     other_docs = sorted({r[1] for r in rows} - set(pairs))

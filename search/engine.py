@@ -9,27 +9,36 @@ that is confident about one document outweighs one that barely prefers another: 
 queries, with the static embedder, it lifted hybrid above BM25 (0.704 vs 0.696 nDCG@10) where RRF fell
 below it (0.693); Bruch et al. (2023) found the same across BEIR.
 
-The engine loads the indexes and the model once; `search` can then be called many times, from
-several threads (FAISS and bm25s searches only read; each call uses its own DuckDB cursor).
+The engine loads the indexes, the model and the documents and chunks once (common/store.py's Corpus:
+arrays by chunk position, the order of the FAISS index and of the BM25 corpus), so a request does no SQL
+and no file read: a hit's row is an array lookup. `search` can be called from several threads (FAISS and
+bm25s searches only read).
+
+Filters (common/filters.py) are applied during retrieval, never after it, so k documents come back
+whenever k allowed documents match: the allowed chunks become a bitmap (FAISS) and a weight mask
+(bm25s). For FAISS: flat scans only the allowed vectors; HNSW and IVF widen their search by the inverse
+of the allowed share (efSearch, nprobe), and a graph walk that still comes back short, or a small
+allowed share where the walk would visit mostly refused nodes, is answered by an exact scan of the
+allowed vectors in HNSW's own flat storage; IVF then probes every list.
 """
 from __future__ import annotations
 
-import os
+import math
 import threading
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 
-import duckdb
 import faiss
 import numpy as np
 
 from common.console import warn
 from common.errors import PipelineError
+from common.filters import DocumentFilter, DocumentFilters
 from common.lexical import LexicalIndex
-from common.models import encode, load_embedder, token_limit, truncate_to_model
-from common.store import Store, stale_index_message
+from common.models import encode, is_static, load_embedder, text_tokenizer, token_limit, truncate_to_model
+from common.store import Corpus, Store, stale_index_message
 from common.workspace import Workspace, model_fingerprint
+from search.snippets import make_snippet, snippet_terms
 
 MODES = ("dense", "lexical", "hybrid")
 # Which mode ranks best depends on the collection and the model: `pipeline index` measures it on held-out
@@ -39,9 +48,6 @@ DEFAULT_MODE = "lexical"
 DEFAULT_DENSE_WEIGHT = 0.5
 FUSION_DEPTH = 100  # documents taken from each retriever before fusing
 MAX_K = 1000
-# Hugging Face fast tokenizers fail ("Already borrowed") when one is used from two threads at once, and
-# torch already spreads one forward pass over every core: queries are encoded one batch at a time.
-_ENCODE_LOCK = threading.Lock()
 
 
 @dataclass
@@ -52,34 +58,19 @@ class Hit:
     title: str
     source: str
     snippet: str
+    highlights: list[tuple[int, int]]  # [start, end) character offsets of the query's terms in the snippet
     chunk_id: int
+    metadata: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"rank": self.rank, "score": self.score, "doc_id": self.doc_id, "title": self.title, "source": self.source,
+                "snippet": self.snippet, "highlights": [list(h) for h in self.highlights], "chunk_id": self.chunk_id,
+                "metadata": self.metadata}
 
 
-@dataclass(frozen=True)
-class Filters:
-    """Restrict results to documents whose source path matches a glob (`docs/*.md`) and/or whose title contains a text."""
-    source: str | None = None
-    title: str | None = None
-
-    def __bool__(self) -> bool:
-        return bool(self.source or self.title)
-
-    @property
-    def absolute_source(self) -> str | None:
-        """The source glob read from the current directory, as sources are stored by absolute path:
-        `docs/*.md` is `/home/me/docs/*.md` when run in /home/me."""
-        return os.path.abspath(self.source) if self.source else None
-
-
-def snippet(text: str, limit: int = 240, starts_mid_text: bool = False) -> str:
-    """The chunk's text on one line, cut at a word boundary; a chunk that starts inside the document
-    (token windows may cut a word) loses its leading word fragment."""
+def short_text(text: str, limit: int) -> str:
+    """A text on one line, cut at a word boundary (for naming a query in a warning)."""
     text = " ".join(text.split())
-    if starts_mid_text and " " in text:
-        text = "… " + text.split(" ", 1)[1]
     return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " …"
 
 
@@ -95,15 +86,74 @@ def check_request(query: str, k: int, mode: str | None) -> str:
     return query
 
 
+class DenseIndex:
+    """The FAISS index searched by chunk position (the order the vectors were added in, chunk-id order),
+    unfiltered or restricted to allowed positions (see the module docstring)."""
+
+    def __init__(self, index: faiss.Index, corpus: Corpus):
+        ids = faiss.vector_to_array(faiss.downcast_index(index).id_map)
+        if not np.array_equal(ids, corpus.chunk_ids):  # the manifest's generation check makes this a broken file
+            raise PipelineError("the FAISS index does not hold the stored chunks: run `pipeline index`")
+        self.index = index  # owns the inner index: kept alive with it
+        self.inner = faiss.downcast_index(faiss.downcast_index(index).index)
+        self.ntotal = self.inner.ntotal
+        self.kind = "hnsw" if hasattr(self.inner, "hnsw") else "ivf" if hasattr(self.inner, "nprobe") else "flat"
+        self.exact = faiss.downcast_index(self.inner.storage) if self.kind == "hnsw" else self.inner if self.kind == "flat" else None
+
+    def search(self, vector: np.ndarray, n: int, allowed: "AllowedChunks | None") -> tuple[np.ndarray, np.ndarray]:
+        """The best n (positions, scores) for one query vector [1, dim], best first."""
+        if allowed is None:
+            return self._valid(*self.inner.search(vector, min(n, self.ntotal)))
+        want = min(n, allowed.count)
+        if want == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        share = allowed.count / self.ntotal
+        if self.kind == "hnsw":
+            ef = min(self.ntotal, math.ceil(max(self.inner.hnsw.efSearch, want) / share))
+            # A walk computes a distance to every neighbour of each of ~ef nodes, refused or not; the exact
+            # scan one per allowed vector: it wins below share ~ sqrt(ef * neighbours / ntotal).
+            if allowed.count <= ef * self.inner.hnsw.nb_neighbors(0):
+                return self._exact(vector, want, allowed)
+            params = faiss.SearchParametersHNSW(sel=allowed.selector, efSearch=ef)
+        elif self.kind == "flat":
+            return self._exact(vector, want, allowed)
+        else:
+            params = faiss.SearchParametersIVF(sel=allowed.selector, nprobe=min(self.inner.nlist, math.ceil(self.inner.nprobe / share)))
+        positions, scores = self._valid(*self.inner.search(vector, want, params=params))
+        if len(positions) < want:  # the widened search still came back short
+            if self.exact is not None:
+                return self._exact(vector, want, allowed)
+            params = faiss.SearchParametersIVF(sel=allowed.selector, nprobe=self.inner.nlist)
+            positions, scores = self._valid(*self.inner.search(vector, want, params=params))
+        return positions, scores
+
+    def _exact(self, vector: np.ndarray, n: int, allowed: "AllowedChunks") -> tuple[np.ndarray, np.ndarray]:
+        """Exact search over the allowed vectors only (the flat storage computes no refused one)."""
+        return self._valid(*self.exact.search(vector, n, params=faiss.SearchParameters(sel=allowed.selector)))
+
+    @staticmethod
+    def _valid(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        keep = labels[0] >= 0
+        return labels[0][keep].astype(np.int64), scores[0][keep]
+
+
+class AllowedChunks:
+    """The chunks of the documents a filter keeps, as FAISS and bm25s take them."""
+
+    def __init__(self, document_positions: np.ndarray, corpus: Corpus):
+        documents = np.zeros(len(corpus.doc_ids), dtype=bool)
+        documents[document_positions] = True
+        self.mask = documents[corpus.chunk_docs]
+        self.count = int(self.mask.sum())
+        self._bitmap = np.packbits(self.mask, bitorder="little")  # kept alive: FAISS reads it by pointer
+        self.selector = faiss.IDSelectorBitmap(len(self._bitmap), faiss.swig_ptr(self._bitmap))
+        self.weights = self.mask.astype(np.float32)
+
+
 class SearchEngine:
-    """Everything one index generation needs: FAISS, BM25, the query model and the chunk metadata.
+    """Everything one index generation needs: FAISS, BM25, the query model, the documents and chunks."""
 
-    in_memory=True copies the documents and chunks tables into an in-memory DuckDB at load time: the
-    server then holds no lock on the workspace's database file (so `pipeline embed` can write to it
-    while serving) and answers from the same snapshot the indexes were loaded with.
-    """
-
-    def __init__(self, ws: Workspace, in_memory: bool = False, load_model: bool = True, reuse_model=None):
+    def __init__(self, ws: Workspace, load_model: bool = True, reuse_model=None):
         self.ws = ws
         self.index_entry = ws.require("index", "run `pipeline embed` and `pipeline index` first")
         embedder = ws.require("embedder", "run `pipeline embed` first")
@@ -118,20 +168,18 @@ class SearchEngine:
             raise PipelineError(
                 f"the index was built with model {self.index_entry['embedder_fingerprint']} but {self.model_dir} now holds "
                 f"model {current}: run `pipeline embed` and `pipeline index` again")
-        self._memory: duckdb.DuckDBPyConnection | None = None
-        if in_memory:
-            self._memory, generation = snapshot_store(ws.db_path)
-        else:
-            with Store(ws.db_path, read_only=True) as store:
-                generation = store.generation()
+        # One snapshot of the store, then the file is let go (`pipeline embed` may write to it meanwhile).
+        with Store(ws.db_path, read_only=True) as store:
+            self.corpus = store.load_corpus()
         # The indexes hold chunk ids of the store generation they were built from: any other is refused.
-        if generation != self.index_entry.get("store_generation"):
-            if self._memory is not None:
-                self._memory.close()
-            raise PipelineError(stale_index_message(self.index_entry.get("store_generation"), generation))
-        self.index = faiss.deserialize_index(np.fromfile(index_path, dtype=np.uint8))
+        if self.corpus.generation != self.index_entry.get("store_generation"):
+            raise PipelineError(stale_index_message(self.index_entry.get("store_generation"), self.corpus.generation))
+        self.dense = DenseIndex(faiss.deserialize_index(np.fromfile(index_path, dtype=np.uint8)), self.corpus)
         lexical_path = self.index_entry.get("lexical_path")
         self.lexical = LexicalIndex.load(ws.root / lexical_path) if lexical_path else None
+        if self.lexical is not None and not np.array_equal(self.lexical.chunk_ids, self.corpus.chunk_ids):
+            raise PipelineError("the BM25 index does not hold the stored chunks: run `pipeline index`")
+        self.filters = DocumentFilters(self.corpus)
         self._model = reuse_model
         self._default_mode, self._default_dense_weight = self.measured_defaults()
         self._model_lock = threading.Lock()
@@ -145,28 +193,13 @@ class SearchEngine:
         with self._model_lock:
             if self._model is None:
                 self._model = load_embedder(self.model_dir)
+            if not hasattr(self, "_query_tokenizer"):
+                self._query_tokenizer = text_tokenizer(self._model)  # made once: wrapping a static model's copies it
+                # A transformer's Hugging Face tokenizer fails ("Already borrowed") when two threads use it at
+                # once, and torch spreads one forward pass over every core anyway: one batch at a time. A
+                # static model's lookup has neither problem, so its queries are encoded concurrently.
+                self._encode_lock = nullcontext() if is_static(self._model) else threading.Lock()
             return self._model
-
-    @contextmanager
-    def connect(self):
-        """A DuckDB connection for one request: a cursor on the snapshot, or a read-only file connection."""
-        if self._memory is not None:
-            cursor = self._memory.cursor()
-            try:
-                yield cursor
-            finally:
-                cursor.close()
-            return
-        if not self.ws.db_path.exists():
-            raise PipelineError(f"{self.ws.db_path}: no document store yet; run `pipeline embed` first")
-        try:
-            con = duckdb.connect(str(self.ws.db_path), read_only=True)
-        except duckdb.Error as e:
-            raise PipelineError(f"{self.ws.db_path}: cannot open the DuckDB store ({str(e).splitlines()[0]})") from None
-        try:
-            yield con
-        finally:
-            con.close()
 
     def measured_defaults(self) -> tuple[str, float]:
         """The mode and hybrid weight measured best for this index's model (by `pipeline index` or
@@ -188,11 +221,11 @@ class SearchEngine:
         return mode
 
     # ---- search
-    def search(self, query: str, k: int = 10, mode: str | None = None, filters: Filters | None = None,
+    def search(self, query: str, k: int = 10, mode: str | None = None, filters: DocumentFilter | None = None,
                dense_weight: float | None = None) -> list[Hit]:
         return self.search_many([query], k, mode, filters, dense_weight)[0]
 
-    def search_many(self, queries: list[str], k: int = 10, mode: str | None = None, filters: Filters | None = None,
+    def search_many(self, queries: list[str], k: int = 10, mode: str | None = None, filters: DocumentFilter | None = None,
                     dense_weight: float | None = None, names: list[str] | None = None) -> list[list[Hit]]:
         """Results for each query; queries are embedded in one batch (what `pipeline eval` uses).
         mode and dense_weight default to the workspace's measured defaults. A query longer than the model
@@ -203,30 +236,23 @@ class SearchEngine:
         dense_weight = self.resolve_dense_weight(dense_weight)
         if not 0.0 <= dense_weight <= 1.0:
             raise PipelineError(f"dense weight must be between 0 and 1, got {dense_weight}")
+        allowed = AllowedChunks(self.filters.allowed_documents(filters), self.corpus) if filters else None
+        if allowed is not None and allowed.count == 0:
+            return [[] for _ in queries]
         depth = k if mode != "hybrid" else max(k, FUSION_DEPTH)
         vectors = self.embed_queries(queries, names) if mode != "lexical" else None
         results = []
-        with self.connect() as con:
-            allowed = self._allowed_chunks(con, filters) if filters else None
-            for i, query in enumerate(queries):
-                if allowed is not None and len(allowed) == 0:
-                    results.append([])
-                    continue
-                dense = self._dense(con, vectors[i:i + 1], depth, allowed) if mode != "lexical" else []
-                lexical = self._lexical(con, query, depth, allowed) if mode != "dense" else []
-                if mode == "hybrid":
-                    ranked = fuse(dense, lexical, dense_weight)
-                else:
-                    ranked = dense or lexical
-                results.append([Hit(rank, score, row["doc_id"], row["title"] or "", row["source"] or "",
-                                    snippet(row["text"] or "", starts_mid_text=row["chunk_index"] > 0), row["chunk_id"])
-                                for rank, (score, row) in enumerate(ranked[:k], start=1)])
+        for i, query in enumerate(queries):
+            dense = self.dense_documents(vectors[i:i + 1], depth, allowed) if mode != "lexical" else []
+            lexical = self.lexical_documents(query, depth, allowed) if mode != "dense" else []
+            ranked = fuse(dense, lexical, dense_weight) if mode == "hybrid" else dense or lexical
+            results.append(self.hits(query, ranked[:k]))
         return results
 
     def embed_queries(self, queries: list[str], names: list[str] | None = None) -> np.ndarray:
         model = self.model
-        with _ENCODE_LOCK:
-            cut, lengths = truncate_to_model(model, queries)
+        with self._encode_lock:
+            cut, lengths = truncate_to_model(model, queries, self._query_tokenizer)
             vectors = encode(model, cut)
         limit = token_limit(model)
         for name, n_tokens in zip(names or [], lengths):
@@ -236,67 +262,47 @@ class SearchEngine:
                      f"it is embedded up to there (lexical search reads all of it)")
         return vectors
 
-    def _dense(self, con, vector: np.ndarray, n_docs: int, allowed: np.ndarray | None) -> list[tuple[float, dict]]:
-        params = faiss.SearchParameters(sel=faiss.IDSelectorBatch(allowed)) if allowed is not None else None
-        total = self.index.ntotal if allowed is None else min(self.index.ntotal, len(allowed))
+    def dense_documents(self, vector: np.ndarray, n_docs: int, allowed: AllowedChunks | None) -> list[tuple[float, dict]]:
+        total = self.dense.ntotal if allowed is None else allowed.count
+        return self.best_chunk_per_document(lambda n: self.dense.search(vector, n, allowed), n_docs, total)
 
-        def fetch(n: int):
-            scores, ids = self.index.search(vector, n, params=params)
-            keep = ids[0] >= 0
-            return ids[0][keep], scores[0][keep]
-        return best_chunk_per_document(con, fetch, n_docs, total)
+    def lexical_documents(self, query: str, n_docs: int, allowed: AllowedChunks | None) -> list[tuple[float, dict]]:
+        total = len(self.lexical) if allowed is None else allowed.count
+        weights = None if allowed is None else allowed.weights
+        return self.best_chunk_per_document(lambda n: self.lexical.search_positions(query, n, weights), n_docs, total)
 
-    def _lexical(self, con, query: str, n_docs: int, allowed: np.ndarray | None) -> list[tuple[float, dict]]:
-        total = len(self.lexical) if allowed is None else min(len(self.lexical), len(allowed))
-        return best_chunk_per_document(con, lambda n: self.lexical.search(query, n, allowed), n_docs, total)
+    def best_chunk_per_document(self, fetch, n_docs: int, total: int) -> list[tuple[float, dict]]:
+        """Ask `fetch(n)` for the best n chunks (positions, scores), growing n until n_docs documents are
+        covered; returns [(score, {"doc_id", "chunk"})] with each document's best chunk, best first."""
+        n = min(total, 4 * n_docs)
+        while True:
+            positions, scores = fetch(n)
+            _, first = np.unique(self.corpus.chunk_docs[positions], return_index=True)  # results come best-first
+            first.sort()
+            if len(first) >= n_docs or n >= total or len(positions) < n:
+                doc_ids = self.corpus.doc_ids
+                return [(float(scores[i]), {"doc_id": doc_ids[self.corpus.chunk_docs[positions[i]]], "chunk": int(positions[i])})
+                        for i in first[:n_docs]]
+            n = min(total, n * 4)
 
-    def _allowed_chunks(self, con, filters: Filters) -> np.ndarray:
-        rows = con.execute(
-            """SELECT c.chunk_id FROM chunks c JOIN documents d USING (doc_id)
-               WHERE ($source IS NULL OR d.source GLOB $source OR d.source GLOB $absolute_source)
-                 AND ($title IS NULL OR contains(lower(coalesce(d.title, '')), lower($title)))
-               ORDER BY c.chunk_id""",
-            {"source": filters.source or None, "absolute_source": filters.absolute_source, "title": filters.title or None},
-        ).fetchall()
-        return np.array([r[0] for r in rows], dtype=np.int64)
+    def hits(self, query: str, ranked: list[tuple[float, dict]]) -> list[Hit]:
+        corpus, terms = self.corpus, snippet_terms(query)
+        hits = []
+        for rank, (score, row) in enumerate(ranked, start=1):
+            chunk = row["chunk"]
+            doc = corpus.chunk_docs[chunk]
+            text, marks = make_snippet(corpus.chunk_texts[chunk], terms, bool(corpus.chunk_starts_mid_text[chunk]))
+            hits.append(Hit(rank, score, corpus.doc_ids[doc], corpus.titles[doc], corpus.sources[doc], text, marks,
+                            int(corpus.chunk_ids[chunk]), corpus.metadata[doc]))
+        return hits
 
     def document(self, doc_id: str) -> dict | None:
-        with self.connect() as con:
-            rows = con.execute("SELECT doc_id, title, source, text FROM documents WHERE doc_id = ?", [doc_id]).fetchall()
-            if not rows:
-                return None
-            n_chunks = con.execute("SELECT count(*) FROM chunks WHERE doc_id = ?", [doc_id]).fetchall()[0][0]
-        return {**dict(zip(("doc_id", "title", "source", "text"), rows[0])), "chunks": n_chunks}
-
-
-def best_chunk_per_document(con, fetch, n_docs: int, total: int) -> list[tuple[float, dict]]:
-    """Ask `fetch(n)` for the best n chunks (ids, scores), growing n until n_docs documents are covered;
-    returns [(score, chunk row)] with each document's best chunk, best first."""
-    n = min(total, 4 * n_docs)
-    while True:
-        ids, scores = fetch(n)
-        details = chunk_details(con, [int(i) for i in ids])
-        per_doc: dict[str, tuple[float, dict]] = {}
-        for chunk_id, score in zip(ids, scores):
-            row = details.get(int(chunk_id))
-            if row is not None and row["doc_id"] not in per_doc:  # results come best-first
-                per_doc[row["doc_id"]] = (float(score), row)
-        if len(per_doc) >= n_docs or n >= total or len(ids) < n:
-            return list(per_doc.values())[:n_docs]
-        n = min(total, n * 4)
-
-
-def chunk_details(con, chunk_ids: list[int]) -> dict[int, dict]:
-    """chunk_id -> doc_id, title, source, chunk text."""
-    if not chunk_ids:
-        return {}
-    rows = con.execute(
-        """SELECT c.chunk_id, c.doc_id, d.title, d.source, c.text, c.chunk_index
-           FROM (SELECT unnest($ids) AS chunk_id) wanted JOIN chunks c USING (chunk_id) JOIN documents d USING (doc_id)""",
-        {"ids": chunk_ids},
-    ).fetchall()
-    keys = ("chunk_id", "doc_id", "title", "source", "text", "chunk_index")
-    return {r[0]: dict(zip(keys, r)) for r in rows}
+        position = self.corpus.doc_position.get(doc_id)
+        if position is None:
+            return None
+        c = self.corpus
+        return {"doc_id": doc_id, "title": c.titles[position], "source": c.sources[position], "text": c.texts[position],
+                "metadata": c.metadata[position], "chunks": int(c.chunks_per_doc[position])}
 
 
 def fuse(dense: list[tuple[float, dict]], lexical: list[tuple[float, dict]], dense_weight: float) -> list[tuple[float, dict]]:
@@ -321,21 +327,3 @@ def fuse(dense: list[tuple[float, dict]], lexical: list[tuple[float, dict]], den
     return [(scores[d], rows[d][1]) for d in order]
 
 
-def snapshot_store(db_path: Path) -> tuple[duckdb.DuckDBPyConnection, int]:
-    """An in-memory DuckDB holding a copy of the store's documents and chunks tables (no vectors), and the
-    store generation they are."""
-    if not db_path.exists():
-        raise PipelineError(f"{db_path}: no document store yet; run `pipeline embed` first")
-    memory = duckdb.connect(":memory:")
-    try:
-        memory.execute("ATTACH ? AS store (READ_ONLY)", [str(db_path)])
-        memory.execute("BEGIN TRANSACTION")  # the copies and the generation from one snapshot of the store
-        memory.execute("CREATE TABLE documents AS SELECT doc_id, title, source, text FROM store.documents")
-        memory.execute("CREATE TABLE chunks AS SELECT chunk_id, doc_id, chunk_index, text FROM store.chunks")
-        rows = memory.execute("SELECT value FROM store.store_meta WHERE key = 'generation'").fetchall()
-        memory.execute("COMMIT")
-        memory.execute("DETACH store")
-    except duckdb.Error as e:
-        memory.close()
-        raise PipelineError(f"{db_path}: cannot read the DuckDB store ({str(e).splitlines()[0]})") from None
-    return memory, int(rows[0][0]) if rows else 0

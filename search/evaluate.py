@@ -16,6 +16,7 @@ from pathlib import Path
 import pytrec_eval
 
 from common.errors import PipelineError
+from common.filters import DocumentFilter
 from search.engine import MODES, SearchEngine
 
 METRICS = ("ndcg@10", "recall@100", "mrr@10")
@@ -74,14 +75,15 @@ def read_qrels(path: Path) -> dict[str, dict[str, int]]:
 
 
 def evaluate(engine: SearchEngine, queries: dict[str, str], qrels: dict[str, dict[str, int]], mode: str | None = None,
-             depth: int = 100, dense_weight: float | None = None) -> dict:
-    """Run every judged query and score the rankings; returns the mean metrics and the run's details."""
+             depth: int = 100, dense_weight: float | None = None, filters: DocumentFilter | None = None) -> dict:
+    """Run every judged query and score the rankings (only among the documents `filters` keeps, if given);
+    returns the mean metrics and the run's details."""
     judged = [q for q in qrels if q in queries]
     if not judged:
         raise PipelineError("no query in the qrels file has a text in the queries file (are the ids the same?)")
     mode = engine.resolve_mode(mode)
     start = time.perf_counter()
-    results = engine.search_many([queries[q] for q in judged], k=depth, mode=mode, dense_weight=dense_weight, names=judged)
+    results = engine.search_many([queries[q] for q in judged], k=depth, mode=mode, filters=filters, dense_weight=dense_weight, names=judged)
     seconds = time.perf_counter() - start
     run = {q: [hit.doc_id for hit in hits] for q, hits in zip(judged, results)}
     metrics = score_run(run, {q: qrels[q] for q in judged})

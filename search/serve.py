@@ -1,56 +1,66 @@
 """`pipeline serve`: search over HTTP with FastAPI on uvicorn.
 
-    GET  /                  a web page: search box, ranked results with title, snippet and score
-    GET  /search?q=...      ranked documents (k, mode, source, title, dense_weight as query parameters)
-    POST /search            the same with a JSON body: {"q": ..., "k": 10, "mode": "hybrid", "filter": {"source": "docs/*"}}
-    GET  /documents/{id}    one stored document
+    GET  /                  a web page: search with filters, highlighted snippets, each document's page
+    GET  /search?q=...      ranked documents (k, mode, dense_weight, filter as JSON text, source, title)
+    POST /search            the same with a JSON body: {"q": ..., "k": 10, "mode": "hybrid",
+                            "filter": {"year": {"gte": 2015}, "journal": {"in": ["Nature", "Cell"]}}}
+    GET  /documents/{id}    one stored document, with its metadata
+    GET  /fields            the fields a filter can use, with their types
     GET  /health            liveness, what is loaded, whether it matches the store (never needs the API key)
-    GET  /docs, /openapi.json   the OpenAPI description
+    GET  /docs, /openapi.json   the OpenAPI description (Swagger UI served from the swagger-ui-py package: works offline)
 
-The model and indexes are loaded once. A watcher thread notices when `pipeline index` has rebuilt the
-index (the manifest's "index" section changed), loads the new generation beside the old one and swaps
-it in under a lock: requests in flight finish on the generation they started with, none fails. Chunk
-and document rows come from an in-memory copy of the store made at load time, so the server holds no
-lock on the workspace's DuckDB file and `pipeline embed` can write to it meanwhile. An index is loaded
-only with the store generation it was built from; when the documents change, the server keeps
-answering from the generation it has and /health says so until `pipeline index` has run.
+The model, indexes, documents and chunks are loaded once (search/engine.py): a request reads arrays, no
+SQL, no file. A watcher thread notices when `pipeline index` has rebuilt the index (the manifest's
+"index" section changed), loads the new generation beside the old one and swaps it in under a lock:
+requests in flight finish on the generation they started with, none fails. The store is read once per
+generation and let go, so `pipeline embed` can write to it meanwhile. An index is loaded only with the
+store generation it was built from; when the documents change, the server keeps answering from the
+generation it has and /health says so until `pipeline index` has run.
 
+Filters are structured (common/filters.py): compiled to SQL with bound values over the loaded
+documents' fields; an unknown field or operator, or a value of the wrong type, is a 422 naming it.
 Requests are bounded and the bounds are declared in the OpenAPI description (query length, k, filter
-length; a body over MAX_BODY_BYTES gets 413). Documents are read from the store: no route reads a file.
+length; a body over MAX_BODY_BYTES gets 413). Errors are {"error": "..."}, declared per route.
 
-With an API key, /search and /documents need it (header X-API-Key, or ?api_key= for a browser);
-the static page, the OpenAPI description and /health do not: they show no stored data.
+With an API key, /search, /documents and /fields need it (header X-API-Key, or ?api_key= for a
+browser; both declared as OpenAPI security schemes); the page, the docs and /health do not: they show
+no stored data.
 """
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import socket
 import threading
 import time
 from contextlib import asynccontextmanager
-from typing import Literal, Optional
+from pathlib import Path
+from typing import Any, Literal, Optional
 
 import duckdb
-from fastapi import FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
-from pydantic import BaseModel, Field
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.security import APIKeyHeader, APIKeyQuery
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.console import info, warn
 from common.errors import PipelineError
+from common.filters import OPERATORS, DocumentFilter, FilterError
 from common.store import stale_index_message
 from common.workspace import Workspace
-from search.engine import Filters, SearchEngine
+from search.engine import SearchEngine
 
 # Bounds on a request, declared in the OpenAPI schema. A query longer than the model reads is embedded
 # up to its input length (search/engine.py); the bound keeps a request's size, and BM25's work, small.
 MAX_QUERY_CHARS = 2000
 MAX_SERVE_K = 100
+MAX_FILTER_CHARS = 2000
 MAX_BODY_BYTES = 64 * 1024  # a JSON search request at its bounds, escaped, is under 20 KB
 POLL_SECONDS = 1.0
-PUBLIC_PATHS = {"/", "/health", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/favicon.ico"}
 log = logging.getLogger("pipeline.serve")
 
 
@@ -63,7 +73,7 @@ class Generation:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._seen_mtime = self._manifest_mtime()
-        self.engine = SearchEngine(ws, in_memory=True)
+        self.engine = SearchEngine(ws)
         self.loaded_at = time.time()
         self.reloads = 0
         self.last_error: str | None = None
@@ -95,7 +105,7 @@ class Generation:
             if entry.get("store_generation") != store_generation:  # known stale without reading the store
                 raise PipelineError(stale_index_message(entry.get("store_generation"), store_generation))
             same_model = entry.get("embedder_fingerprint") == old.index_entry.get("embedder_fingerprint")
-            new = SearchEngine(self.ws, in_memory=True, reuse_model=old.model if same_model else None)
+            new = SearchEngine(self.ws, reuse_model=old.model if same_model else None)
         except (PipelineError, OSError, duckdb.Error) as e:
             # E.g. `pipeline embed` holds the store while it writes: keep serving, try again on the next poll.
             if str(e) != self.last_error:
@@ -127,23 +137,117 @@ class Generation:
 
 QUERY_HELP = (f"The query, at most {MAX_QUERY_CHARS:,} characters. Dense search embeds it up to the model's input length "
               "(a longer query is cut there); lexical search reads all of it.")
+MODE_HELP = "dense, lexical or hybrid. Default: the workspace's default mode, measured on its documents (`default_mode` in /health)."
+FILTER_HELP = ("Only documents whose fields satisfy every condition: {\"field\": {\"operator\": value}} or {\"field\": value} "
+               f"(= eq). Operators: {', '.join(OPERATORS)}. Fields: the documents' metadata (GET /fields), doc_id, title, source "
+               "(source globs are also read relative to the server's working directory). Example: "
+               '{"year": {"gte": 2015}, "journal": {"in": ["Nature", "Cell"]}, "source": {"glob": "docs/**"}}. '
+               "An unknown field or operator, or a value of the wrong type, is a 422 naming it.")
+Scalar = str | int | float | bool
 
 
-class SearchFilter(BaseModel):
-    source: Optional[str] = Field(None, max_length=500, description="Glob on the document's source file path, absolute or relative to the server's working directory, e.g. 'docs/*.md'.")
-    title: Optional[str] = Field(None, max_length=500, description="Text the title must contain (case-insensitive).")
+class FieldCondition(BaseModel):
+    """Conditions on one field; all must hold. (The filter's shape in the OpenAPI description; requests are
+    checked by common/filters.py against the loaded fields, which names what is wrong.)"""
+    model_config = ConfigDict(extra="forbid")
+    eq: Optional[Scalar] = None
+    ne: Optional[Scalar] = None
+    gt: Optional[Scalar] = None
+    gte: Optional[Scalar] = None
+    lt: Optional[Scalar] = None
+    lte: Optional[Scalar] = None
+    in_: Optional[list[Scalar]] = Field(None, alias="in")
+    nin: Optional[list[Scalar]] = None
+    glob: Optional[str] = None
+    contains: Optional[Scalar] = None
 
 
 class SearchRequest(BaseModel):
     q: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, description=QUERY_HELP)
     k: int = Field(10, ge=1, le=MAX_SERVE_K, description="Number of documents.")
-    mode: Optional[Literal["dense", "lexical", "hybrid"]] = Field(None, description="Default: the workspace's default mode (see /health).")
+    mode: Optional[Literal["dense", "lexical", "hybrid"]] = Field(None, description=MODE_HELP)
     dense_weight: Optional[float] = Field(None, ge=0.0, le=1.0, description="Hybrid: weight of the dense ranking (default: the workspace's, see /health).")
-    filter: Optional[SearchFilter] = None
+    filter: Optional[dict[str, Any]] = Field(None, description=FILTER_HELP, json_schema_extra={
+        "additionalProperties": {"anyOf": [FieldCondition.model_json_schema(by_alias=True), {"type": "string"}, {"type": "number"}, {"type": "boolean"}]},
+        "examples": [{"year": {"gte": 2015}, "journal": {"in": ["Nature", "Cell"]}}]})
+
+
+class SearchHit(BaseModel):
+    rank: int
+    score: float
+    doc_id: str
+    title: str
+    source: str
+    snippet: str = Field(description="Plain text (never HTML): the passage of the document's best chunk that best matches the query.")
+    highlights: list[list[int]] = Field(description="[start, end) character offsets of the query's terms in `snippet`.")
+    chunk_id: int
+    metadata: dict[str, Any] = Field(description="The document's own fields beyond id, title and text, as stored.")
+
+
+class SearchResponse(BaseModel):
+    query: str
+    mode: str
+    k: int
+    took_ms: float
+    results: list[SearchHit]
+
+
+class DocumentResponse(BaseModel):
+    doc_id: str
+    title: str
+    source: str
+    text: str
+    metadata: dict[str, Any]
+    chunks: int
+
+
+class FieldsResponse(BaseModel):
+    fields: dict[str, str] = Field(description="Field name -> its type in filters (DuckDB's: BIGINT, DOUBLE, BOOLEAN, DATE, TIMESTAMP, VARCHAR, VARCHAR[], ...).")
+    operators: list[str]
+
+
+class IndexInfo(BaseModel):
+    type: Optional[str]
+    vectors: Optional[int]
+    build_id: Optional[str]
+    store_generation: Optional[int]
+    lexical: bool
+
+
+class HealthResponse(BaseModel):
+    status: str
+    consistent: bool
+    problem: Optional[str]
+    store_generation: Optional[int]
+    index: IndexInfo
+    default_mode: str
+    default_dense_weight: float
+    model: str
+    reloads: int
+    loaded_at: float
+    last_reload_error: Optional[str]
+    auth: bool
+
+
+class ErrorResponse(BaseModel):
+    error: str = Field(description="What was wrong, in one line.")
 
 
 def error(status: int, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": message})
+
+
+ERRORS = {400: {"model": ErrorResponse, "description": "A request the engine cannot answer (e.g. an empty query)."},
+          401: {"model": ErrorResponse, "description": "Missing or wrong API key."},
+          413: {"model": ErrorResponse, "description": f"Body over {MAX_BODY_BYTES:,} bytes."},
+          422: {"model": ErrorResponse, "description": "Invalid parameters or filter; the message names the field."}}
+SWAGGER_ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css")
+
+
+def swagger_asset(name: str) -> bytes:
+    import swagger_ui
+
+    return (Path(swagger_ui.__file__).parent / "static" / name).read_bytes()
 
 
 def create_app(ws: Workspace, api_key: str | None = None, poll_seconds: float = POLL_SECONDS) -> FastAPI:
@@ -155,17 +259,17 @@ def create_app(ws: Workspace, api_key: str | None = None, poll_seconds: float = 
         yield
         generation.stop()
 
-    app = FastAPI(title="embedding-pipeline search", lifespan=lifespan, max_body_size=MAX_BODY_BYTES,
-                  description="Search the documents of a pipeline workspace: dense, lexical (BM25) or hybrid.")
+    app = FastAPI(title="embedding-pipeline search", lifespan=lifespan, max_body_size=MAX_BODY_BYTES, docs_url=None, redoc_url=None,
+                  description="Search the documents of a pipeline workspace: dense, lexical (BM25) or hybrid, with metadata filters.")
     app.state.generation = generation
+    header_key = APIKeyHeader(name="X-API-Key", auto_error=False, description="The server's --api-key.")
+    query_key = APIKeyQuery(name="api_key", auto_error=False, description="The same key as a query parameter, for a browser.")
 
-    @app.middleware("http")
-    async def require_key(request: Request, call_next):
-        if api_key and request.url.path not in PUBLIC_PATHS:
-            given = request.headers.get("x-api-key") or request.query_params.get("api_key") or ""
-            if not hmac.compare_digest(given.encode(), api_key.encode()):
-                return error(401, "missing or wrong API key (send it in the X-API-Key header)")
-        return await call_next(request)
+    def require_key(from_header: Optional[str] = Security(header_key), from_query: Optional[str] = Security(query_key)) -> None:
+        if api_key and not hmac.compare_digest((from_header or from_query or "").encode(), api_key.encode()):
+            raise StarletteHTTPException(401, "missing or wrong API key (send it in the X-API-Key header)")
+
+    protected = [Depends(require_key)]
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
@@ -181,39 +285,60 @@ def create_app(ws: Workspace, api_key: str | None = None, poll_seconds: float = 
         log.exception("error while answering %s", request.url.path)
         return error(500, f"internal error ({type(exc).__name__}); the server keeps running")
 
-    def run_search(body: SearchRequest) -> dict:
+    def run_search(body: SearchRequest):
         engine = generation.current()
         start = time.perf_counter()
-        filters = Filters(body.filter.source, body.filter.title) if body.filter else None
         try:
-            hits = engine.search(body.q, body.k, body.mode, filters, body.dense_weight)
+            hits = engine.search(body.q, body.k, body.mode, DocumentFilter.of(body.filter), body.dense_weight)
+        except FilterError as e:
+            return error(422, str(e))
         except PipelineError as e:
             return error(400, str(e))
-        except duckdb.Error as e:  # e.g. a malformed glob in the filter
-            return error(400, f"bad filter: {str(e).splitlines()[0]}")
         return {"query": body.q, "mode": engine.resolve_mode(body.mode), "k": body.k,
                 "took_ms": round((time.perf_counter() - start) * 1000, 2), "results": [h.to_dict() for h in hits]}
 
-    @app.get("/search", summary="Search (query parameters)")
+    @app.get("/search", summary="Search (query parameters)", response_model=SearchResponse, responses=ERRORS, dependencies=protected)
     def search_get(q: str = Query(..., min_length=1, max_length=MAX_QUERY_CHARS, description=QUERY_HELP),
                    k: int = Query(10, ge=1, le=MAX_SERVE_K),
-                   mode: Optional[Literal["dense", "lexical", "hybrid"]] = None,
+                   mode: Optional[Literal["dense", "lexical", "hybrid"]] = Query(None, description=MODE_HELP),
                    dense_weight: Optional[float] = Query(None, ge=0.0, le=1.0),
-                   source: Optional[str] = Query(None, max_length=500),
-                   title: Optional[str] = Query(None, max_length=500)):
-        wanted = SearchFilter(source=source, title=title) if source or title else None
-        return run_search(SearchRequest(q=q, k=k, mode=mode, dense_weight=dense_weight, filter=wanted))
+                   filter: Optional[str] = Query(None, max_length=MAX_FILTER_CHARS, description="The filter as JSON text: " + FILTER_HELP),
+                   source: Optional[str] = Query(None, max_length=500, description="Shorthand for filter {\"source\": {\"glob\": ...}}."),
+                   title: Optional[str] = Query(None, max_length=500, description="Shorthand for filter {\"title\": {\"contains\": ...}}.")):
+        structured = {}
+        if filter:
+            try:
+                structured = json.loads(filter)
+            except json.JSONDecodeError as e:
+                return error(422, f"filter: not JSON ({e.msg} at column {e.colno})")
+            if not isinstance(structured, dict):
+                return error(422, "filter: expected a JSON object of field -> condition")
+        if source:
+            structured.setdefault("source", {})
+        if title:
+            structured.setdefault("title", {})
+        for name, operator, value in (("source", "glob", source), ("title", "contains", title)):
+            if value:
+                if not isinstance(structured[name], dict):
+                    structured[name] = {"eq": structured[name]}
+                structured[name][operator] = value
+        return run_search(SearchRequest(q=q, k=k, mode=mode, dense_weight=dense_weight, filter=structured or None))
 
-    @app.post("/search", summary="Search (JSON body)")
+    @app.post("/search", summary="Search (JSON body)", response_model=SearchResponse, responses=ERRORS, dependencies=protected)
     def search_post(body: SearchRequest):
         return run_search(body)
 
-    @app.get("/documents/{doc_id:path}", summary="One stored document")
+    @app.get("/documents/{doc_id:path}", summary="One stored document", response_model=DocumentResponse,
+             responses={**ERRORS, 404: {"model": ErrorResponse, "description": "No such document."}}, dependencies=protected)
     def document(doc_id: str):
         found = generation.current().document(doc_id)
         return found if found is not None else error(404, f"no document with id '{doc_id}'")
 
-    @app.get("/health", summary="Liveness, what is loaded, and whether it still matches the stored documents")
+    @app.get("/fields", summary="The fields filters can use", response_model=FieldsResponse, responses={401: ERRORS[401]}, dependencies=protected)
+    def fields():
+        return {"fields": generation.current().filters.fields, "operators": list(OPERATORS)}
+
+    @app.get("/health", summary="Liveness, what is loaded, and whether it still matches the stored documents", response_model=HealthResponse)
     def health():
         engine = generation.current()
         entry = engine.index_entry
@@ -226,6 +351,20 @@ def create_app(ws: Workspace, api_key: str | None = None, poll_seconds: float = 
                           "store_generation": entry.get("store_generation"), "lexical": engine.lexical is not None},
                 "default_mode": engine.resolve_mode(None), "default_dense_weight": engine.resolve_dense_weight(None), "model": str(engine.model_dir), "reloads": generation.reloads,
                 "loaded_at": generation.loaded_at, "last_reload_error": generation.last_error, "auth": bool(api_key)}
+
+    assets = {name: swagger_asset(name) for name in SWAGGER_ASSETS}
+
+    @app.get("/docs", include_in_schema=False)
+    def docs():
+        return get_swagger_ui_html(openapi_url="openapi.json", title=app.title + " - docs",
+                                   swagger_js_url="docs-assets/swagger-ui-bundle.js", swagger_css_url="docs-assets/swagger-ui.css",
+                                   swagger_favicon_url="data:,")
+
+    @app.get("/docs-assets/{name}", include_in_schema=False)
+    def docs_asset(name: str):
+        if name not in assets:  # two fixed files of the package, read at start: no path reaches the file system
+            return error(404, f"no asset '{name}'")
+        return Response(assets[name], media_type="text/javascript" if name.endswith(".js") else "text/css")
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def page():
@@ -269,75 +408,194 @@ PAGE = """<!doctype html>
 <title>Search</title>
 <style>
   body { font: 16px/1.45 system-ui, sans-serif; max-width: 52rem; margin: 2rem auto; padding: 0 1rem; color: #1d1d1f; }
-  form { display: flex; gap: .5rem; flex-wrap: wrap; }
+  form { display: flex; gap: .5rem; flex-wrap: wrap; align-items: center; }
   #q { flex: 1 1 20rem; padding: .55rem .7rem; font-size: 1.05rem; }
-  button, select, input { padding: .5rem .7rem; font-size: 1rem; }
+  button, select, input { padding: .45rem .6rem; font-size: 1rem; }
+  #filters { margin: .6rem 0 0; display: flex; flex-direction: column; gap: .4rem; }
+  .filter { display: flex; gap: .4rem; flex-wrap: wrap; }
   #status { color: #666; margin: .8rem 0; min-height: 1.4em; }
   #status.error { color: #b00020; }
   ol { padding-left: 1.4rem; }
   li.result { margin: 0 0 1.1rem; }
   .title { font-weight: 600; margin: 0; font-size: 1.05rem; }
-  .meta { color: #5f6368; font-size: .85rem; }
+  .meta, .fields { color: #5f6368; font-size: .85rem; }
   .snippet { margin: .2rem 0 0; }
+  mark { background: #fff2a8; padding: 0 .1em; }
+  #document { white-space: pre-wrap; }
+  #empty { color: #444; background: #f5f5f7; padding: .8rem 1rem; border-radius: .4rem; }
 </style>
 </head>
 <body>
-<h1>Search</h1>
+<h1><a href="./" id="home" style="color: inherit; text-decoration: none">Search</a></h1>
 <form id="search-form">
   <input id="q" name="q" type="search" placeholder="What are you looking for?" maxlength="2000" autofocus required>
-  <select id="mode" name="mode" aria-label="mode">
-    <option value="">default</option><option value="hybrid">hybrid</option>
+  <label>mode <select id="mode" name="mode" aria-label="mode">
+    <option value="" id="default-mode">default</option><option value="hybrid">hybrid</option>
     <option value="dense">dense</option><option value="lexical">lexical</option>
-  </select>
+  </select></label>
+  <label>k <select id="k" name="k" aria-label="number of results">
+    <option>5</option><option selected>10</option><option>20</option><option>50</option><option>100</option>
+  </select></label>
   <input id="key" name="key" type="password" placeholder="API key" hidden>
   <button id="go" type="submit">Search</button>
+  <button id="add-filter" type="button">+ filter</button>
 </form>
+<div id="filters"></div>
 <div id="status" role="status"></div>
+<div id="empty" hidden></div>
 <ol id="results"></ol>
+<article id="document-view" hidden><h2 id="document-title"></h2><div class="meta" id="document-meta"></div>
+  <div class="fields" id="document-fields"></div><p id="document"></p></article>
 <script>
-const form = document.getElementById("search-form"), statusLine = document.getElementById("status");
-const results = document.getElementById("results"), keyBox = document.getElementById("key");
+const $ = (id) => document.getElementById(id);
+const statusLine = $("status"), results = $("results"), keyBox = $("key"), filtersBox = $("filters"), empty = $("empty");
 const urlKey = new URLSearchParams(location.search).get("api_key");
-fetch("health").then(r => r.json()).then(h => { if (h.auth && !urlKey) keyBox.hidden = false; });
+const OPERATORS = ["eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "glob", "contains"];
+let fields = {};
 
-function show(message, isError) {
-  statusLine.textContent = message;
-  statusLine.className = isError ? "error" : "";
+function show(message, isError) { statusLine.textContent = message; statusLine.className = isError ? "error" : ""; }
+function headers() { const key = urlKey || keyBox.value; return key ? { "X-API-Key": key } : {}; }
+function element(tag, className, text) { const e = document.createElement(tag); if (className) e.className = className; if (text !== undefined) e.textContent = text; return e; }
+function pageUrl(params) { if (urlKey) params.set("api_key", urlKey); return "?" + params; }
+
+function addFilterRow(field, operator, value) {
+  const row = element("div", "filter");
+  const fieldSelect = element("select", "filter-field"), opSelect = element("select", "filter-op");
+  for (const name of Object.keys(fields)) fieldSelect.append(new Option(name + " (" + fields[name].toLowerCase() + ")", name));
+  for (const op of OPERATORS) opSelect.append(new Option(op, op));
+  const input = element("input", "filter-value"); input.placeholder = "value (in/nin: a, b, c)";
+  const remove = element("button", "filter-remove", "×"); remove.type = "button"; remove.title = "remove this filter";
+  remove.onclick = () => row.remove();
+  if (field) { if (!(field in fields)) fieldSelect.append(new Option(field, field)); fieldSelect.value = field; }
+  opSelect.value = operator || "eq";
+  input.value = value === undefined ? "" : (Array.isArray(value) ? value.join(", ") : String(value));
+  row.append(fieldSelect, opSelect, input, remove);
+  filtersBox.append(row);
 }
 
-form.addEventListener("submit", async (event) => {
-  event.preventDefault();
-  const params = new URLSearchParams({ q: document.getElementById("q").value, k: "10" });
-  const mode = document.getElementById("mode").value;
-  if (mode) params.set("mode", mode);
-  const headers = {};
-  const key = urlKey || keyBox.value;
-  if (key) headers["X-API-Key"] = key;
-  show("Searching…");
+function typed(field, text) {
+  const kind = (fields[field] || "VARCHAR").replace("[]", "");
+  if (["BIGINT", "DOUBLE", "INTEGER"].includes(kind) && text.trim() !== "" && !isNaN(Number(text))) return Number(text);
+  if (kind === "BOOLEAN" && (text === "true" || text === "false")) return text === "true";
+  return text;
+}
+
+function currentFilter() {
+  const filter = {};
+  for (const row of filtersBox.querySelectorAll(".filter")) {
+    const field = row.querySelector(".filter-field").value, op = row.querySelector(".filter-op").value;
+    const text = row.querySelector(".filter-value").value;
+    if (!field || text.trim() === "") continue;
+    const value = (op === "in" || op === "nin") ? text.split(",").map(v => typed(field, v.trim())).filter(v => v !== "") : typed(field, text.trim());
+    (filter[field] = filter[field] || {})[op] = value;
+  }
+  return filter;
+}
+
+function snippetNode(text, highlights) {
+  const p = element("p", "snippet");
+  let at = 0;
+  for (const [start, end] of highlights) {  // plain text and <mark> elements: nothing is read as HTML
+    p.append(document.createTextNode(text.slice(at, start)), element("mark", "", text.slice(start, end)));
+    at = end;
+  }
+  p.append(document.createTextNode(text.slice(at)));
+  return p;
+}
+
+function fieldsLine(metadata) {
+  return Object.entries(metadata || {}).map(([name, value]) => name + ": " + (typeof value === "string" ? value : JSON.stringify(value))).join(" · ");
+}
+
+async function runSearch(params) {
+  $("document-view").hidden = true; empty.hidden = true;
   results.replaceChildren();
+  const filter = params.get("filter") ? JSON.parse(params.get("filter")) : {};
+  const body = { q: params.get("q"), k: Number(params.get("k") || 10), filter };
+  if (params.get("mode")) body.mode = params.get("mode");
+  show("Searching…");
   try {
-    const response = await fetch("search?" + params, { headers });
-    const body = await response.json();
-    if (!response.ok) { show(body.error || ("error " + response.status), true); return; }
-    show(body.results.length + " results (" + body.mode + ", " + body.took_ms + " ms)");
-    for (const hit of body.results) {
-      const item = document.createElement("li");
-      item.className = "result";
-      const title = document.createElement("p");
-      title.className = "title";
-      title.textContent = hit.title || hit.doc_id;
-      const meta = document.createElement("div");
-      meta.className = "meta";
-      meta.textContent = "score " + hit.score.toFixed(4) + " · " + hit.doc_id + " · " + hit.source;
-      const text = document.createElement("p");
-      text.className = "snippet";
-      text.textContent = hit.snippet;
-      item.append(title, meta, text);
+    const response = await fetch("search", { method: "POST", headers: { ...headers(), "Content-Type": "application/json" }, body: JSON.stringify(body) });
+    const answer = await response.json();
+    if (!response.ok) { show(answer.error || ("error " + response.status), true); return; }
+    show(answer.results.length + " results (" + answer.mode + ", " + answer.took_ms + " ms)");
+    if (!answer.results.length) {
+      empty.textContent = Object.keys(filter).length ? "No document matches this query with these filters. Try removing a filter or other words."
+                                                     : "No document matches this query. Try other words" + (answer.mode === "lexical" ? ", or the dense or hybrid mode." : ".");
+      empty.hidden = false;
+    }
+    for (const hit of answer.results) {
+      const item = element("li", "result");
+      const title = element("p", "title");
+      const link = element("a", "doc-link", hit.title || hit.doc_id);
+      link.href = pageUrl(new URLSearchParams({ doc: hit.doc_id }));
+      title.append(link);
+      const meta = element("div", "meta", "score " + hit.score.toFixed(4) + " · " + hit.doc_id + " · " + hit.source);
+      item.append(title, meta);
+      if (Object.keys(hit.metadata).length) item.append(element("div", "fields", fieldsLine(hit.metadata)));
+      item.append(snippetNode(hit.snippet, hit.highlights));
       results.append(item);
     }
   } catch (e) {
     show("The server did not answer: " + e, true);
   }
+}
+
+async function showDocument(docId) {
+  results.replaceChildren(); empty.hidden = true;
+  show("Loading…");
+  const response = await fetch("documents/" + encodeURIComponent(docId).replaceAll("%2F", "/"), { headers: headers() });
+  const doc = await response.json();
+  if (!response.ok) { show(doc.error || ("error " + response.status), true); return; }
+  show("");
+  $("document-title").textContent = doc.title || doc.doc_id;
+  $("document-meta").textContent = doc.doc_id + " · " + doc.source + " · " + doc.chunks + " chunks";
+  $("document-fields").textContent = fieldsLine(doc.metadata);
+  $("document").textContent = doc.text;
+  $("document-view").hidden = false;
+}
+
+function fromUrl() {
+  const params = new URLSearchParams(location.search);
+  $("q").value = params.get("q") || "";
+  $("mode").value = params.get("mode") || "";
+  $("k").value = params.get("k") || "10";
+  filtersBox.replaceChildren();
+  let filter = {};
+  try { filter = JSON.parse(params.get("filter") || "{}"); } catch (e) { show("The filter in the address is not JSON", true); }
+  for (const [field, condition] of Object.entries(filter)) {
+    const conditions = (condition && typeof condition === "object" && !Array.isArray(condition)) ? condition : { eq: condition };
+    for (const [op, value] of Object.entries(conditions)) addFilterRow(field, op, value);
+  }
+  if (params.get("doc")) showDocument(params.get("doc"));
+  else if (params.get("q")) runSearch(params);
+  else { results.replaceChildren(); $("document-view").hidden = true; empty.hidden = true; show(""); }
+}
+
+async function loadFields() {
+  const response = await fetch("fields", { headers: headers() });
+  if (response.ok) fields = (await response.json()).fields;
+}
+
+$("search-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  if (!Object.keys(fields).length && keyBox.value) loadFields();  // the key was typed after the page loaded
+  const params = new URLSearchParams({ q: $("q").value, k: $("k").value });
+  if ($("mode").value) params.set("mode", $("mode").value);
+  const filter = currentFilter();
+  if (Object.keys(filter).length) params.set("filter", JSON.stringify(filter));
+  history.pushState(null, "", pageUrl(params));  // the address holds the search: back button, sharing
+  runSearch(params);
+});
+$("add-filter").addEventListener("click", () => addFilterRow());
+$("home").href = pageUrl(new URLSearchParams());
+window.addEventListener("popstate", fromUrl);
+
+fetch("health").then(r => r.json()).then(async (h) => {
+  $("default-mode").textContent = "default (" + h.default_mode + ")";
+  if (h.auth && !urlKey) keyBox.hidden = false;
+  await loadFields();
+  fromUrl();
 });
 </script>
 </body>

@@ -37,7 +37,20 @@ def scifact_slice(path: Path, n: int, start: int = 0) -> Path:
 def corpus_file(tmp_path_factory) -> Path:
     if not SCIFACT.exists():
         pytest.skip(f"{SCIFACT} not found (the shared SciFact data sits beside the repository)")
-    return scifact_slice(tmp_path_factory.mktemp("data") / "corpus.jsonl", 120)
+    path = scifact_slice(tmp_path_factory.mktemp("data") / "corpus.jsonl", 120)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({**row, **corpus_metadata(i)}) + "\n" for i, row in enumerate(rows)))
+    return path
+
+
+JOURNALS = ("Nature", "Cell", "Science", "Lancet")
+
+
+def corpus_metadata(i: int) -> dict:
+    """The fields a user's documents carry beside their text, for the i-th document of the corpus slice:
+    `year` is 1900 + i, so `year < 1900 + n` keeps exactly the first n documents."""
+    return {"year": 1900 + i, "journal": JOURNALS[i % len(JOURNALS)], "open_access": i % 2 == 0,
+            "published": f"{1900 + i}-0{1 + i % 9}-15", "tags": ["even" if i % 2 == 0 else "odd", f"group-{i % 3}"]}
 
 
 @pytest.fixture(scope="session")

@@ -87,10 +87,54 @@ def test_search_get_and_post_return_ranked_documents(client, workspace):
     lexical_post = client.post("/search", json={"q": "vitamin D deficiency", "k": 3, "mode": "lexical"}).json()
     assert lexical_get["results"] == lexical_post["results"] and lexical_post["mode"] == "lexical"
 
-    filtered = client.post("/search", json={"q": "cells", "k": 5, "mode": "dense", "filter": {"title": "cell"}}).json()
+    filtered = client.post("/search", json={"q": "cells", "k": 5, "mode": "dense", "filter": {"title": {"contains": "cell"}}}).json()
     assert filtered["results"] and all("cell" in h["title"].lower() for h in filtered["results"])
     nothing = client.get("/search", params={"q": "cells", "source": "/no/such/*"}).json()
     assert nothing["results"] == []
+
+
+def test_structured_filters_metadata_and_highlights(client, workspace):
+    structured = {"year": {"gte": 1950}, "journal": {"in": ["Nature", "Cell"]}, "source": {"glob": str(workspace.parent.parent) + "/**"}}
+    body = client.post("/search", json={"q": "tumour cells", "k": 7, "mode": "hybrid", "filter": structured}).json()
+    assert len(body["results"]) == 7
+    for hit in body["results"]:
+        assert hit["metadata"]["year"] >= 1950 and hit["metadata"]["journal"] in ("Nature", "Cell")
+        assert "<" not in hit["snippet"] or "<mark>" not in hit["snippet"]  # offsets, never HTML
+        assert all(0 <= start < end <= len(hit["snippet"]) for start, end in hit["highlights"])
+    as_get = client.get("/search", params={"q": "tumour cells", "k": 7, "mode": "hybrid", "filter": json.dumps(structured)}).json()
+    assert as_get["results"] == body["results"]
+    lexical = client.get("/search", params={"q": "tumour cells", "k": 3, "mode": "lexical"}).json()["results"]
+    assert all(h["highlights"] for h in lexical)
+    assert {h["snippet"][s:e].lower()[:4] for h in lexical for s, e in h["highlights"]} <= {"tumo", "cell"}
+    doc = client.get(f"/documents/{body['results'][0]['doc_id']}").json()
+    assert doc["metadata"] == body["results"][0]["metadata"]
+    fields = client.get("/fields").json()
+    assert fields["fields"]["year"] == "BIGINT" and "gte" in fields["operators"]
+
+    for wrong, named in [({"yeer": {"gte": 1}}, "filter: unknown field 'yeer'"), ({"year": {"around": 1}}, "unknown operator 'around'"),
+                         ({"year": {"gte": "1950; DROP TABLE documents"}}, "filter.year.gte: expects a number")]:
+        response = client.post("/search", json={"q": "cells", "filter": wrong})
+        assert response.status_code == 422 and named in response.json()["error"], response.text
+    assert client.get("/search", params={"q": "cells", "filter": "{not json"}).status_code == 422
+    injected = client.post("/search", json={"q": "cells", "mode": "lexical", "filter": {"journal": "x' OR '1'='1"}}).json()
+    assert injected["results"] == []
+    assert client.get("/health").json()["status"] == "ok"
+
+
+def test_docs_work_offline_and_the_schema_declares_models_and_the_key(client):
+    page = client.get("/docs")
+    assert page.status_code == 200 and "docs-assets/swagger-ui-bundle.js" in page.text and "cdn" not in page.text.lower()
+    for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
+        served = client.get(f"/docs-assets/{asset}")
+        assert served.status_code == 200 and len(served.content) > 10_000
+    assert client.get("/docs-assets/../manifest.json").status_code == 404
+    schema = client.get("/openapi.json").json()
+    assert schema["components"]["securitySchemes"]["APIKeyHeader"] == {"type": "apiKey", "in": "header", "name": "X-API-Key",
+                                                                     "description": "The server's --api-key."}
+    post = schema["paths"]["/search"]["post"]
+    assert post["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/SearchResponse")
+    assert post["responses"]["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
+    assert {"APIKeyHeader": []} in post["security"]
 
 
 def test_documents_endpoint(client):
@@ -168,8 +212,10 @@ def test_no_path_reads_a_file_outside_the_workspace(server, workspace):
 
 def test_fuzzed_requests_never_get_a_server_error(api_schema):
     """Schemathesis generates requests for every operation of the OpenAPI description, within the declared
-    bounds and outside them; none may answer 5xx. Bounded to 60 requests: a few seconds."""
+    bounds and outside them; none may answer 5xx, and every answer must match the schema. Bounded to 60
+    requests: a few seconds."""
     from hypothesis import HealthCheck, given, settings, strategies as st
+    from schemathesis import checks
     from schemathesis.generation import GenerationMode
 
     @given(case=st.one_of([api_schema.as_strategy(generation_mode=mode) for mode in GenerationMode]))
@@ -177,6 +223,11 @@ def test_fuzzed_requests_never_get_a_server_error(api_schema):
     def no_server_error(case):
         response = case.call(headers={"X-API-Key": KEY})
         assert response.status_code < 500, (case.method, case.formatted_path, case.query, case.body, response.text)
+        # Status codes, content types and bodies as the schema declares them. (Not "positive data acceptance":
+        # a filter's fields are the loaded documents' own, which a schema cannot list, so a schema-valid
+        # filter on a field that does not exist is rightly a 422.)
+        case.validate_response(response, checks=[checks.not_a_server_error, checks.status_code_conformance,
+                                                 checks.content_type_conformance, checks.response_schema_conformance])
         seen.add((case.method, case.path))
 
     seen = set()
@@ -268,6 +319,38 @@ def test_web_page_searches_in_a_real_browser(server, tmp_path):
             default = httpx.get(f"{server}/health").json()["default_mode"]  # what `pipeline index` measured
             assert page.inner_text("#status").startswith(f"10 results ({default}, ")
             page.screenshot(path=str(tmp_path / "search.png"))
+            assert page.inner_text("#default-mode") == f"default ({default})"
+
+            # A filtered search: query, k and filter go into the address, matched terms are marked.
+            page.click("#add-filter")
+            page.select_option(".filter-field", "year")
+            page.select_option(".filter-op", "gte")
+            page.fill(".filter-value", "1990")
+            page.select_option("#k", "5")
+            page.fill("#q", "tumour cells")
+            page.click("#go")
+            page.wait_for_function("document.getElementById('status').textContent.startsWith('5 results')", timeout=60_000)
+            assert all(int(text.split("year: ")[1].split(" ")[0]) >= 1990 for text in page.locator("li.result .fields").all_inner_texts())
+            marked = page.locator("li.result .snippet mark").all_inner_texts()  # hybrid and lexical results share a term
+            assert (marked or default == "dense") and all(m.lower().startswith(("tumo", "cell")) for m in marked)
+            assert "filter=" in page.url and "q=tumour+cells" in page.url and "k=5" in page.url
+            filtered_url, first_title = page.url, page.locator("li.result .title").nth(0).inner_text()
+
+            page.locator("li.result a.doc-link").nth(0).click()  # the document's own page, then back to the results
+            page.wait_for_selector("#document-view:not([hidden])")
+            assert page.inner_text("#document-title") == first_title and "year: " in page.inner_text("#document-fields")
+            page.go_back()
+            page.wait_for_function("document.getElementById('status').textContent.startsWith('5 results')", timeout=60_000)
+            assert page.url == filtered_url and page.input_value(".filter-value") == "1990"
+
+            page.fill(".filter-value", "3000")  # nothing left: a clear empty state
+            page.click("#go")
+            page.wait_for_selector("#empty:not([hidden])", timeout=60_000)
+            assert "with these filters" in page.inner_text("#empty")
+
+            page.goto(f"{server}/docs")  # Swagger UI from the server's own assets (the browser has no network)
+            page.wait_for_selector(".swagger-ui .opblock-summary-path", timeout=60_000)
+            assert "/search" in page.locator(".swagger-ui .opblock-summary-path").all_inner_texts()
 
             page.goto(f"{server}/")  # without the key: the page asks for one and shows the server's refusal
             page.wait_for_selector("#key:not([hidden])")

@@ -1,0 +1,163 @@
+"""Serving speed: a real `pipeline serve` (uvicorn) on loopback, an httpx client at 16 concurrent
+requests, per mode; and the in-process cost per query of each step of a search.
+
+The workspace is full SciFact (5,183 documents) with the model `pipeline pretrain` makes, adapted by its
+default `pipeline tune` (reused when the workspace already has it). Queries are SciFact's own, cycled.
+Client and server share this machine (2 cores here): the figures include the client's own cost.
+
+    python benchmarks/bench_serve.py [--workspace DIR] [--time-budget 12m] [--requests 2000] [--concurrency 16]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks_common import REPO, SCIFACT, pipeline, write_result
+
+MODES = ("lexical", "dense", "hybrid")
+
+
+def prepared_workspace(path: Path, time_budget: str) -> Path:
+    """pretrain (with its default adaptation) -> embed -> index on all of SciFact, each step only if missing."""
+    if not (path / "model" / "config.json").exists():
+        pipeline("pretrain", "-w", str(path), "--data", str(SCIFACT / "corpus.jsonl"), "--time-budget", time_budget)
+    if not (path / "pipeline.duckdb").exists():
+        pipeline("embed", "-w", str(path))
+    if "index" not in json.loads((path / "manifest.json").read_text()):
+        pipeline("index", "-w", str(path))
+    return path
+
+
+def percentiles(seconds: list[float]) -> dict:
+    ms = 1000 * np.asarray(seconds)
+    return {"p50_ms": float(np.percentile(ms, 50)), "p90_ms": float(np.percentile(ms, 90)), "p99_ms": float(np.percentile(ms, 99)),
+            "mean_ms": float(ms.mean())}
+
+
+def step_costs(ws: Path, queries: list[str]) -> dict:
+    """In-process cost per query of each step, one query at a time (as requests arrive)."""
+    import faiss
+    import torch
+
+    from common.workspace import Workspace
+    from search.engine import FUSION_DEPTH, SearchEngine, fuse
+
+    torch.set_num_threads(1)  # as `pipeline serve` runs
+    faiss.omp_set_num_threads(1)
+    engine = SearchEngine(Workspace(ws))
+    costs = {name: [] for name in ("encode", "faiss", "bm25", "best_chunk_per_document", "fusion", "row_lookup_and_snippet", "search_hybrid_total")}
+    for query in queries:
+        t0 = time.perf_counter()
+        vector = engine.embed_queries([query])
+        t1 = time.perf_counter()
+        engine.dense.search(vector, 4 * FUSION_DEPTH, None)
+        t2 = time.perf_counter()
+        engine.lexical.search_positions(query, 4 * FUSION_DEPTH)
+        t3 = time.perf_counter()
+        dense = engine.dense_documents(vector, FUSION_DEPTH, None)
+        lexical = engine.lexical_documents(query, FUSION_DEPTH, None)
+        t4 = time.perf_counter()
+        ranked = fuse(dense, lexical, 0.5)
+        t5 = time.perf_counter()
+        engine.hits(query, ranked[:10])
+        t6 = time.perf_counter()
+        engine.search(query, 10, "hybrid")
+        t7 = time.perf_counter()
+        costs["encode"].append(t1 - t0)
+        costs["faiss"].append(t2 - t1)
+        costs["bm25"].append(t3 - t2)
+        # both retrievers again, with the growing fetch and one best chunk per document, less the raw searches
+        costs["best_chunk_per_document"].append(max(0.0, (t4 - t3) - (t3 - t1)))
+        costs["fusion"].append(t5 - t4)
+        costs["row_lookup_and_snippet"].append(t6 - t5)
+        costs["search_hybrid_total"].append(t7 - t6)
+    return {"vectors": engine.dense.ntotal, "index_type": engine.dense.kind, "documents": len(engine.corpus.doc_ids),
+            "steps": {name: percentiles(values) for name, values in costs.items()}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def load(base: str, mode: str, queries: list[str], n_requests: int, concurrency: int) -> dict:
+    import httpx
+
+    latencies, errors, statuses = [], 0, {}
+    next_index = 0
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=60) as client:
+        async def worker():
+            nonlocal next_index, errors
+            while next_index < n_requests:
+                i = next_index
+                next_index += 1
+                start = time.perf_counter()
+                try:
+                    response = await client.get("/search", params={"q": queries[i % len(queries)], "k": 10, "mode": mode})
+                    ok = response.status_code == 200
+                    statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+                except httpx.HTTPError:
+                    ok = False
+                latencies.append(time.perf_counter() - start)
+                errors += not ok
+
+        for _ in range(2):  # warm-up: connections, caches
+            await asyncio.gather(*(client.get("/search", params={"q": q, "k": 10, "mode": mode}) for q in queries[:concurrency]))
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    return {"mode": mode, "requests": n_requests, "concurrency": concurrency, "errors": errors, "statuses": statuses,
+            "requests_per_s": n_requests / wall, **percentiles(latencies)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workspace", type=Path, default=Path(tempfile.gettempdir()) / "bench-serve-ws")
+    parser.add_argument("--time-budget", default="12m", help="pretraining budget when the workspace has no model yet")
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--step-queries", type=int, default=300)
+    args = parser.parse_args()
+
+    ws = prepared_workspace(args.workspace, args.time_budget)
+    queries = [json.loads(line)["text"] for line in (SCIFACT / "queries.jsonl").read_text().splitlines() if line.strip()]
+    steps = step_costs(ws, queries[:args.step_queries])
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "serve", "-w", str(ws), "--port", str(port)], cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        else:
+            raise SystemExit("the server did not start")
+        served = [asyncio.run(load(base, mode, queries, args.requests, args.concurrency)) for mode in MODES]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    write_result("serve", {"workspace": str(ws), "in_process": steps, "http": served,
+                           "note": "client and server on the same machine; other jobs may share it: compare ratios within one run"})
+
+
+if __name__ == "__main__":
+    main()
