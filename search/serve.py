@@ -31,6 +31,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -38,6 +39,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal, Optional
 
+import anyio
 import duckdb
 from fastapi import Depends, FastAPI, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
@@ -61,6 +63,7 @@ MAX_SERVE_K = 100
 MAX_FILTER_CHARS = 2000
 MAX_BODY_BYTES = 64 * 1024  # a JSON search request at its bounds, escaped, is under 20 KB
 POLL_SECONDS = 1.0
+SEARCH_THREADS = max(2, os.cpu_count() or 1)
 log = logging.getLogger("pipeline.serve")
 
 
@@ -255,6 +258,12 @@ def create_app(ws: Workspace, api_key: str | None = None, poll_seconds: float = 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        # Searches run in worker threads. Python holds one lock for its bytecode, so threads beyond the
+        # cores only take turns at it, less fairly the more there are: hybrid at 16 concurrent requests had
+        # a p99 7.3x its p50 with the default 40 threads, 1.8x with 2 (one run each on a busy 2-core
+        # machine, benchmarks/bench_serve.py). As many threads as cores still overlap FAISS's and numpy's
+        # work, which releases the lock.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = SEARCH_THREADS
         generation.start()
         yield
         generation.stop()

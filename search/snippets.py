@@ -10,54 +10,80 @@ chunk, its beginning. Offsets are character offsets into the snippet text: [star
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from common.lexical import query_terms, stem_words
 
-WORD = re.compile(r"(?u)\b\w\w+\b")  # bm25s's default token pattern
 LIMIT = 240
 
 
-def make_snippet(text: str, terms: frozenset[str], starts_mid_text: bool = False, limit: int = LIMIT) -> tuple[str, list[tuple[int, int]]]:
-    """(snippet, [(start, end) of each matched term in it]) for a chunk's text and the query's stemmed terms."""
+_STEMS: dict[str, str] = {}  # lower-cased word -> its stem; grows to the corpus's vocabulary at most
+
+
+def _stem(word: str) -> str:
+    lowered = word.lower()
+    stem = _STEMS.get(lowered)
+    if stem is None:
+        stem = _STEMS[lowered] = stem_words([lowered])[0]
+    return stem
+
+
+@dataclass(frozen=True)
+class QueryTerms:
+    """A query's stemmed terms, and a pattern finding the words that may be one of them: a word whose stem
+    is a term starts with the term less its last letter (Snowball changes only a word's ending, e.g.
+    density -> densiti), so only those few words of a chunk are stemmed."""
+    stems: frozenset[str]
+    candidates: re.Pattern | None
+
+
+def snippet_terms(query: str) -> QueryTerms:
+    stems = frozenset(query_terms(query))
+    prefixes = sorted({stem[:-1] if len(stem) > 2 else stem for stem in stems}, key=len, reverse=True)
+    pattern = re.compile(r"(?u)\b(?:" + "|".join(map(re.escape, prefixes)) + r")\w*", re.IGNORECASE) if prefixes else None
+    return QueryTerms(stems, pattern)
+
+
+def make_snippet(text: str, terms: QueryTerms, starts_mid_text: bool = False, limit: int = LIMIT) -> tuple[str, list[tuple[int, int]]]:
+    """(snippet, [(start, end) of each matched term in it]) for a chunk's text and the query's terms."""
     text = " ".join(text.split())
-    words = [(m.start(), m.end()) for m in WORD.finditer(text)]
-    stems = stem_words([text[s:e].lower() for s, e in words]) if terms and words else []
-    matched = [i for i, stem in enumerate(stems) if stem in terms]
+    matched = []  # (start, end, stem) of each word that is a query term
+    if terms.candidates is not None:
+        for found in terms.candidates.finditer(text):
+            stem = _stem(found.group())
+            if stem in terms.stems and found.end() - found.start() >= 2:
+                matched.append((found.start(), found.end(), stem))
     if matched:
-        first_word, last_char = _best_window(words, stems, matched, limit)
-        start = words[first_word][0]
+        start = _best_window_start(text, matched, limit)
     else:
-        start, last_char = 0, limit
+        start = 0
         if starts_mid_text and " " in text:  # a token window may start inside a word: drop the fragment
             start = text.index(" ") + 1
-    end = len(text) if len(text) - start <= limit else _cut_at_space(text, start, min(last_char, start + limit))
+    end = len(text) if len(text) - start <= limit else _cut_at_space(text, start, start + limit)
     prefix = "… " if start > 0 else ""
     suffix = " …" if end < len(text) else ""
     shift = len(prefix) - start
-    marks = [(words[i][0] + shift, words[i][1] + shift) for i in matched if start <= words[i][0] and words[i][1] <= end]
+    marks = [(s + shift, e + shift) for s, e, _ in matched if start <= s and e <= end]
     return prefix + text[start:end] + suffix, marks
 
 
-def _best_window(words, stems, matched, limit) -> tuple[int, int]:
-    """The first word and the end of the window of at most `limit` characters holding the most distinct
-    terms, then the most matches; it starts at a matched word."""
-    best, best_key = matched[0], None
-    for i in matched:
-        window_end = words[i][0] + limit
-        inside = [j for j in matched if i <= j and words[j][1] <= window_end]
-        key = (len({stems[j] for j in inside}), len(inside))
+def _best_window_start(text: str, matched: list[tuple[int, int, str]], limit: int) -> int:
+    """Where the window of at most `limit` characters holding the most distinct terms, then the most
+    matches, starts: a little before its first match (up to 40 characters, at a space), so the term is
+    read in its sentence."""
+    best, best_key = 0, None
+    for i, (start, _, _) in enumerate(matched):
+        inside = [m for m in matched[i:] if m[1] <= start + limit - 40]
+        key = (len({stem for _, _, stem in inside}), len(inside))
         if best_key is None or key > best_key:
-            best, best_key = i, key
-    start = words[best][0]
-    # Start a little before the first match, at a word, so the term is read in its sentence.
-    lead = max((j for j in range(best, -1, -1) if start - words[j][0] <= 40), default=best)
-    return lead, words[lead][0] + limit
+            best, best_key = start, key
+    if best <= 40:
+        return 0
+    space = text.rfind(" ", best - 40, best - 1)
+    return space + 1 if space >= 0 else best
 
 
 def _cut_at_space(text: str, start: int, end: int) -> int:
     cut = text.rfind(" ", start, end + 1)
     return cut if cut > start else end
 
-
-def snippet_terms(query: str) -> frozenset[str]:
-    return frozenset(query_terms(query))

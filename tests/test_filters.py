@@ -170,3 +170,14 @@ def test_hits_carry_highlights_in_every_mode(engine):
                 assert hit.snippet[start:end].lower().startswith(("tumo", "cell")), (mode, hit.snippet[start:end])
         if mode != "dense":
             assert all(hit.highlights for hit in hits)  # lexical hits share a term with the query
+
+
+def test_eval_within_a_filter(engine, corpus_file):
+    from search.evaluate import evaluate
+
+    rows = [json.loads(line) for line in corpus_file.read_text().splitlines()]
+    queries = {"early": rows[3]["title"], "late": rows[100]["title"]}
+    qrels = {"early": {rows[3]["_id"]: 1}, "late": {rows[100]["_id"]: 1}}
+    everything = evaluate(engine, queries, qrels, mode="lexical", depth=10)
+    before_1950 = evaluate(engine, queries, qrels, mode="lexical", depth=10, filters=years_below(50))
+    assert everything["recall@100"] == 1.0 and before_1950["recall@100"] == 0.5  # the late document is filtered out
