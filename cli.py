@@ -287,9 +287,14 @@ def embed(
 def index(
     workspace: WorkspaceOption = Path("workspace"),
     index_type: Annotated[str, typer.Option("--type", help="auto, flat (exact), hnsw, ivf or ivfpq.")] = "auto",
+    rebuild: Annotated[bool, typer.Option("--rebuild", help="Build in full even when the last build could be updated.")] = False,
     json_output: JsonOption = False,
 ):
-    """Build the FAISS and BM25 indexes over the stored chunks, then choose the default search mode.
+    """Build the FAISS and BM25 indexes over the stored chunks, or update the last build with what changed.
+
+    An update keeps the last full build, skips its deleted chunks and indexes the chunks added since in a
+    delta; more than 10% added or deleted since the last full build, another index type, or a new
+    embedder makes a full build, which then chooses the default search mode.
 
     The default mode (dense, lexical or hybrid, and the hybrid's dense weight) is measured on pairs the
     corpus provides: a sentence taken out of a held-out document is the query, that document the answer.
@@ -306,9 +311,10 @@ def index(
     from search.calibrate import choose_default_mode
 
     ws = Workspace(workspace)
-    summary = build_index(ws, index_type)
-    embedder = ws.require("embedder", "run `pipeline embed` first")
-    summary["search"] = choose_default_mode(ws, load_embedder(ws.embedder_model_dir(embedder)), summary["embedder_fingerprint"])
+    summary = build_index(ws, index_type, rebuild)
+    if summary["update"] == "full":  # an update changes too little to measure again
+        embedder = ws.require("embedder", "run `pipeline embed` first")
+        summary["search"] = choose_default_mode(ws, load_embedder(ws.embedder_model_dir(embedder)), summary["embedder_fingerprint"])
     if json_output:
         out.print_json(json.dumps(summary))
 

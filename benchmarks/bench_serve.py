@@ -60,7 +60,7 @@ def step_costs(ws: Path, queries: list[str]) -> dict:
         t0 = time.perf_counter()
         vector = engine.embed_queries([query])
         t1 = time.perf_counter()
-        engine.dense.search(vector, 4 * FUSION_DEPTH, None)
+        engine.dense_chunks(vector, 4 * FUSION_DEPTH, None)
         t2 = time.perf_counter()
         engine.lexical.search_positions(query, 4 * FUSION_DEPTH)
         t3 = time.perf_counter()
@@ -81,7 +81,7 @@ def step_costs(ws: Path, queries: list[str]) -> dict:
         costs["fusion"].append(t5 - t4)
         costs["row_lookup_and_snippet"].append(t6 - t5)
         costs["search_hybrid_total"].append(t7 - t6)
-    return {"vectors": engine.dense.ntotal, "index_type": engine.dense.kind, "documents": len(engine.corpus.doc_ids),
+    return {"vectors": len(engine.corpus.chunk_ids), "index_type": engine.dense[0].kind, "documents": len(engine.corpus.doc_ids),
             "steps": {name: percentiles(values) for name, values in costs.items()}}
 
 

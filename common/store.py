@@ -25,6 +25,7 @@ All SQL against the store is in this module, and it takes bound parameters.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -253,10 +254,27 @@ class Store:
         return {t: self.con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0] if t in tables else 0
                 for t in ("documents", "chunks", "vectors")}
 
-    def chunk_rows(self) -> list[tuple[int, str, str, str]]:
-        """(chunk_id, doc_id, document title, chunk text) of every chunk, in chunk_id order."""
-        return self.con.execute(
-            "SELECT c.chunk_id, c.doc_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) ORDER BY c.chunk_id").fetchall()
+    def chunk_ids(self) -> np.ndarray:
+        """Every stored chunk id (int64), ascending."""
+        return self.con.sql("SELECT chunk_id FROM chunks ORDER BY chunk_id").to_arrow_table().column("chunk_id").to_numpy().astype(np.int64)
+
+    def chunk_rows(self, ids: np.ndarray | None = None) -> list[tuple[int, str, str, str]]:
+        """(chunk_id, doc_id, document title, chunk text) of every chunk, or of the chunks `ids`, in chunk_id order."""
+        with self._only(ids) as only:
+            return self.con.execute(
+                f"SELECT c.chunk_id, c.doc_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) {only} ORDER BY c.chunk_id").fetchall()
+
+    @contextmanager
+    def _only(self, ids: np.ndarray | None):
+        """A clause keeping only the chunks `ids` (a registered table, so thousands of ids cost one join), or nothing."""
+        if ids is None:
+            yield ""
+            return
+        self.con.register("only_chunk_ids", pa.table({"chunk_id": pa.array(np.asarray(ids, dtype=np.int64))}))
+        try:
+            yield "SEMI JOIN only_chunk_ids USING (chunk_id)"
+        finally:
+            self.con.unregister("only_chunk_ids")
 
     def document_texts(self) -> list[tuple[str, str, str]]:
         """(doc_id, title, text) of every document, by doc_id."""
@@ -283,12 +301,13 @@ class Store:
                       chunk_starts_mid_text=chunks.column("starts_mid_text").to_numpy(zero_copy_only=False).astype(bool),
                       chunk_texts=[t or "" for t in chunks.column("text").to_pylist()])
 
-    def load_vectors(self) -> tuple[np.ndarray, np.ndarray]:
-        """All (chunk_ids int64, vectors float32 [n, dim]) in chunk_id order."""
+    def load_vectors(self, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """All (chunk_ids int64, vectors float32 [n, dim]), or those of the chunks `ids`, in chunk_id order."""
         dim = int(self.get_meta("dim") or 0)
         if not dim:
             return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
-        table = self.con.sql("SELECT chunk_id, vector FROM vectors ORDER BY chunk_id").to_arrow_table()
+        with self._only(ids) as only:
+            table = self.con.sql(f"SELECT chunk_id, vector FROM vectors {only} ORDER BY chunk_id").to_arrow_table()
         ids = table.column("chunk_id").to_numpy().astype(np.int64)
         flat = table.column("vector").combine_chunks().values.to_numpy(zero_copy_only=False)
         return ids, np.ascontiguousarray(flat.reshape(-1, dim), dtype=np.float32)

@@ -1,12 +1,22 @@
-"""`pipeline index`: build a FAISS index over the vectors in the store, and a BM25 index over the chunks' text.
+"""`pipeline index`: FAISS over the vectors in the store and BM25 over the chunks' text, built in full or updated.
 
 Vectors are L2-normalised, so every index uses inner product (= cosine similarity). Chunk ids are
-kept through IndexIDMap2. Each build writes new files: the FAISS index under a name of its own
-(faiss-<build id>.index, written to a temporary name and renamed) and the lexical index
-(common/lexical.py) into a staging directory renamed to a versioned name (lexical-<id>/). The manifest's "index" section, written last,
-names both and the store generation they were built from, so a reader that follows the manifest
-always sees a matching pair, and a crash mid-build leaves the previous index in use. Older files
-are removed after the manifest moved on.
+kept through IndexIDMap2. A full build writes the base: a FAISS index (faiss-<id>.index) and a BM25
+index (common/lexical.py) of one segment (lexical-<id>/segment-0/). Later runs update it when little
+changed (`update_plan`): the base stays as it is, its chunks deleted since are skipped at search (the
+store no longer holds them: they are tombstones), and every chunk added since the base goes into a
+delta, rebuilt from the store at each update: an exact FAISS index (faiss-delta-<id>.index), whose hits
+search merges with the base's, and a second BM25 segment. Changed documents have new chunk ids (ids are
+never reused), so an update is an exact set difference: a changed document's old chunks are deleted
+ones, its new chunks added ones. BM25 statistics are those of the live chunks (computed on loading) and
+the delta's FAISS search is exact, so an updated flat index answers as a full build over the same
+chunks would; an approximate base (HNSW, IVF) is searched as before, without its deleted chunks.
+
+Each run writes new files and a new lexical directory (the base segment's files are hard links to the
+previous version's: an update does not copy the base); the manifest's "index" section, written last,
+names them and the store generation they were built from, so a reader that follows the manifest always
+sees a matching set, and a crash mid-build leaves the previous index in use. Older files are removed
+after the manifest moved on.
 """
 from __future__ import annotations
 
@@ -22,12 +32,13 @@ import numpy as np
 
 from common.console import info
 from common.errors import PipelineError
-from common.lexical import LexicalIndex
+from common.lexical import LexicalIndex, Segment
 from common.store import Store, embedder_key
 from common.workspace import Workspace, atomic_write_bytes
 
 INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")
 EXACT_LIMIT = 50_000  # below this many vectors exact search is fast enough and has perfect recall
+REBUILD_SHARE = 0.10  # chunks added or deleted since the last full build, as a share of it, beyond which index rebuilds
 
 
 def choose_type(n: int) -> tuple[str, str]:
@@ -75,7 +86,9 @@ def recall_at_10(index: faiss.Index, ids: np.ndarray, vectors: np.ndarray, sampl
     return float(np.mean([len(set(ids[t]) & set(f)) / k for t, f in zip(truth_rows, found_ids)]))
 
 
-def build_index(ws: Workspace, kind: str = "auto") -> dict:
+def build_index(ws: Workspace, kind: str = "auto", rebuild: bool = False) -> dict:
+    """Bring the indexes up to the store: an update of the last build's when that is cheap and sound,
+    else a full build (see `update_plan`)."""
     if kind not in INDEX_TYPES:
         raise PipelineError(f"--type: unknown index type '{kind}' (choose from {', '.join(INDEX_TYPES)})")
     embedder = ws.require("embedder", "run `pipeline embed` first")
@@ -85,16 +98,66 @@ def build_index(ws: Workspace, kind: str = "auto") -> dict:
             raise PipelineError(f"{ws.db_path} holds vectors of another embedder than the manifest records "
                                 "(an interrupted `pipeline embed`?): run `pipeline embed` again")
         generation = store.generation()
-        ids, vectors = store.load_vectors()
-        chunk_rows = [(chunk_id, title, text) for chunk_id, _, title, text in store.chunk_rows()]
-    if len(ids) == 0:
-        raise PipelineError(f"{ws.db_path}: no vectors stored; run `pipeline embed` first")
+        live = store.chunk_ids()
+        if len(live) == 0:
+            raise PipelineError(f"{ws.db_path}: no vectors stored; run `pipeline embed` first")
+        previous = ws.read_manifest().get("index")
+        base, reason = update_plan(ws, previous, embedder, kind, live, rebuild)
+        if base is None:
+            ids, vectors = store.load_vectors()
+            chunk_rows = [(chunk_id, title, text) for chunk_id, _, title, text in store.chunk_rows()]
+        else:
+            added = np.setdiff1d(live, base.chunk_ids, assume_unique=True)
+            ids, vectors = store.load_vectors(added)
+            chunk_rows = [(chunk_id, title, text) for chunk_id, _, title, text in store.chunk_rows(added)]
+    if base is None:
+        summary = full_build(ws, kind, ids, vectors, chunk_rows, reason)
+    else:
+        summary = update(ws, previous, base, ids, vectors, chunk_rows, live, reason)
+    summary.update({"vectors": int(len(live)), "embedder_fingerprint": embedder["fingerprint"],
+                    "embedder_chunking": [embedder["chunk_tokens"], embedder["overlap"]],
+                    "lexical_chunks": int(len(live)), "store_generation": generation, "build_id": uuid.uuid4().hex})
+    ws.update_manifest("index", summary)
+    remove_other_files(ws.index_dir, keep={Path(summary[key]).name for key in ("path", "delta_path", "lexical_path") if summary.get(key)})
+    return summary
+
+
+def update_plan(ws: Workspace, previous: dict | None, embedder: dict, kind: str, live: np.ndarray,
+                rebuild: bool) -> tuple[Segment | None, str]:
+    """Whether the last build can be updated to hold the chunks `live`: (its lexical base segment, why),
+    or (None, why a full build). An update keeps the base (FAISS index and BM25 segment) as it is, skips
+    its chunks that were deleted since, and puts every chunk added since the base into a delta. Deltas
+    and deletions beyond REBUILD_SHARE of the base make a full build: the delta is rebuilt at every update
+    (its cost grows with it) and deleted chunks still cost search time in the base."""
+    if rebuild:
+        return None, "full build (--rebuild)"
+    if not previous or "base_vectors" not in previous:
+        return None, "full build (no index of this version yet)"
+    if previous.get("embedder_fingerprint") != embedder["fingerprint"] or previous.get("embedder_chunking") != [embedder["chunk_tokens"], embedder["overlap"]]:
+        return None, "full build (new embedder or chunking)"
+    wanted = choose_type(len(live))[0] if kind == "auto" else kind
+    if wanted != previous["type"]:
+        return None, f"full build ({wanted} index wanted, the last build is {previous['type']})"
+    base_dir = ws.root / previous["lexical_path"] / "segment-0"
+    if not (ws.root / previous["path"]).exists() or not base_dir.is_dir():
+        return None, "full build (the last build's files are missing)"
+    base = Segment.load(base_dir)
+    added = len(live) - int(np.isin(live, base.chunk_ids, assume_unique=True).sum())
+    deleted = len(base.chunk_ids) - (len(live) - added)
+    limit = REBUILD_SHARE * len(base.chunk_ids)
+    if added > limit or deleted > limit:
+        return None, (f"full build ({added:,} chunks added and {deleted:,} deleted since the last full build of "
+                      f"{len(base.chunk_ids):,}: over {REBUILD_SHARE:.0%})")
+    return base, f"update ({added:,} chunks added and {deleted:,} deleted since the last full build of {len(base.chunk_ids):,})"
+
+
+def full_build(ws: Workspace, kind: str, ids: np.ndarray, vectors: np.ndarray, chunk_rows: list, update_reason: str) -> dict:
     reason = f"--type {kind}"
     if kind == "auto":
         kind, reason = choose_type(len(ids))
     if kind in ("ivf", "ivfpq") and len(ids) < 39:
         raise PipelineError(f"--type {kind} needs at least 39 vectors to train, the store has {len(ids)}")
-    info(f"building a {kind} index over {len(ids):,} vectors of dimension {vectors.shape[1]} ({reason})")
+    info(f"{update_reason}: a {kind} index over {len(ids):,} vectors of dimension {vectors.shape[1]} ({reason})")
 
     start = time.perf_counter()
     index = make_index(kind, vectors.shape[1], len(ids))
@@ -107,25 +170,47 @@ def build_index(ws: Workspace, kind: str = "auto") -> dict:
     if kind != "flat":
         recall = recall_at_10(index, ids, vectors)
         info(f"recall@10 against exact search on a sample: {recall:.3f}")
-    build_id = uuid.uuid4().hex
-    path = ws.index_dir / f"faiss-{build_id[:12]}.index"
-    atomic_write_bytes(path, faiss.serialize_index(index).tobytes())
+    path = write_faiss(index, ws.index_dir, "faiss")
     info(f"built in {build_seconds:.2f}s; written to {path}")
 
     start = time.perf_counter()
     lexical_dir = save_lexical(LexicalIndex.build(chunk_rows), ws.index_dir)
     lexical_seconds = time.perf_counter() - start
     info(f"BM25 index over {len(chunk_rows):,} chunks built in {lexical_seconds:.2f}s; written to {lexical_dir}")
+    return {"path": str(path.relative_to(ws.root)), "type": kind, "reason": reason, "dim": int(vectors.shape[1]),
+            "update": "full", "update_reason": update_reason, "base_vectors": int(len(ids)), "delta_path": None,
+            "delta_vectors": 0, "deleted_in_base": 0, "build_seconds": build_seconds, "recall_at_10": recall,
+            "lexical_path": str(lexical_dir.relative_to(ws.root)), "lexical_seconds": lexical_seconds}
 
-    summary = {"path": str(path.relative_to(ws.root)), "type": kind, "reason": reason, "vectors": int(len(ids)),
-               "dim": int(vectors.shape[1]), "embedder_fingerprint": embedder["fingerprint"],
-               "embedder_chunking": [embedder["chunk_tokens"], embedder["overlap"]],
-               "build_seconds": build_seconds, "recall_at_10": recall,
-               "lexical_path": str(lexical_dir.relative_to(ws.root)), "lexical_chunks": len(chunk_rows),
-               "lexical_seconds": lexical_seconds, "store_generation": generation, "build_id": build_id}
-    ws.update_manifest("index", summary)
-    remove_other_files(ws.index_dir, keep={path.name, lexical_dir.name})
-    return summary
+
+def update(ws: Workspace, previous: dict, base: Segment, ids: np.ndarray, vectors: np.ndarray, chunk_rows: list,
+           live: np.ndarray, update_reason: str) -> dict:
+    """The last build's base with a new delta holding `ids` (every chunk added since the base)."""
+    info(update_reason)
+    start = time.perf_counter()
+    delta_path = None
+    if len(ids):
+        delta = make_index("flat", vectors.shape[1], len(ids))  # exact: small, and merged with the base's hits
+        delta.add_with_ids(vectors, ids)
+        delta_path = write_faiss(delta, ws.index_dir, "faiss-delta")
+    build_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    lexical_dir = save_lexical(LexicalIndex.with_delta(base, chunk_rows, live), ws.index_dir)
+    lexical_seconds = time.perf_counter() - start
+    info(f"delta of {len(ids):,} chunks: FAISS {build_seconds:.2f}s, BM25 {lexical_seconds:.2f}s")
+    deleted = len(base.chunk_ids) - (len(live) - len(ids))
+    return {**{key: previous[key] for key in ("path", "type", "reason", "dim", "base_vectors", "recall_at_10")},
+            "update": "incremental", "update_reason": update_reason,
+            "delta_path": str(delta_path.relative_to(ws.root)) if delta_path else None, "delta_vectors": int(len(ids)),
+            "deleted_in_base": int(deleted), "build_seconds": build_seconds,
+            "lexical_path": str(lexical_dir.relative_to(ws.root)), "lexical_seconds": lexical_seconds}
+
+
+def write_faiss(index: faiss.Index, index_dir: Path, prefix: str) -> Path:
+    """Write under a new name (the manifest then names it): a reader never sees a half-written index."""
+    path = index_dir / f"{prefix}-{uuid.uuid4().hex[:12]}.index"
+    atomic_write_bytes(path, faiss.serialize_index(index).tobytes())
+    return path
 
 
 def save_lexical(lexical: LexicalIndex, index_dir: Path) -> Path:

@@ -10,13 +10,14 @@ queries, with the static embedder, it lifted hybrid above BM25 (0.704 vs 0.696 n
 below it (0.693); Bruch et al. (2023) found the same across BEIR.
 
 The engine loads the indexes, the model and the documents and chunks once (common/store.py's Corpus:
-arrays by chunk position, the order of the FAISS index and of the BM25 corpus), so a request does no SQL
-and no file read: a hit's row is an array lookup. `search` can be called from several threads (FAISS and
-bm25s searches only read).
+arrays by chunk position, in chunk-id order), so a request does no SQL and no file read: a hit's row is an
+array lookup. An updated index is a base and a delta (index/build.py): both FAISS indexes are searched
+and their hits merged by score, the base's deleted chunks never among them; BM25 reads both segments. `search` can be called from several threads (FAISS and
+BM25 searches only read).
 
 Filters (common/filters.py) are applied during retrieval, never after it, so k documents come back
 whenever k allowed documents match: the allowed chunks become a bitmap (FAISS) and a weight mask
-(bm25s). For FAISS: flat scans only the allowed vectors; HNSW and IVF widen their search by the inverse
+(BM25). For FAISS: flat scans only the allowed vectors; HNSW and IVF widen their search by the inverse
 of the allowed share (efSearch, nprobe), and a graph walk that still comes back short, or a small
 allowed share where the walk would visit mostly refused nodes, is answered by an exact scan of the
 allowed vectors in HNSW's own flat storage; IVF then probes every list.
@@ -87,67 +88,86 @@ def check_request(query: str, k: int, mode: str | None) -> str:
 
 
 class DenseIndex:
-    """The FAISS index searched by chunk position (the order the vectors were added in, chunk-id order),
-    unfiltered or restricted to allowed positions (see the module docstring)."""
+    """One FAISS index (the base, or the delta of chunks added since: index/build.py) searched for corpus
+    positions. Its slots (the order vectors were added in) map to chunk positions; slots of chunks
+    deleted since it was built are never returned: every search then goes through a selector of the
+    live slots. Unfiltered or restricted to allowed chunks (see the module docstring)."""
 
     def __init__(self, index: faiss.Index, corpus: Corpus):
         ids = faiss.vector_to_array(faiss.downcast_index(index).id_map)
-        if not np.array_equal(ids, corpus.chunk_ids):  # the manifest's generation check makes this a broken file
-            raise PipelineError("the FAISS index does not hold the stored chunks: run `pipeline index`")
+        at = np.minimum(np.searchsorted(corpus.chunk_ids, ids), max(len(corpus.chunk_ids) - 1, 0))
+        live = corpus.chunk_ids[at] == ids if len(corpus.chunk_ids) else np.zeros(len(ids), bool)
+        self.positions = np.where(live, at, -1)  # slot -> chunk position, -1 for a deleted chunk
+        self.live_positions = at[live]
         self.index = index  # owns the inner index: kept alive with it
         self.inner = faiss.downcast_index(faiss.downcast_index(index).index)
         self.ntotal = self.inner.ntotal
         self.kind = "hnsw" if hasattr(self.inner, "hnsw") else "ivf" if hasattr(self.inner, "nprobe") else "flat"
         self.exact = faiss.downcast_index(self.inner.storage) if self.kind == "hnsw" else self.inner if self.kind == "flat" else None
+        self.live_slots = None if len(self.live_positions) == self.ntotal else Slots(live)
 
     def search(self, vector: np.ndarray, n: int, allowed: "AllowedChunks | None") -> tuple[np.ndarray, np.ndarray]:
-        """The best n (positions, scores) for one query vector [1, dim], best first."""
-        if allowed is None:
+        """The best n (chunk positions, scores) for one query vector [1, dim], best first."""
+        slots = allowed.slots(self) if allowed is not None else self.live_slots
+        if slots is None:
             return self._valid(*self.inner.search(vector, min(n, self.ntotal)))
-        want = min(n, allowed.count)
+        want = min(n, slots.count)
         if want == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        share = allowed.count / self.ntotal
+        share = slots.count / self.ntotal
         if self.kind == "hnsw":
             ef = min(self.ntotal, math.ceil(max(self.inner.hnsw.efSearch, want) / share))
             # A walk computes a distance to every neighbour of each of ~ef nodes, refused or not; the exact
             # scan one per allowed vector: it wins below share ~ sqrt(ef * neighbours / ntotal).
-            if allowed.count <= ef * self.inner.hnsw.nb_neighbors(0):
-                return self._exact(vector, want, allowed)
-            params = faiss.SearchParametersHNSW(sel=allowed.selector, efSearch=ef)
+            if slots.count <= ef * self.inner.hnsw.nb_neighbors(0):
+                return self._exact(vector, want, slots)
+            params = faiss.SearchParametersHNSW(sel=slots.selector, efSearch=ef)
         elif self.kind == "flat":
-            return self._exact(vector, want, allowed)
+            return self._exact(vector, want, slots)
         else:
-            params = faiss.SearchParametersIVF(sel=allowed.selector, nprobe=min(self.inner.nlist, math.ceil(self.inner.nprobe / share)))
+            params = faiss.SearchParametersIVF(sel=slots.selector, nprobe=min(self.inner.nlist, math.ceil(self.inner.nprobe / share)))
         positions, scores = self._valid(*self.inner.search(vector, want, params=params))
         if len(positions) < want:  # the widened search still came back short
             if self.exact is not None:
-                return self._exact(vector, want, allowed)
-            params = faiss.SearchParametersIVF(sel=allowed.selector, nprobe=self.inner.nlist)
+                return self._exact(vector, want, slots)
+            params = faiss.SearchParametersIVF(sel=slots.selector, nprobe=self.inner.nlist)
             positions, scores = self._valid(*self.inner.search(vector, want, params=params))
         return positions, scores
 
-    def _exact(self, vector: np.ndarray, n: int, allowed: "AllowedChunks") -> tuple[np.ndarray, np.ndarray]:
+    def _exact(self, vector: np.ndarray, n: int, slots: "Slots") -> tuple[np.ndarray, np.ndarray]:
         """Exact search over the allowed vectors only (the flat storage computes no refused one)."""
-        return self._valid(*self.exact.search(vector, n, params=faiss.SearchParameters(sel=allowed.selector)))
+        return self._valid(*self.exact.search(vector, n, params=faiss.SearchParameters(sel=slots.selector)))
 
-    @staticmethod
-    def _valid(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _valid(self, scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         keep = labels[0] >= 0
-        return labels[0][keep].astype(np.int64), scores[0][keep]
+        return self.positions[labels[0][keep]].astype(np.int64), scores[0][keep]
+
+
+class Slots:
+    """Some slots of a FAISS index, as a bitmap selector FAISS reads."""
+
+    def __init__(self, mask: np.ndarray):
+        self.count = int(mask.sum())
+        self._bitmap = np.packbits(mask, bitorder="little")  # kept alive: FAISS reads it by pointer
+        self.selector = faiss.IDSelectorBitmap(len(mask), faiss.swig_ptr(self._bitmap))
 
 
 class AllowedChunks:
-    """The chunks of the documents a filter keeps, as FAISS and bm25s take them."""
+    """The chunks of the documents a filter keeps: a mask by chunk position, as BM25 weights, and the
+    slots of each FAISS index that hold them (made on first use, once per request)."""
 
     def __init__(self, document_positions: np.ndarray, corpus: Corpus):
         documents = np.zeros(len(corpus.doc_ids), dtype=bool)
         documents[document_positions] = True
         self.mask = documents[corpus.chunk_docs]
         self.count = int(self.mask.sum())
-        self._bitmap = np.packbits(self.mask, bitorder="little")  # kept alive: FAISS reads it by pointer
-        self.selector = faiss.IDSelectorBitmap(len(self._bitmap), faiss.swig_ptr(self._bitmap))
         self.weights = self.mask.astype(np.float32)
+        self._slots: dict[int, Slots] = {}
+
+    def slots(self, dense: DenseIndex) -> Slots:
+        if id(dense) not in self._slots:
+            self._slots[id(dense)] = Slots(self.mask[dense.positions] & (dense.positions >= 0))
+        return self._slots[id(dense)]
 
 
 class SearchEngine:
@@ -174,10 +194,15 @@ class SearchEngine:
         # The indexes hold chunk ids of the store generation they were built from: any other is refused.
         if self.corpus.generation != self.index_entry.get("store_generation"):
             raise PipelineError(stale_index_message(self.index_entry.get("store_generation"), self.corpus.generation))
-        self.dense = DenseIndex(faiss.deserialize_index(np.fromfile(index_path, dtype=np.uint8)), self.corpus)
+        # The base index, and the delta of chunks added since it was built (index/build.py).
+        paths = [index_path] + ([ws.root / self.index_entry["delta_path"]] if self.index_entry.get("delta_path") else [])
+        self.dense = [DenseIndex(faiss.deserialize_index(np.fromfile(path, dtype=np.uint8)), self.corpus) for path in paths]
+        held = np.concatenate([part.live_positions for part in self.dense])
+        if len(held) != len(self.corpus.chunk_ids) or len(np.unique(held)) != len(held):  # the generation check makes this a broken file
+            raise PipelineError("the FAISS index does not hold the stored chunks: run `pipeline index`")
         lexical_path = self.index_entry.get("lexical_path")
         self.lexical = LexicalIndex.load(ws.root / lexical_path) if lexical_path else None
-        if self.lexical is not None and not np.array_equal(self.lexical.chunk_ids, self.corpus.chunk_ids):
+        if self.lexical is not None and not np.array_equal(self.lexical.chunk_ids, self.corpus.chunk_ids):  # same check
             raise PipelineError("the BM25 index does not hold the stored chunks: run `pipeline index`")
         self.filters = DocumentFilters(self.corpus)
         self._model = reuse_model
@@ -263,8 +288,17 @@ class SearchEngine:
         return vectors
 
     def dense_documents(self, vector: np.ndarray, n_docs: int, allowed: AllowedChunks | None) -> list[tuple[float, dict]]:
-        total = self.dense.ntotal if allowed is None else allowed.count
-        return self.best_chunk_per_document(lambda n: self.dense.search(vector, n, allowed), n_docs, total)
+        total = len(self.corpus.chunk_ids) if allowed is None else allowed.count
+        return self.best_chunk_per_document(lambda n: self.dense_chunks(vector, n, allowed), n_docs, total)
+
+    def dense_chunks(self, vector: np.ndarray, n: int, allowed: AllowedChunks | None) -> tuple[np.ndarray, np.ndarray]:
+        """The best n (chunk positions, scores) of the base and delta indexes together, best first."""
+        found = [part.search(vector, n, allowed) for part in self.dense]
+        if len(found) == 1:
+            return found[0]
+        positions, scores = np.concatenate([f[0] for f in found]), np.concatenate([f[1] for f in found])
+        best = np.lexsort((positions, -scores))[:n]
+        return positions[best], scores[best]
 
     def lexical_documents(self, query: str, n_docs: int, allowed: AllowedChunks | None) -> list[tuple[float, dict]]:
         total = len(self.lexical) if allowed is None else allowed.count

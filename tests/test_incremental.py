@@ -1,0 +1,142 @@
+"""Incremental index updates: adds, changes and deletes since the last full build answer as a full build
+over the same documents does, and a deleted document never comes back from any retriever."""
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.filters import DocumentFilter
+from common.workspace import Workspace
+from conftest import SCIFACT
+from embed.run import EmbedSettings, run_embed
+from index.build import build_index
+from search.engine import SearchEngine
+
+CHUNKING = dict(chunk_tokens=64, overlap=8)
+MODES = ("dense", "lexical", "hybrid")
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def scifact_rows(start: int, n: int) -> list[dict]:
+    return [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()[start:start + n]]
+
+
+def answers(engine: SearchEngine, queries: list[str], mode: str, k: int = 10) -> list[list[tuple[str, float]]]:
+    return [[(h.doc_id, h.score) for h in hits] for hits in engine.search_many(queries, k, mode, dense_weight=0.5)]
+
+
+def assert_same_ranking(got: list[tuple[str, float]], want: list[tuple[str, float]]) -> None:
+    """Same scores rank by rank, and the same document wherever its score is not tied with a neighbour's
+    (two workspaces order tied chunks by their own chunk ids)."""
+    assert len(got) == len(want)
+    got_scores, want_scores = np.array([s for _, s in got]), np.array([s for _, s in want])
+    assert np.allclose(got_scores, want_scores, atol=1e-4)
+    for i, ((got_doc, _), (want_doc, score)) in enumerate(zip(got, want)):
+        neighbours = [want[j][1] for j in (i - 1, i + 1) if 0 <= j < len(want)]
+        if all(abs(score - other) > 1e-4 for other in neighbours) and i < len(want) - 1:
+            assert got_doc == want_doc
+
+
+@pytest.fixture(scope="module")
+def updated(trained_workspace, tmp_path_factory):
+    """A copy of the shared workspace, updated twice (adds, changes, deletes) and indexed incrementally
+    each time, and a workspace built from scratch on the final documents with the same model."""
+    root = tmp_path_factory.mktemp("incremental")
+    ws = Workspace(root / "ws")
+    shutil.copytree(trained_workspace, ws.root)
+    data = root / "docs.jsonl"
+    rows = source_rows(ws)
+    new = scifact_rows(600, 6)
+    titles = {r["_id"]: r["title"] for r in rows + new}
+
+    # The base: the same documents from a file of the test's own (a document's source is part of what it is).
+    run_embed(ws, [write_rows(data, rows)], None, EmbedSettings(**CHUNKING, prune=True))
+    assert build_index(ws)["update"] == "full"
+
+    # First update: 4 documents added, 2 changed, 3 deleted.
+    rows[5]["text"] += " Zebrafish regeneration was also observed."
+    rows[6]["title"] = "A retitled study of telomerase"
+    deleted = [rows.pop(10)["_id"], rows.pop(20)["_id"], rows.pop(30)["_id"]]
+    rows += new[:4]
+    run_embed(ws, [write_rows(data, rows)], None, EmbedSettings(**CHUNKING, prune=True))
+    first = build_index(ws)
+
+    # Second update: one document added in the first update deleted, another changed, two more added.
+    deleted.append(rows.pop(-1)["_id"])
+    rows[-1]["text"] = "Mitochondrial fission in cardiomyocytes. " + rows[-1]["text"]
+    rows += new[4:]
+    run_embed(ws, [write_rows(data, rows)], None, EmbedSettings(**CHUNKING, prune=True))
+    second = build_index(ws)
+
+    scratch = Workspace(root / "scratch").create()
+    run_embed(scratch, [data], None, EmbedSettings(model_dir=ws.model_dir, **CHUNKING))
+    build_index(scratch)
+    queries = [r["title"] for r in rows[::9]] + ["telomerase", "zebrafish regeneration", "mitochondrial fission heart"]
+    return {"ws": ws, "data": data, "scratch": scratch, "first": first, "second": second, "deleted": deleted, "rows": rows,
+            "queries": queries, "deleted_titles": [titles[d] for d in deleted]}
+
+
+def source_rows(ws: Workspace) -> list[dict]:
+    """The documents the workspace was pretrained and embedded on."""
+    source = Path(json.loads(ws.manifest_path.read_text())["tokenizer"]["sources"][0])
+    return [json.loads(line) for line in source.read_text().splitlines()]
+
+
+def test_small_changes_update_the_index_instead_of_rebuilding_it(updated):
+    first, second = updated["first"], updated["second"]
+    assert first["update"] == second["update"] == "incremental"
+    assert first["path"] == second["path"]  # the base FAISS index is kept
+    assert first["delta_vectors"] > 0 and second["delta_vectors"] > 0
+    assert second["deleted_in_base"] >= first["deleted_in_base"] > 0
+    index_files = sorted(p.name for p in updated["ws"].index_dir.iterdir())
+    assert len(index_files) == 3  # the base, the delta and the lexical directory; older versions removed
+
+
+def test_an_updated_index_answers_as_a_full_build_of_the_same_documents(updated):
+    incremental, scratch = SearchEngine(updated["ws"]), SearchEngine(updated["scratch"])
+    assert sorted(incremental.corpus.doc_ids) == sorted(scratch.corpus.doc_ids)
+    for mode in MODES:
+        for got, want in zip(answers(incremental, updated["queries"], mode), answers(scratch, updated["queries"], mode)):
+            assert_same_ranking(got, want)
+
+
+def test_deleted_and_replaced_documents_never_come_back(updated):
+    engine = SearchEngine(updated["ws"])
+    deleted = set(updated["deleted"])
+    everyone = DocumentFilter.of({"year": {"gte": 0}})  # the filtered path too (selectors over the live slots)
+    for mode in MODES:
+        for filters in (None, everyone):
+            for hits in engine.search_many(updated["deleted_titles"], 100, mode, filters):
+                assert deleted.isdisjoint(h.doc_id for h in hits)
+    # A changed document is found by its new text, and its old chunks are gone.
+    hits = engine.search("Zebrafish regeneration was also observed", 3, "lexical")
+    assert hits and hits[0].doc_id == updated["rows"][5]["_id"] and "Zebrafish" in engine.document(hits[0].doc_id)["text"]
+    chunk_docs = [engine.corpus.doc_ids[d] for d in engine.corpus.chunk_docs]
+    assert deleted.isdisjoint(chunk_docs)
+
+
+def test_deletes_from_an_hnsw_base_never_come_back_and_large_changes_rebuild(updated, tmp_path):
+    ws = Workspace(tmp_path / "ws")
+    shutil.copytree(updated["ws"].root, ws.root)
+    assert build_index(ws, "hnsw")["update"] == "full"  # another type than the last build
+    rows = updated["rows"]
+    gone = rows[:3]
+    # The same file as the documents' source (the last test to use it): only the deletions differ.
+    run_embed(ws, [write_rows(updated["data"], rows[3:])], None, EmbedSettings(**CHUNKING, prune=True))
+    summary = build_index(ws, "hnsw")
+    assert summary["update"] == "incremental" and summary["type"] == "hnsw" and summary["delta_path"] is None
+    engine = SearchEngine(ws)
+    for mode in MODES:
+        for hits in engine.search_many([r["title"] for r in gone], 100, mode):
+            assert {r["_id"] for r in gone}.isdisjoint(h.doc_id for h in hits)
+
+    run_embed(ws, [write_rows(updated["data"], rows[3:60])], None, EmbedSettings(**CHUNKING, prune=True))
+    rebuilt = build_index(ws, "hnsw")
+    assert rebuilt["update"] == "full" and "over 10%" in rebuilt["update_reason"]
+    assert rebuilt["deleted_in_base"] == 0 and rebuilt["base_vectors"] == rebuilt["vectors"]
