@@ -277,7 +277,8 @@ def embed(
 
     ws = Workspace(workspace).create()
     settings = EmbedSettings(model_dir=model, chunk_tokens=chunk_tokens, overlap=overlap, batch_size=batch_size, prune=prune, ray=ray)
-    summary = run_embed(ws, list(data or []), text_field, settings)
+    with ws.writing():
+        summary = run_embed(ws, list(data or []), text_field, settings)
     if json_output:
         out.print_json(json.dumps(summary))
 
@@ -311,10 +312,11 @@ def index(
     from search.calibrate import choose_default_mode
 
     ws = Workspace(workspace)
-    summary = build_index(ws, index_type, rebuild)
-    if summary["update"] == "full":  # an update changes too little to measure again
-        embedder = ws.require("embedder", "run `pipeline embed` first")
-        summary["search"] = choose_default_mode(ws, load_embedder(ws.embedder_model_dir(embedder)), summary["embedder_fingerprint"])
+    with ws.writing():
+        summary = build_index(ws, index_type, rebuild)
+        if summary["update"] == "full":  # an update changes too little to measure again
+            embedder = ws.require("embedder", "run `pipeline embed` first")
+            summary["search"] = choose_default_mode(ws, load_embedder(ws.embedder_model_dir(embedder)), summary["embedder_fingerprint"])
     if json_output:
         out.print_json(json.dumps(summary))
 
@@ -490,9 +492,10 @@ def serve(
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
     api_key: Annotated[Optional[str], typer.Option(envvar="PIPELINE_API_KEY", help="Require this key (X-API-Key header or ?api_key=) on every request but /health.")] = None,
 ):
-    """Serve search over HTTP: a web page at /, the JSON API (/search, /documents/{id}, /health), docs at /docs.
+    """Serve search over HTTP: a web page at /, the JSON API (/search, /documents, /health), docs at /docs.
 
     The model and indexes load once; a rebuilt index (`pipeline index`) is picked up without a restart.
+    POST /documents and DELETE /documents/{id} add, replace and delete documents, searchable on return.
 
     Examples:
 

@@ -21,7 +21,8 @@ from benchmarks_common import SCIFACT, pipeline, pretrained_workspace, write_res
 def measure(kind: str, ids: np.ndarray, vectors: np.ndarray, queries: np.ndarray) -> dict:
     import faiss
 
-    from index.build import make_index, recall_at_10
+    from common.indexes import make_index
+    from index.build import recall_at_10
 
     start = time.perf_counter()
     index = make_index(kind, vectors.shape[1], len(ids))

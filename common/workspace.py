@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from typing import Any
 from common.errors import PipelineError
 
 WORKSPACE_ENV = "PIPELINE_WORKSPACE"
+LOCK_WAIT_ENV = "PIPELINE_LOCK_WAIT"
+LOCK_WAIT_SECONDS = 30.0  # how long a writer waits for another one before giving up with an error
 
 
 def default_workspace() -> Path:
@@ -187,3 +190,30 @@ class Workspace:
         if not entry:
             raise PipelineError(f"workspace {self.root} has no {section}: {hint}")
         return entry
+
+    @property
+    def writer_lock_path(self) -> Path:
+        return self.root / ".writer.lock"
+
+    @contextmanager
+    def writing(self, wait: float | None = None):
+        """Hold the workspace's writer lock: one writer at a time (`embed`, `index`). Waits up to `wait`
+        seconds (default PIPELINE_LOCK_WAIT, else 30) for another writer to finish, then fails with one
+        line. An advisory lock on a file (filelock, fcntl on Linux): the system releases it when its
+        holder dies, so a killed command never leaves the workspace locked."""
+        from filelock import FileLock, Timeout
+
+        if wait is None:
+            wait = float(os.environ.get(LOCK_WAIT_ENV, LOCK_WAIT_SECONDS))
+        if not self.root.is_dir():
+            raise PipelineError(f"no workspace at {self.root}")
+        lock = FileLock(self.writer_lock_path)
+        try:
+            lock.acquire(timeout=wait)
+        except Timeout:
+            raise PipelineError(f"{self.root}: another command is writing to this workspace (waited {wait:g}s for "
+                                f"{self.writer_lock_path.name}); try again when it has finished") from None
+        try:
+            yield
+        finally:
+            lock.release()

@@ -7,8 +7,6 @@ documents once they are all written, in one transaction (common/store.py).
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +17,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from common.console import err, info
 from common.errors import PipelineError
-from common.models import embedding_text, encode, load_embedder, text_tokenizer, token_limit
+from common.ingest import chunk_and_embed, content_hash, document_rows
+from common.models import encode, load_embedder, text_tokenizer, token_limit
 from common.readers import Document, read_documents
-from common.store import ChunkRow, Store, embedder_key
+from common.store import Store, embedder_key
 from common.workspace import Workspace, model_fingerprint
-from embed.chunking import chunk_texts
 from embed.tune import default_model_dir
 
 
@@ -40,13 +38,6 @@ class EmbedSettings:
 
 # Room left in each model input for the document title that precedes the chunk.
 TITLE_TOKENS = 32
-
-
-def content_hash(doc: Document) -> str:
-    """Changes with anything stored about the document (the metadata counts only when there is some, so
-    documents stored before metadata was kept keep their hash)."""
-    parts = (doc.title, doc.source, doc.text) + ((json.dumps(doc.metadata, sort_keys=True),) if doc.metadata else ())
-    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
 
 
 def source_documents(ws: Workspace, data: list[Path], text_field: str | None) -> Iterable[Document]:
@@ -118,16 +109,9 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
             task = bar.add_task("embed", total=len(to_embed), rate="")
             for g in range(0, len(to_embed), settings.group_size):
                 group = to_embed[g:g + settings.group_size]
-                doc_chunks = chunk_texts([d.text for d in group], tokenizer, settings.chunk_tokens, settings.overlap)
-                rows: list[ChunkRow] = []
-                texts: list[str] = []
-                for doc, chunks in zip(group, doc_chunks):
-                    for c in chunks:
-                        rows.append(ChunkRow(next_id, doc.id, c.index, c.text, c.start_char, c.end_char, c.n_tokens))
-                        texts.append(embedding_text(doc.title, c.text))
-                        next_id += 1
-                vectors = embed_texts(texts) if texts else np.zeros((0, dim), np.float32)
-                store.write_documents([(d.id, d.title, d.source, d.text, content_hash(d), d.metadata) for d in group], rows, vectors)
+                rows, vectors = chunk_and_embed(group, tokenizer, embed_texts, settings.chunk_tokens, settings.overlap, next_id, dim)
+                next_id += len(rows)
+                store.write_documents(document_rows(group), rows, vectors)
                 n_chunks += len(rows)
                 done = g + len(group)
                 bar.update(task, completed=done, rate=f"{done / (time.perf_counter() - start):.1f} docs/s")

@@ -35,9 +35,11 @@ import numpy as np
 from common.console import warn
 from common.errors import PipelineError
 from common.filters import DocumentFilter, DocumentFilters
+from common.ingest import chunk_and_embed
 from common.lexical import LexicalIndex
 from common.models import encode, is_static, load_embedder, text_tokenizer, token_limit, truncate_to_model
-from common.store import Corpus, Store, stale_index_message
+from common.readers import Document
+from common.store import ChunkRow, Corpus, Store, stale_index_message
 from common.workspace import Workspace, model_fingerprint
 from search.snippets import make_snippet, snippet_terms
 
@@ -286,6 +288,13 @@ class SearchEngine:
                 warn(f"query {name} is {n_tokens:,} tokens long and the model reads {limit}: "
                      f"it is embedded up to there (lexical search reads all of it)")
         return vectors
+
+    def chunk_and_embed(self, docs: list[Document], chunk_tokens: int, overlap: int, first_chunk_id: int) -> tuple[list[ChunkRow], np.ndarray]:
+        """Chunks and vectors of documents to store (the document API), as `pipeline embed` makes them with this model."""
+        model = self.model
+        with self._encode_lock:  # a transformer's tokenizer and forward passes, one caller at a time
+            return chunk_and_embed(docs, self._query_tokenizer, lambda texts: encode(model, texts),
+                                   chunk_tokens, overlap, first_chunk_id, model.get_embedding_dimension())
 
     def dense_documents(self, vector: np.ndarray, n_docs: int, allowed: AllowedChunks | None) -> list[tuple[float, dict]]:
         total = len(self.corpus.chunk_ids) if allowed is None else allowed.count

@@ -5,6 +5,8 @@
     POST /search            the same with a JSON body: {"q": ..., "k": 10, "mode": "hybrid",
                             "filter": {"year": {"gte": 2015}, "journal": {"in": ["Nature", "Cell"]}}}
     GET  /documents/{id}    one stored document, with its metadata
+    POST /documents         add or replace documents: {"documents": [{"id", "title", "text", ...metadata}]}
+    DELETE /documents/{id}  delete one
     GET  /fields            the fields a filter can use, with their types
     GET  /health            liveness, what is loaded, whether it matches the store (never needs the API key)
     GET  /docs, /openapi.json   the OpenAPI description (Swagger UI served from the swagger-ui-py package: works offline)
@@ -17,12 +19,20 @@ generation and let go, so `pipeline embed` can write to it meanwhile. An index i
 store generation it was built from; when the documents change, the server keeps answering from the
 generation it has and /health says so until `pipeline index` has run.
 
+Writes (POST/DELETE /documents) embed new and changed documents with the served model, stage them and
+publish them with the deletions in one store transaction (common/store.py), update the index
+(common/indexes.py: a delta beside the base, deletions skipped) and load the result before answering,
+so a document is searchable, or gone, when the call returns. One writer at a time per workspace: the
+server takes the workspace's writer lock, as `pipeline embed` and `pipeline index` do, and waits up to
+WRITE_WAIT_SECONDS for it, then answers 503; a write never leaves a half-written store (a failure before
+the publish leaves only staged rows, which the next write or embed clears).
+
 Filters are structured (common/filters.py): compiled to SQL with bound values over the loaded
 documents' fields; an unknown field or operator, or a value of the wrong type, is a 422 naming it.
 Requests are bounded and the bounds are declared in the OpenAPI description (query length, k, filter
 length; a body over MAX_BODY_BYTES gets 413). Errors are {"error": "..."}, declared per route.
 
-With an API key, /search, /documents and /fields need it (header X-API-Key, or ?api_key= for a
+With an API key, /search, /documents (reads and writes) and /fields need it (header X-API-Key, or ?api_key= for a
 browser; both declared as OpenAPI security schemes); the page, the docs and /health do not: they show
 no stored data.
 """
@@ -52,7 +62,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from common.console import info, warn
 from common.errors import PipelineError
 from common.filters import OPERATORS, DocumentFilter, FilterError
-from common.store import stale_index_message
+from common.indexes import check_store, update_from_store
+from common.ingest import content_hash, document_rows
+from common.readers import Document
+from common.store import Store, embedder_key, stale_index_message
 from common.workspace import Workspace
 from search.engine import SearchEngine
 
@@ -63,17 +76,24 @@ MAX_SERVE_K = 100
 MAX_FILTER_CHARS = 2000
 MAX_BODY_BYTES = 64 * 1024  # a JSON search request at its bounds, escaped, is under 20 KB
 POLL_SECONDS = 1.0
+WRITE_WAIT_SECONDS = 10.0  # how long a document write waits for another writer (e.g. `pipeline embed`) before a 503
+MAX_UPSERT_DOCUMENTS = 100
+API_SOURCE = "api"  # the source recorded for documents stored through POST /documents
 SEARCH_THREADS = max(2, os.cpu_count() or 1)
 log = logging.getLogger("pipeline.serve")
 
 
 class Generation:
-    """The engine now serving, and the watcher that replaces it when the index is rebuilt."""
+    """The engine now serving, the watcher that replaces it when the index is rebuilt, and the document
+    API's writes (`write`)."""
 
     def __init__(self, ws: Workspace, poll_seconds: float = POLL_SECONDS):
         self.ws = ws
         self.poll_seconds = poll_seconds
         self._lock = threading.Lock()
+        # DuckDB refuses a read-only and a read-write connection to one file in one process: loading a
+        # generation and writing documents take turns.
+        self._store_lock = threading.RLock()
         self._stop = threading.Event()
         self._seen_mtime = self._manifest_mtime()
         self.engine = SearchEngine(ws)
@@ -92,8 +112,12 @@ class Generation:
         except FileNotFoundError:
             return 0
 
-    def check(self) -> bool:
+    def check(self, raise_errors: bool = False) -> bool:
         """Load and swap in a rebuilt index if the manifest says there is one. True if it swapped."""
+        with self._store_lock:
+            return self._check(raise_errors)
+
+    def _check(self, raise_errors: bool) -> bool:
         mtime = self._manifest_mtime()
         if mtime == self._seen_mtime:
             return False
@@ -110,6 +134,8 @@ class Generation:
             same_model = entry.get("embedder_fingerprint") == old.index_entry.get("embedder_fingerprint")
             new = SearchEngine(self.ws, reuse_model=old.model if same_model else None)
         except (PipelineError, OSError, duckdb.Error) as e:
+            if raise_errors:
+                raise
             # E.g. `pipeline embed` holds the store while it writes: keep serving, try again on the next poll.
             if str(e) != self.last_error:
                 warn(f"keeping the current index: cannot load the rebuilt one yet ({e})")
@@ -124,6 +150,39 @@ class Generation:
         info(f"loaded the rebuilt index ({entry.get('vectors')} vectors)")
         return True
 
+    def write(self, upserts: list[Document], deletes: list[str]) -> dict:
+        """Store these documents (new or changed ones embedded with the served model) and delete `deletes`
+        in one publish of the store, update the index (common/indexes.py) and serve the result: searchable
+        when this returns. One writer at a time: the workspace's writer lock, shared with `pipeline
+        embed` and `pipeline index`, waited for up to WRITE_WAIT_SECONDS."""
+        with self._store_lock, self.ws.writing(wait=WRITE_WAIT_SECONDS):
+            engine = self.current()
+            embedder = self.ws.require("embedder", "run `pipeline embed` first")
+            if engine.index_entry["embedder_fingerprint"] != embedder["fingerprint"] or engine.index_entry["embedder_chunking"] != [embedder["chunk_tokens"], embedder["overlap"]]:
+                raise WriteConflict("the workspace's documents were embedded with another model or chunking than the served "
+                                    "index: run `pipeline index`, then the server loads it")
+            key = embedder_key(embedder["fingerprint"], embedder["chunk_tokens"], embedder["overlap"])
+            with Store(self.ws.db_path) as store:
+                check_store(store, embedder, self.ws)
+                stored = store.document_hashes()
+                missing = [doc_id for doc_id in deletes if doc_id not in stored]
+                if missing:
+                    raise LookupError(f"no document with id '{missing[0]}'")
+                todo = [d for d in upserts if stored.get(d.id) != content_hash(d)]
+                if not todo and not deletes:
+                    return {"stored": 0, "unchanged": len(upserts), "deleted": 0, "store_generation": store.generation()}
+                store.stage(int(embedder["dim"]), key, {d.id: content_hash(d) for d in todo})
+                rows, vectors = engine.chunk_and_embed(todo, embedder["chunk_tokens"], embedder["overlap"], store.next_chunk_id())
+                store.write_documents(document_rows(todo), rows, vectors)
+                generation = store.publish(replace_all=False, remove=deletes)  # what search sees changes here, at once
+                counts = store.counts()
+            self.ws.update_manifest("embedder", {**embedder, "documents": counts["documents"], "chunks": counts["chunks"],
+                                                 "store_generation": generation})
+            index = update_from_store(self.ws)
+            self.check(raise_errors=True)
+        return {"stored": len(todo), "unchanged": len(upserts) - len(todo), "deleted": len(deletes), "store_generation": generation,
+                "index": {key: index[key] for key in ("update", "update_reason", "vectors", "delta_vectors", "deleted_in_base")}}
+
     def start(self) -> None:
         def watch():
             while not self._stop.wait(self.poll_seconds):
@@ -136,6 +195,10 @@ class Generation:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+class WriteConflict(Exception):
+    """The served index and the workspace's embedder disagree: documents cannot be added to it."""
 
 
 QUERY_HELP = (f"The query, at most {MAX_QUERY_CHARS:,} characters. Dense search embeds it up to the model's input length "
@@ -202,6 +265,36 @@ class DocumentResponse(BaseModel):
     text: str
     metadata: dict[str, Any]
     chunks: int
+
+
+class DocumentIn(BaseModel):
+    """A document to store: its id, title and text; every other field is its metadata (filterable)."""
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{"id": "note-1", "title": "Vitamin D", "text": "Vitamin D and bone density.", "year": 2021}]})
+    id: str = Field(..., min_length=1, max_length=500)
+    title: str = Field("", max_length=2000)
+    text: str = Field(..., description="The text to chunk, embed and index.")
+
+
+class UpsertRequest(BaseModel):
+    documents: list[DocumentIn] = Field(..., min_length=1, max_length=MAX_UPSERT_DOCUMENTS,
+                                        description=f"At most {MAX_UPSERT_DOCUMENTS} documents (and a body of at most {MAX_BODY_BYTES:,} bytes). "
+                                                    "A document with a stored id replaces it.")
+
+
+class IndexUpdate(BaseModel):
+    update: str = Field(description="incremental, or full")
+    update_reason: str
+    vectors: int
+    delta_vectors: int
+    deleted_in_base: int
+
+
+class WriteResponse(BaseModel):
+    stored: int = Field(description="Documents new or changed, embedded and stored.")
+    unchanged: int = Field(description="Documents identical to their stored version (nothing to do).")
+    deleted: int
+    store_generation: int
+    index: Optional[IndexUpdate] = None
 
 
 class FieldsResponse(BaseModel):
@@ -342,6 +435,34 @@ def create_app(ws: Workspace, api_key: str | None = None, poll_seconds: float = 
     def document(doc_id: str):
         found = generation.current().document(doc_id)
         return found if found is not None else error(404, f"no document with id '{doc_id}'")
+
+    def write(upserts: list[Document], deletes: list[str]):
+        try:
+            return generation.write(upserts, deletes)
+        except LookupError as e:
+            return error(404, str(e))
+        except WriteConflict as e:
+            return error(409, str(e))
+        except PipelineError as e:  # another writer held the workspace past the wait, or the store is unusable
+            return error(503, str(e))
+
+    write_errors = {**ERRORS, 409: {"model": ErrorResponse, "description": "The served index is of another embedder than the workspace's documents."},
+                    503: {"model": ErrorResponse, "description": "Another writer (e.g. `pipeline embed`) held the workspace too long; retry."}}
+
+    @app.post("/documents", summary="Add or replace documents", response_model=WriteResponse, responses=write_errors, dependencies=protected)
+    def upsert_documents(body: UpsertRequest):
+        """Embedded with the workspace's model, stored in one publish of the store, added to both indexes:
+        searchable when this returns. Documents identical to their stored version are left alone."""
+        ids = [d.id for d in body.documents]
+        if len(set(ids)) != len(ids):
+            return error(422, f"documents: the id '{next(i for i in ids if ids.count(i) > 1)}' appears twice")
+        return write([Document(d.id, d.title, API_SOURCE, d.text, dict(d.model_extra or {})) for d in body.documents], [])
+
+    @app.delete("/documents/{doc_id:path}", summary="Delete a document", response_model=WriteResponse,
+                responses={**write_errors, 404: {"model": ErrorResponse, "description": "No such document."}}, dependencies=protected)
+    def delete_document(doc_id: str):
+        """Removed from the store and from both indexes: no search returns it once this returns."""
+        return write([], [doc_id])
 
     @app.get("/fields", summary="The fields filters can use", response_model=FieldsResponse, responses={401: ERRORS[401]}, dependencies=protected)
     def fields():

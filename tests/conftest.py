@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -66,3 +69,40 @@ def trained_workspace(tmp_path_factory, corpus_file) -> Path:
 
 def read_metrics(ws: Path) -> list[dict]:
     return [json.loads(line) for line in (ws / "metrics.jsonl").read_text().splitlines() if line]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running_server(ws: Path, *args: str):
+    """`pipeline serve` on a free loopback port, as a separate process; yields its base URL once /health answers."""
+    import httpx
+
+    port = free_port()
+    process = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "serve", "-w", str(ws), "--port", str(port), *args],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    try:
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"server exited: {process.stdout.read()}")
+            if time.monotonic() > deadline:
+                pytest.fail("server did not start in time")
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()

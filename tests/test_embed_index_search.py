@@ -11,9 +11,10 @@ from common.store import Store
 from common.workspace import Workspace
 from conftest import TINY_TRAINING, run_cli, scifact_slice, SCIFACT
 from embed import run as embed_run
-from embed.chunking import chunk_texts, window_starts
+from common.chunking import chunk_texts, window_starts
 from embed.run import EmbedSettings, run_embed
-from index.build import build_index, load_index
+from common.indexes import load_index
+from index.build import build_index
 
 
 def test_window_starts_overlap_and_cover_the_text():

@@ -11,7 +11,8 @@ from common.readers import read_documents
 from common.store import Corpus, Store
 from common.workspace import Workspace
 from conftest import corpus_metadata, run_cli
-from index.build import build_index, make_index
+from common.indexes import make_index
+from index.build import build_index
 from search.engine import AllowedChunks, DenseIndex, SearchEngine
 from search.snippets import make_snippet, snippet_terms
 

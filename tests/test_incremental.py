@@ -9,7 +9,7 @@ import pytest
 
 from common.filters import DocumentFilter
 from common.workspace import Workspace
-from conftest import SCIFACT
+from conftest import SCIFACT, run_cli
 from embed.run import EmbedSettings, run_embed
 from index.build import build_index
 from search.engine import SearchEngine
@@ -140,3 +140,19 @@ def test_deletes_from_an_hnsw_base_never_come_back_and_large_changes_rebuild(upd
     rebuilt = build_index(ws, "hnsw")
     assert rebuilt["update"] == "full" and "over 10%" in rebuilt["update_reason"]
     assert rebuilt["deleted_in_base"] == 0 and rebuilt["base_vectors"] == rebuilt["vectors"]
+
+
+def test_one_writer_at_a_time(updated, monkeypatch):
+    """While another process writes (holds the workspace's writer lock), `embed` and `index` wait, then
+    fail with one line and change nothing."""
+    from filelock import FileLock
+
+    ws = updated["ws"]
+    before = json.loads(ws.manifest_path.read_text())
+    monkeypatch.setenv("PIPELINE_LOCK_WAIT", "0.5")
+    with FileLock(ws.writer_lock_path):
+        for command in (["index", "--rebuild"], ["embed", "--data", str(updated["data"])]):
+            result = run_cli(*command, "-w", str(ws.root), check=False)
+            assert result.returncode == 2 and "another command is writing to this workspace" in result.stderr
+    assert json.loads(ws.manifest_path.read_text()) == before
+    assert run_cli("index", "-w", str(ws.root), "--json").returncode == 0  # free again

@@ -87,13 +87,13 @@ def test_killed_index_keeps_the_previous_index_in_use_and_a_rerun_cleans_up(kill
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
     before, entry = answers(ws), Workspace(ws).read_manifest()["index"]
-    args = ["index", "-w", str(ws), "--type", "flat"]
+    args = ["index", "-w", str(ws), "--type", "flat", "--rebuild"]
     for point in ("os:replace:.index",  # the FAISS file written to its temporary name, not renamed
                   "common.lexical:np.save:chunk_ids.npy",  # in the middle of writing the BM25 index
                   "common.workspace:Workspace.update_manifest:index"):  # both written, not recorded
         killer.run(point, 1, *args)
         assert Workspace(ws).read_manifest()["index"] == entry and answers(ws) == before, point
-    killer.run("index.build:remove_other_files", 1, *args)  # recorded; older files not yet removed
+    killer.run("common.indexes:remove_other_files", 1, *args)  # recorded; older files not yet removed
     assert Workspace(ws).read_manifest()["index"]["build_id"] != entry["build_id"] and answers(ws) == before
     summary = build_index(Workspace(ws), "flat")
     assert sorted(p.name for p in (ws / "index").iterdir()) == sorted([summary["path"].split("/")[-1], summary["lexical_path"].split("/")[-1]])

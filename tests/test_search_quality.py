@@ -33,9 +33,10 @@ def test_index_builds_a_lexical_index_recorded_in_the_manifest(trained_workspace
 def test_rebuilding_replaces_the_lexical_index_and_removes_the_old_one(trained_workspace, tmp_path):
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
-    first = json.loads(run_cli("index", "-w", str(ws), "--json").stdout)
-    second = json.loads(run_cli("index", "-w", str(ws), "--json").stdout)
-    assert first["lexical_path"] != second["lexical_path"] and first["build_id"] != second["build_id"]
+    first = json.loads(run_cli("index", "-w", str(ws), "--json").stdout)  # nothing changed: an update of the last build
+    second = json.loads(run_cli("index", "-w", str(ws), "--json", "--rebuild").stdout)
+    assert first["update"] == "incremental" and first["path"] == json.loads((trained_workspace / "manifest.json").read_text())["index"]["path"]
+    assert second["update"] == "full" and first["lexical_path"] != second["lexical_path"] and first["build_id"] != second["build_id"]
     assert first["path"] != second["path"]
     assert sorted(p.name for p in (ws / "index").iterdir()) == sorted([second["path"].split("/")[-1], second["lexical_path"].split("/")[-1]])
 
