@@ -167,13 +167,14 @@ class Generation:
                 stored = store.document_hashes()
                 missing = [doc_id for doc_id in deletes if doc_id not in stored]
                 if missing:
-                    raise LookupError(f"no document with id '{missing[0]}'")
+                    raise UnknownDocument(f"no document with id '{missing[0]}'")
                 todo = [d for d in upserts if stored.get(d.id) != content_hash(d)]
                 if not todo and not deletes:
                     return {"stored": 0, "unchanged": len(upserts), "deleted": 0, "store_generation": store.generation()}
                 store.stage(int(embedder["dim"]), key, {d.id: content_hash(d) for d in todo})
-                rows, vectors = engine.chunk_and_embed(todo, embedder["chunk_tokens"], embedder["overlap"], store.next_chunk_id())
-                store.write_documents(document_rows(todo), rows, vectors)
+                if todo:
+                    rows, vectors = engine.chunk_and_embed(todo, embedder["chunk_tokens"], embedder["overlap"], store.next_chunk_id())
+                    store.write_documents(document_rows(todo), rows, vectors)
                 generation = store.publish(replace_all=False, remove=deletes)  # what search sees changes here, at once
                 counts = store.counts()
             self.ws.update_manifest("embedder", {**embedder, "documents": counts["documents"], "chunks": counts["chunks"],
@@ -199,6 +200,10 @@ class Generation:
 
 class WriteConflict(Exception):
     """The served index and the workspace's embedder disagree: documents cannot be added to it."""
+
+
+class UnknownDocument(Exception):
+    """A deletion names a document the store does not hold."""
 
 
 QUERY_HELP = (f"The query, at most {MAX_QUERY_CHARS:,} characters. Dense search embeds it up to the model's input length "
@@ -439,7 +444,7 @@ def create_app(ws: Workspace, api_key: str | None = None, poll_seconds: float = 
     def write(upserts: list[Document], deletes: list[str]):
         try:
             return generation.write(upserts, deletes)
-        except LookupError as e:
+        except UnknownDocument as e:
             return error(404, str(e))
         except WriteConflict as e:
             return error(409, str(e))

@@ -54,7 +54,7 @@ def test_an_upserted_document_is_searchable_when_the_call_returns(client, worksp
 
 
 def test_a_replaced_document_is_found_by_its_new_text_only(client):
-    replaced = {**NOTE, "text": "Pelican nesting colonies were mapped by drone along the estuary."}
+    replaced = {**NOTE, "title": "Pelican survey", "text": "Pelican nesting colonies were mapped by drone along the estuary."}
     assert client.post("/documents", json={"documents": [replaced]}).status_code == 200
     assert NOTE["id"] not in found(client, "quokka xylophone", "lexical", k=100)
     assert found(client, "pelican nesting drone", "lexical")[0] == NOTE["id"]
@@ -92,7 +92,8 @@ def test_a_cli_embed_during_api_writes_corrupts_nothing(client, workspace, tmp_p
     cli_docs = [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()[700:705]]
     data = tmp_path / "more.jsonl"
     data.write_text("".join(json.dumps(d) + "\n" for d in cli_docs))
-    embed = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "embed", "-w", str(workspace), "--data", str(data)],
+    embed = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "embed", "-w", str(workspace), "--data", str(data),
+                              "--chunk-tokens", "64", "--overlap", "8"],  # the shared workspace's chunking
                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     api_ids = []
     for i in range(6):
