@@ -172,6 +172,9 @@ class Store:
         """Stage these documents (doc_id, title, source, text, content_hash, metadata) with their chunks and
         vectors, atomically; search sees them once `publish` runs."""
         ids = [d[0] for d in docs]
+        document_table = pa.table({name: pa.array(values, pa.string()) for name, values in zip(
+            ("doc_id", "title", "source", "text", "content_hash", "metadata"),
+            zip(*[(*d[:5], json.dumps(d[5], ensure_ascii=False) if d[5] else None) for d in docs]))})
         chunk_table = pa.table({
             "chunk_id": pa.array([c.chunk_id for c in chunks], pa.int64()),
             "doc_id": pa.array([c.doc_id for c in chunks], pa.string()),
@@ -189,8 +192,10 @@ class Store:
         self.con.execute("BEGIN TRANSACTION")
         try:
             self._delete(ids, "staged_")
-            self.con.executemany("INSERT INTO staged_documents (doc_id, title, source, text, content_hash, metadata) VALUES (?, ?, ?, ?, ?, ?)",
-                                 [(*d[:5], json.dumps(d[5], ensure_ascii=False) if d[5] else None) for d in docs])
+            # One insert of a table, not one per row: executemany took 1.3 ms per document.
+            self.con.register("new_documents", document_table)
+            self.con.execute("INSERT INTO staged_documents (doc_id, title, source, text, content_hash, metadata) "
+                             "SELECT doc_id, title, source, text, content_hash, metadata::JSON FROM new_documents")
             self.con.register("new_chunks", chunk_table)
             self.con.register("new_vectors", vector_table)
             self.con.execute("INSERT INTO staged_chunks SELECT * FROM new_chunks")
@@ -201,6 +206,7 @@ class Store:
             self.con.execute("ROLLBACK")
             raise
         finally:
+            self.con.unregister("new_documents")
             self.con.unregister("new_chunks")
             self.con.unregister("new_vectors")
 
@@ -240,10 +246,15 @@ class Store:
         """Delete these documents with their chunks and vectors from the live tables, or the staged ones (prefix "staged_")."""
         if not ids:
             return
-        # prefix is one of two constants, not user text.
-        self.con.execute(f"DELETE FROM {prefix}vectors WHERE chunk_id IN (SELECT chunk_id FROM {prefix}chunks WHERE list_contains($ids, doc_id))", {"ids": ids})
-        self.con.execute(f"DELETE FROM {prefix}chunks WHERE list_contains($ids, doc_id)", {"ids": ids})
-        self.con.execute(f"DELETE FROM {prefix}documents WHERE list_contains($ids, doc_id)", {"ids": ids})
+        # The ids as a table: a hash join, where a list parameter is compared with every row (quadratic over a run).
+        self.con.register("deleted_ids", pa.table({"doc_id": pa.array(ids, pa.string())}))
+        try:
+            # prefix is one of two constants, not user text.
+            self.con.execute(f"DELETE FROM {prefix}vectors WHERE chunk_id IN (SELECT chunk_id FROM {prefix}chunks WHERE doc_id IN (SELECT doc_id FROM deleted_ids))")
+            self.con.execute(f"DELETE FROM {prefix}chunks WHERE doc_id IN (SELECT doc_id FROM deleted_ids)")
+            self.con.execute(f"DELETE FROM {prefix}documents WHERE doc_id IN (SELECT doc_id FROM deleted_ids)")
+        finally:
+            self.con.unregister("deleted_ids")
 
     def _tables(self) -> set[str]:
         return {r[0] for r in self.con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
