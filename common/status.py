@@ -66,11 +66,12 @@ def workspace_status(ws: Workspace) -> dict:
 
     idx = manifest.get("index")
     if idx:
-        exists = (ws.root / idx["path"]).exists()
+        files = [idx["path"]] + ([idx["delta_path"]] if idx.get("delta_path") else [])
+        missing = [path for path in files if not (ws.root / path).exists()]
         state = "ok"
-        if not exists:
+        if missing:
             state = "missing"
-            problems.append(f"{ws.root / idx['path']} is missing: run `pipeline index`")
+            problems.append(f"{ws.root / missing[0]} is missing: run `pipeline index`")
         elif emb and idx["embedder_fingerprint"] != emb["fingerprint"]:
             state = "stale"
             problems.append("the index was built from another model's vectors: run `pipeline index`")
@@ -78,7 +79,8 @@ def workspace_status(ws: Workspace) -> dict:
             state = "stale"
             problems.append(stale_index_message(idx.get("store_generation"), generation))
         lexical = ", BM25 lexical index" if idx.get("lexical_path") else ", no lexical index"
-        parts["index"] = {"state": state, "detail": f"{idx['type']}, {idx['vectors']} vectors{lexical}"}
+        delta = f" ({idx['delta_vectors']} in the delta, {idx['deleted_in_base']} deleted from the base)" if idx.get("delta_vectors") or idx.get("deleted_in_base") else ""
+        parts["index"] = {"state": state, "detail": f"{idx['type']}, {idx['vectors']} vectors{delta}{lexical}"}
         measured = manifest.get("search", {})
         if measured.get("embedder_fingerprint") == idx["embedder_fingerprint"]:
             weight = f", dense weight {measured['dense_weight']}" if measured.get("default_mode") == "hybrid" and "dense_weight" in measured else ""
