@@ -6,7 +6,7 @@ import pytest
 
 from common.store import Store
 from common.workspace import Workspace
-from conftest import run_cli
+from conftest import run_cli, run_cli_process
 
 pytest.importorskip("ray", reason="the ray extra is not installed")
 
@@ -19,8 +19,8 @@ def test_ray_embedded_vectors_equal_single_process_ones(trained_workspace, tmp_p
     stores = {}
     single, ray = Workspace(tmp_path / "single").create(), Workspace(tmp_path / "ray").create()
     run_embed(single, [data], None, EmbedSettings(model_dir=trained_workspace / "model", chunk_tokens=48, overlap=8))  # the reference, in this process
-    run_cli("embed", "-w", str(ray.root), "--data", str(data), "--model", str(trained_workspace / "model"),
-            "--chunk-tokens", "48", "--overlap", "8", "--ray", "local", timeout=400)
+    run_cli_process("embed", "-w", str(ray.root), "--data", str(data), "--model", str(trained_workspace / "model"),
+                    "--chunk-tokens", "48", "--overlap", "8", "--ray", "local", timeout=400)
     for name, ws in (("single", single), ("ray", ray)):
         with Store(ws.db_path, read_only=True) as store:
             chunks = store.con.execute("SELECT chunk_id, doc_id, chunk_index, text FROM chunks ORDER BY chunk_id").fetchall()
