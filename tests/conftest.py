@@ -132,3 +132,14 @@ def trained_workspace(tmp_path_factory, corpus_file) -> Path:
 
 def read_metrics(ws: Path) -> list[dict]:
     return [json.loads(line) for line in (ws / "metrics.jsonl").read_text().splitlines() if line]
+
+
+@pytest.fixture(autouse=True)
+def one_compute_thread():
+    """Keep torch at the session's thread count across tests: code run in this process may change it
+    (measuring the cluster in-process sets one thread count per rank), and the next tests would inherit it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
