@@ -1,10 +1,8 @@
 """`pipeline serve`: a real uvicorn server on loopback, real HTTP requests, a real headless browser."""
-import os
 import json
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,16 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import REPO, run_cli
+from benchmarks.benchmarks_common import running_server
+from conftest import run_cli
 
 KEY = "test-key-0123456789"
 CHROMIUM = Path("/usr/bin/chromium")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -34,29 +27,8 @@ def workspace(trained_workspace, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(workspace):
-    port = free_port()
-    process = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "serve", "-w", str(workspace), "--port", str(port), "--api-key", KEY],
-                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"server exited: {process.stdout.read()}")
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    else:
-        process.kill()
-        pytest.fail("server did not start in time")
-    yield base
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    with running_server(workspace, "--api-key", KEY, output=subprocess.PIPE, timeout_s=180) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
