@@ -68,7 +68,7 @@ def truncate_to_model(model, texts: list[str], tokenizer=None) -> tuple[list[str
 def is_static(model) -> bool:
     """A static-embedding model (a table of token vectors): its forward pass is a lookup and its bare
     `tokenizers.Tokenizer` keeps no per-call state, so it may encode from several threads at once."""
-    from sentence_transformers.models import StaticEmbedding
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
 
     return isinstance(model[0], StaticEmbedding)
 
