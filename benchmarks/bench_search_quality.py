@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -33,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks_common import REPO, SCIFACT, pipeline, write_result  # noqa: E402
+from benchmarks_common import REPO, SCIFACT, pipeline, running_server, write_result  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 
@@ -95,22 +93,7 @@ def load_test(ws: Path, requests: int, concurrency: int, mode: str | None) -> di
 
     from search.evaluate import read_queries
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "serve", "-w", str(ws), "--port", str(port)],
-                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("the server did not start")
-                time.sleep(0.5)
+    with running_server(ws) as base:
         texts = list(read_queries(QUERIES).values())
         latencies: list[float] = []
         errors = 0
@@ -136,9 +119,6 @@ def load_test(ws: Path, requests: int, concurrency: int, mode: str | None) -> di
         with ThreadPoolExecutor(concurrency) as pool:
             list(pool.map(one, range(requests)))
         wall = time.perf_counter() - start
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     ordered = sorted(latencies)
     return {"requests": requests, "concurrency": concurrency, "mode": mode, "errors": errors, "seconds": wall,
             "requests_per_s": requests / wall, "p50_ms": 1000 * statistics.median(ordered),

@@ -12,17 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks_common import REPO, SCIFACT, pipeline, write_result
+from benchmarks_common import SCIFACT, pipeline, running_server, write_result
 
 MODES = ("lexical", "dense", "hybrid")
 
@@ -85,12 +81,6 @@ def step_costs(ws: Path, queries: list[str]) -> dict:
             "steps": {name: percentiles(values) for name, values in costs.items()}}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def load(base: str, mode: str, queries: list[str], n_requests: int, concurrency: int) -> dict:
     import httpx
 
@@ -135,26 +125,8 @@ def main() -> None:
     queries = [json.loads(line)["text"] for line in (SCIFACT / "queries.jsonl").read_text().splitlines() if line.strip()]
     steps = step_costs(ws, queries[:args.step_queries])
 
-    port = free_port()
-    server = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "serve", "-w", str(ws), "--port", str(port)], cwd=REPO,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    base = f"http://127.0.0.1:{port}"
-    try:
-        import httpx
-
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        else:
-            raise SystemExit("the server did not start")
+    with running_server(ws) as base:
         served = [asyncio.run(load(base, mode, queries, args.requests, args.concurrency)) for mode in MODES]
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     write_result("serve", {"workspace": str(ws), "in_process": steps, "http": served,
                            "note": "client and server on the same machine; other jobs may share it: compare ratios within one run"})
 

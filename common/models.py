@@ -11,8 +11,10 @@ import numpy as np
 
 from common.errors import PipelineError
 
-# Chunk length for models without a token limit (static embeddings): the context of our GPT presets.
-UNLIMITED_MODEL_CHUNK_TOKENS = 256
+# Chunk length for models without a token limit (static embeddings), the common 512 of passage
+# retrieval: on SciFact's train queries, chunks of 480 tokens (+ the title) rather than 224 left the
+# static embedder's nDCG@10 as it was (0.569) and raised BM25's from 0.692 to 0.699.
+UNLIMITED_MODEL_CHUNK_TOKENS = 512
 
 
 def load_embedder(path: Path, device: str | None = None):
@@ -66,7 +68,7 @@ def truncate_to_model(model, texts: list[str], tokenizer=None) -> tuple[list[str
 def is_static(model) -> bool:
     """A static-embedding model (a table of token vectors): its forward pass is a lookup and its bare
     `tokenizers.Tokenizer` keeps no per-call state, so it may encode from several threads at once."""
-    from sentence_transformers.models import StaticEmbedding
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
 
     return isinstance(model[0], StaticEmbedding)
 

@@ -21,7 +21,7 @@ import copy
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -173,21 +173,21 @@ def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, 
     shape = best.shape
     # the steps that fit in what sizing itself left of the budget
     step_seconds = STEP_SHARE * max(seconds - (time.monotonic() - started), 0.0)
-    best.steps = max(1, min(best.steps, int(step_seconds * processes / best.step_s)))
-    best.tokens = best.steps * shape.batch_size * shape.seq_len
-    best.epochs = best.tokens / max(unique_tokens, 1)
-    best.predicted_loss = predicted_loss(best.parameters, best.tokens, unique_tokens)
-    cfg = apply_shape(cfg, shape, best.steps)
+    steps = max(1, min(best.steps, int(step_seconds * processes / best.step_s)))
+    tokens = steps * shape.batch_size * shape.seq_len
+    chosen = replace(best, steps=steps, tokens=tokens, epochs=tokens / max(unique_tokens, 1),
+                     predicted_loss=predicted_loss(best.parameters, tokens, unique_tokens))
+    cfg = apply_shape(cfg, shape, chosen.steps)
     lines = [f"sizing for {seconds / 60:.1f} min of pretraining on {device.type} ({processes} process(es)), "
              f"{STEP_SHARE:.0%} of it for training steps, the rest for validation, checkpoints and export; "
              f"{unique_tokens:,} unique training tokens; each shape timed on this machine:"]
     for c in measured:
-        mark = "->" if c is best else "  "
+        mark, c = ("->", chosen) if c is best else ("  ", c)
         lines.append(f"{mark} {c.shape.n_layer:2d} layers d={c.shape.n_embd:<4d} {c.parameters / 1e6:7.2f}M params  "
                      f"{c.step_s * 1000:7.0f} ms/step  {c.steps:6,d} steps  {c.tokens / 1e6:7.1f}M tokens "
                      f"({c.epochs:5.1f} epochs)  predicted loss {c.predicted_loss:.3f}")
-    lines.append(f"chosen: {shape.n_layer} layers, d={shape.n_embd}, {best.steps:,} steps of {shape.batch_size}x{shape.seq_len} tokens "
-                 f"({best.epochs:.1f} epochs): the lowest loss the scaling law predicts in the budget "
+    lines.append(f"chosen: {shape.n_layer} layers, d={shape.n_embd}, {chosen.steps:,} steps of {shape.batch_size}x{shape.seq_len} tokens "
+                 f"({chosen.epochs:.1f} epochs): the lowest loss the scaling law predicts in the budget "
                  "(larger shapes see too few tokens, smaller ones learn less per token)")
     return cfg, lines
 

@@ -1,15 +1,25 @@
 """Shared fixtures: small slices of SciFact and one tiny trained workspace reused across tests."""
 from __future__ import annotations
 
-import json
 import os
-import socket
+
+# One compute thread per process (torch, FAISS, and the processes tests start inherit it). The test models
+# are too small to gain from a second thread, and on a busy 2-core machine a pool of two waits at every
+# operation for the thread the other job has preempted: a 40-step tune took 65 s with two threads, 5 s
+# with one. Set before numpy, torch or FAISS is imported: they read it once.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import json
+import logging
+import random
 import subprocess
 import sys
-import time
+import traceback
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,8 +30,61 @@ TINY_TRAINING = ["--preset", "tiny", "--n-layer", "2", "--n-head", "2", "--n-emb
                  "--batch-size", "8", "--vocab-size", "400", "--eval-every", "10", "--log-every", "1", "--no-adapt"]
 
 
-def run_cli(*args: str, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run the `pipeline` CLI as a user would, in a separate process."""
+def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run `pipeline ARGS` in this process, as the installed command would run it, and return its exit
+    status and output as a finished process would.
+
+    A separate process pays 5-10 s of imports (torch, sentence-transformers, FAISS) per command; this
+    pays them once per test session. Each run is isolated: it starts in the repository (a subprocess's
+    working directory), and the environment, warning filters, logging setup, torch's thread count and
+    the random generators are put back as they were afterwards. Tests whose point is a separate process
+    (a kill, a server, torchrun or Ray workers) use run_cli_process."""
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    with isolated_run():
+        result = CliRunner().invoke(app, list(args), prog_name="pipeline")
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        # An unexpected exception: what the process would have printed before exiting with status 1.
+        stderr += "".join(traceback.format_exception(*result.exc_info))
+    done = subprocess.CompletedProcess(["pipeline", *args], result.exit_code, result.stdout, stderr)
+    if check and done.returncode != 0:
+        raise AssertionError(f"pipeline {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done
+
+
+@contextmanager
+def isolated_run():
+    """Undo what a command may change in the process that runs it, so that one run cannot affect the next."""
+    import faiss
+    import torch
+
+    cwd, environ = os.getcwd(), dict(os.environ)
+    threads, faiss_threads = torch.get_num_threads(), faiss.omp_get_max_threads()
+    rng = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    root = logging.getLogger()
+    logging_setup = root.level, list(root.handlers)
+    os.chdir(REPO)
+    try:
+        with warnings.catch_warnings():
+            yield
+    finally:
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(environ)
+        torch.set_num_threads(threads)
+        faiss.omp_set_num_threads(faiss_threads)
+        random.setstate(rng[0])
+        np.random.set_state(rng[1])
+        torch.random.set_rng_state(rng[2])
+        root.setLevel(logging_setup[0])
+        root.handlers[:] = logging_setup[1]
+
+
+def run_cli_process(*args: str, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run `pipeline ARGS` in a separate process: for tests where the process itself is the point."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     result = subprocess.run([sys.executable, str(REPO / "cli.py"), *args], capture_output=True, text=True,
                             timeout=timeout, env=env, cwd=REPO)
@@ -71,38 +134,12 @@ def read_metrics(ws: Path) -> list[dict]:
     return [json.loads(line) for line in (ws / "metrics.jsonl").read_text().splitlines() if line]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(autouse=True)
+def one_compute_thread():
+    """Keep torch at the session's thread count across tests: code run in this process may change it
+    (measuring the cluster in-process sets one thread count per rank), and the next tests would inherit it."""
+    import torch
 
-
-@contextmanager
-def running_server(ws: Path, *args: str):
-    """`pipeline serve` on a free loopback port, as a separate process; yields its base URL once /health answers."""
-    import httpx
-
-    port = free_port()
-    process = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "serve", "-w", str(ws), "--port", str(port), *args],
-                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    try:
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"server exited: {process.stdout.read()}")
-            if time.monotonic() > deadline:
-                pytest.fail("server did not start in time")
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)

@@ -92,16 +92,13 @@ def test_bad_input_is_one_line_naming_the_problem(tmp_path, trained_workspace):
 
 
 def test_every_command_has_help_with_examples():
-    from typer.testing import CliRunner
-
     from cli import app
 
     commands = [c.name or c.callback.__name__ for c in app.registered_commands]
     assert {"pretrain", "embed", "index", "search", "status"} <= set(commands)
     for command in commands:
-        result = CliRunner().invoke(app, [command, "--help"])
-        assert result.exit_code == 0
-        assert "Examples:" in result.output and f"pipeline {command}" in result.output, command
+        result = run_cli(command, "--help")
+        assert "Examples:" in result.stdout and f"pipeline {command}" in result.stdout, command
 
 
 def test_a_moved_or_copied_workspace_searches_with_its_own_model(trained_workspace, tmp_path):

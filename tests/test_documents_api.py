@@ -9,7 +9,8 @@ import time
 import httpx
 import pytest
 
-from conftest import REPO, SCIFACT, run_cli, running_server
+from benchmarks.benchmarks_common import running_server
+from conftest import REPO, SCIFACT, run_cli
 
 KEY = "documents-key-0123456789"
 MODES = ("dense", "lexical", "hybrid")

@@ -12,13 +12,10 @@ import shutil
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
-
-from cli import app
 from common.errors import PipelineError
 from common.store import Store
 from common.workspace import Workspace, model_fingerprint
-from conftest import TINY_TRAINING, read_metrics, scifact_slice
+from conftest import TINY_TRAINING, read_metrics, run_cli, scifact_slice
 from embed.run import EmbedSettings, run_embed, source_documents
 from embed.tune import TuneSettings, run_tune
 from index.build import build_index
@@ -125,7 +122,7 @@ def test_killed_tune_keeps_the_previous_embedder_until_its_model_is_in_place(kil
 def test_killed_pretrain_keeps_the_previous_model_and_resumes_to_the_same_losses(killer, trained_workspace, tmp_path, corpus_file):
     args = ["--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "8", "--checkpoint-every", "2"]
     straight = tmp_path / "straight"
-    cli("pretrain", "-w", str(straight), *args)
+    run_cli("pretrain", "-w", str(straight), *args)
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
     before, model_before = answers(ws, ("dense",)), model_fingerprint(ws / "model")
@@ -133,14 +130,14 @@ def test_killed_pretrain_keeps_the_previous_model_and_resumes_to_the_same_losses
     # Between the token files: a new run has started (the old checkpoints are gone), the old model is intact.
     killer.run("os:replace:train.bin", 1, "pretrain", "-w", str(ws), *args)
     assert not (ws / "checkpoints").exists()
-    assert cli("pretrain", "-w", str(ws), "--resume", code=2)
+    assert run_cli("pretrain", "-w", str(ws), "--resume", check=False).returncode == 2
     # In the middle of the third checkpoint (step 6): its tensors written, not its training state.
     killer.run("pretrain.train:atomic_write_json:train_state.json", 3, "pretrain", "-w", str(ws), *args)
     assert sorted(p.name for p in (ws / "checkpoints").iterdir()) == ["step_00000002", "step_00000004", "step_00000006.tmp"]
     # Resumed, then killed while swapping in the exported model.
     killer.run("pretrain.export:replace_directory", 1, "pretrain", "-w", str(ws), "--resume", "--no-adapt")
     assert model_fingerprint(ws / "model") == model_before and answers(ws, ("dense",)) == before
-    assert "resumed from" in cli("pretrain", "-w", str(ws), "--resume", "--no-adapt")
+    assert "resumed from" in run_cli("pretrain", "-w", str(ws), "--resume", "--no-adapt").stderr
     resumes = [m["step"] for m in read_metrics(ws) if m["event"] == "resume"]
     assert resumes == [4, 8]  # the half-written checkpoint of step 6 was passed over
     want = [m["loss"] for m in read_metrics(straight) if m["event"] == "train"]
@@ -149,9 +146,3 @@ def test_killed_pretrain_keeps_the_previous_model_and_resumes_to_the_same_losses
     np.testing.assert_allclose(got, want, rtol=1e-6)
     assert json.loads((ws / "manifest.json").read_text())["model"]["fingerprint"] == model_fingerprint(ws / "model") != model_before
 
-
-def cli(*args: str, code: int = 0) -> str:
-    """`pipeline ARGS` in this process (its libraries are loaded already); returns the output."""
-    result = CliRunner().invoke(app, list(args))
-    assert result.exit_code == code, result.output
-    return result.output

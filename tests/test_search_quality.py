@@ -173,6 +173,25 @@ def test_eval_scores_every_mode_with_pytrec_eval_and_sets_the_default(trained_wo
     assert search["chosen_by"] == "judged queries" and search["default_mode"] == best
 
 
+def test_hybrid_weight_is_the_middle_of_the_plateau():
+    from search.calibrate import plateau_weight
+
+    rng = np.random.default_rng(0)
+    base = rng.random(400)
+    # One weight clearly best: it is chosen.
+    clear = {0.1: base, 0.2: base + 0.2, 0.3: base}
+    assert plateau_weight(clear) == 0.2
+    # 0.1-0.4 differ per pair but equal on average (0.4 best by far less than a standard error), 0.5
+    # clearly worse: the median of the plateau, not its edge.
+    flat = {}
+    for w in (0.1, 0.2, 0.3, 0.4):
+        noise = rng.choice([-0.05, 0.05], 400)
+        flat[w] = base + noise - noise.mean()
+    flat[0.4] = flat[0.4] + 1e-3
+    flat[0.5] = base - 0.3
+    assert plateau_weight(flat) == 0.2
+
+
 def test_index_chooses_the_default_mode_on_held_out_corpus_pairs(trained_workspace):
     from common.heldout import is_held_out
 
@@ -181,7 +200,8 @@ def test_index_chooses_the_default_mode_on_held_out_corpus_pairs(trained_workspa
     assert search["chosen_by"] == "held-out corpus pairs" and search["embedder_fingerprint"] == manifest["index"]["embedder_fingerprint"]
     assert 0 < search["pairs"] <= search["collection_documents"] == manifest["embedder"]["documents"]
     scores = search["ndcg@10"]
-    assert all(0.0 <= v <= 1.0 for v in scores.values()) and scores["hybrid"] == max(search["hybrid_ndcg@10"].values())
+    assert all(0.0 <= v <= 1.0 for v in scores.values())
+    assert scores["hybrid"] == search["hybrid_ndcg@10"][str(search["dense_weight"])]
     assert scores[search["default_mode"]] == max(scores.values())
     assert SearchEngine(Workspace(trained_workspace), load_model=False).resolve_mode(None) == search["default_mode"]
     # The split is a fixed function of the id: about 5% of documents are held out, the same ones every time.

@@ -2,6 +2,7 @@
 import json
 import shutil
 import socket
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -10,7 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import run_cli, running_server
+from benchmarks.benchmarks_common import running_server
+from conftest import run_cli
 
 KEY = "test-key-0123456789"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -25,7 +27,7 @@ def workspace(trained_workspace, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(workspace):
-    with running_server(workspace, "--api-key", KEY) as base:
+    with running_server(workspace, "--api-key", KEY, output=subprocess.PIPE, timeout_s=180) as base:
         yield base
 
 
