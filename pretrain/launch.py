@@ -106,10 +106,13 @@ def failure_summary(failures: dict) -> str:
         return f.exitcode == -signal.SIGTERM or any(h in message(f).lower() for h in _PEER_FAILURE_HINTS)
 
     rank, failure = min(failures.items(), key=lambda item: (secondary(item[1]), item[1].timestamp, item[0]))
-    if failure.exitcode < 0:
-        cause = f"rank {rank} was killed by {failure.signal_name()}"
-    elif failure.error_file_data and message(failure):
+    # The exception a rank recorded is the cause even if the process then died by a signal: a rank that
+    # raised can still abort in teardown ("terminate called without an active exception" from a
+    # communication thread), which would otherwise hide what it raised.
+    if failure.error_file_data and message(failure):
         cause = f"rank {rank} raised {message(failure)}"
+    elif failure.exitcode < 0:
+        cause = f"rank {rank} was killed by {failure.signal_name()}"
     else:
         cause = f"rank {rank} exited with code {failure.exitcode}"
     others = len(failures) - 1
