@@ -109,7 +109,9 @@ def failure_summary(failures: dict) -> str:
     # The exception a rank recorded is the cause even if the process then died by a signal: a rank that
     # raised can still abort in teardown ("terminate called without an active exception" from a
     # communication thread), which would otherwise hide what it raised.
-    if failure.error_file_data and message(failure):
+    # (A rank killed outright has only the agent's "Signal 9 (SIGKILL) received by PID ..." as its message.)
+    raised = bool(failure.error_file_data) and bool(message(failure)) and not message(failure).startswith("Signal ")
+    if raised:
         cause = f"rank {rank} raised {message(failure)}"
     elif failure.exitcode < 0:
         cause = f"rank {rank} was killed by {failure.signal_name()}"
