@@ -277,7 +277,7 @@ class DocumentIn(BaseModel):
     model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{"id": "note-1", "title": "Vitamin D", "text": "Vitamin D and bone density.", "year": 2021}]})
     id: str = Field(..., min_length=1, max_length=500)
     title: str = Field("", max_length=2000)
-    text: str = Field(..., description="The text to chunk, embed and index.")
+    text: str = Field(..., pattern=r"\S", description="The text to chunk, embed and index (not empty: it is what search finds).")
 
 
 class UpsertRequest(BaseModel):

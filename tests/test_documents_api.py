@@ -81,6 +81,8 @@ def test_writes_need_the_key_and_bounded_valid_bodies(client):
     assert httpx.delete(f"{base}/documents/{NOTE['id']}").status_code == 401
     missing_text = client.post("/documents", json={"documents": [{"id": "x"}]})
     assert missing_text.status_code == 422 and "text" in missing_text.json()["error"]
+    blank_text = client.post("/documents", json={"documents": [{"id": "x", "text": " \n"}]})  # the fuzzer's 500, once
+    assert blank_text.status_code == 422 and "text" in blank_text.json()["error"]
     twice = client.post("/documents", json={"documents": [NOTE, NOTE]})
     assert twice.status_code == 422 and "appears twice" in twice.json()["error"]
     assert client.post("/documents", json={"documents": [{"id": f"d{i}", "text": "x"} for i in range(101)]}).status_code == 422
