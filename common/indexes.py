@@ -118,12 +118,17 @@ def update_from_store(ws: Workspace) -> dict:
         live = store.chunk_ids()
         base, reason = update_plan(ws, previous, embedder, previous["type"], live, rebuild=False)
         if base is None:
-            base_dir = ws.root / previous["lexical_path"] / "segment-0"
+            base_dir = base_segment_dir(ws, previous)
             if "base_vectors" not in previous or not base_dir.is_dir():
                 raise PipelineError(f"the index cannot be updated ({reason}): run `pipeline index`")
             base, reason = Segment.load(base_dir), f"update, though {reason.removeprefix('full build (').rstrip(')')}: `pipeline index` will rebuild"
         ids, vectors, chunk_rows = chunks_to_index(store, live, base)
     return record(ws, update(ws, previous, base, ids, vectors, chunk_rows, live, reason), embedder, live, generation)
+
+
+def base_segment_dir(ws: Workspace, previous: dict) -> Path:
+    """The last build's BM25 base: the first segment LexicalIndex.write writes."""
+    return ws.root / previous["lexical_path"] / "segment-0"
 
 
 def update_plan(ws: Workspace, previous: dict | None, embedder: dict, kind: str, live: np.ndarray,
@@ -142,7 +147,7 @@ def update_plan(ws: Workspace, previous: dict | None, embedder: dict, kind: str,
     wanted = choose_type(len(live))[0] if kind == "auto" else kind
     if wanted != previous["type"]:
         return None, f"full build ({wanted} index wanted, the last build is {previous['type']})"
-    base_dir = ws.root / previous["lexical_path"] / "segment-0"
+    base_dir = base_segment_dir(ws, previous)
     if not (ws.root / previous["path"]).exists() or not base_dir.is_dir():
         return None, "full build (the last build's files are missing)"
     base = Segment.load(base_dir)
