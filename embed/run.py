@@ -16,6 +16,7 @@ import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from common.console import err, info
+from common.default_corpus import DEFAULT_CORPUS_SOURCE, stdlib_documents
 from common.errors import PipelineError
 from common.ingest import chunk_and_embed, content_hash, document_rows
 from common.models import encode, load_embedder, text_tokenizer, token_limit
@@ -47,8 +48,7 @@ def source_documents(ws: Workspace, data: list[Path], text_field: str | None) ->
     sources = ws.read_manifest().get("tokenizer", {}).get("sources")
     if not sources:
         raise PipelineError("no --data given and the workspace records no pretraining data to reuse")
-    if sources == ["<python standard library docstrings>"]:
-        from pretrain.default_corpus import stdlib_documents  # the same built-in corpus pretrain used
+    if sources == [DEFAULT_CORPUS_SOURCE]:  # the same built-in corpus pretrain used
         info("no --data given: embedding the built-in corpus pretraining used")
         return stdlib_documents()
     info(f"no --data given: embedding the pretraining data ({', '.join(sources)})")

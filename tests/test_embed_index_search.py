@@ -181,3 +181,15 @@ def test_unknown_index_type_and_index_before_embed(tmp_path):
         build_index(Workspace(tmp_path), "annoy")
     with pytest.raises(PipelineError, match="has no embedder: run `pipeline embed` first"):
         build_index(Workspace(tmp_path), "flat")
+
+
+def test_embed_without_data_reads_the_built_in_corpus_when_pretraining_used_it(tmp_path):
+    """pretrain without --data records the built-in corpus's marker as its sources; embed (and tune) then
+    read that corpus again, from common/ (no stage imports another)."""
+    from common.default_corpus import DEFAULT_CORPUS_SOURCE
+    from embed.run import source_documents
+
+    ws = Workspace(tmp_path / "ws").create()
+    ws.update_manifest("tokenizer", {"sources": [DEFAULT_CORPUS_SOURCE]})
+    first = next(iter(source_documents(ws, [], None)))
+    assert first.id.startswith("stdlib:") and first.text
