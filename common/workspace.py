@@ -31,10 +31,6 @@ LOCK_WAIT_ENV = "PIPELINE_LOCK_WAIT"
 LOCK_WAIT_SECONDS = 30.0  # how long a writer waits for another one before giving up with an error
 
 
-def default_workspace() -> Path:
-    return Path(os.environ.get(WORKSPACE_ENV, "workspace"))
-
-
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary file in the same directory, then rename: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
