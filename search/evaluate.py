@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytrec_eval
 
+from common.console import info
 from common.errors import PipelineError
 from common.filters import DocumentFilter
 from common.readers import read_json_lines
@@ -68,6 +69,7 @@ def evaluate(engine: SearchEngine, queries: dict[str, str], qrels: dict[str, dic
     if not judged:
         raise PipelineError("no query in the qrels file has a text in the queries file (are the ids the same?)")
     mode = engine.resolve_mode(mode)
+    info(f"{mode}: searching {len(judged):,} judged queries (top {depth})")
     start = time.perf_counter()
     results = engine.search_many([queries[q] for q in judged], k=depth, mode=mode, filters=filters, dense_weight=dense_weight, names=judged)
     seconds = time.perf_counter() - start
