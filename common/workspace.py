@@ -108,6 +108,9 @@ def model_fingerprint(model_dir: Path) -> str:
 class Workspace:
     root: Path
 
+    def __post_init__(self):
+        object.__setattr__(self, "root", Path(self.root))  # a path given as text, e.g. from the Python API
+
     @property
     def manifest_path(self) -> Path:
         return self.root / "manifest.json"

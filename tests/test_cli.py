@@ -9,7 +9,7 @@ import pytest
 from common.models import embedding_text
 from common.store import Store
 
-from conftest import TINY_TRAINING, run_cli
+from conftest import REPO, TINY_TRAINING, run_cli
 
 
 def test_search_returns_one_ranked_row_per_document(trained_workspace, corpus_file):
@@ -239,3 +239,18 @@ def test_no_library_noise_reaches_the_user(corpus_file, tmp_path):
                  if "Warning" in line or "Computing widget examples" in line or "NoDuplicatesBatchSampler" in line or "%|" in line]
         assert noise == []
     assert "exported the model" in pretrain and "tuned in" in tune
+
+
+def test_the_readmes_python_api_example_runs(trained_workspace, tmp_path, monkeypatch, capsys):
+    """The README's Python API section, run as written against a workspace at ./workspace."""
+    readme = (REPO / "README.md").read_text()
+    code = readme.split("## Python API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "workspace").symlink_to(trained_workspace)  # the engine only reads it
+    monkeypatch.chdir(tmp_path)
+    names: dict = {}
+    exec(compile(code, "README.md", "exec"), names)
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in printed] == ["1", "2", "3", "4", "5"]
+    assert len(names["recent"]) == 5 and all(hit.metadata["year"] >= 2015 for hit in names["recent"])
+    document = names["document"]
+    assert document["doc_id"] == names["recent"][0].doc_id and document["text"] and document["metadata"]["year"] >= 2015
