@@ -138,9 +138,17 @@ def command_names() -> list[str]:
 
 
 def test_top_level_help_lists_every_command_one_per_line():
+    """Each command on a line of its own with its whole summary (they were cut with "..."), and the first
+    run's commands as written (they ran together into one paragraph)."""
+    import cli
+
     help_text = run_cli("--help").stdout
-    listed = [line.split()[0] for line in help_text.split("Commands:")[1].splitlines() if line.startswith("  ") and not line.startswith("   ")]
+    commands = help_text.split("Commands:")[1]
+    listed = [line.split()[0] for line in commands.splitlines() if line.startswith("  ") and not line.startswith("   ")]
     assert listed == command_names() and "plan" in listed
+    assert "..." not in commands and all(" ".join(c.short_help.split()) in " ".join(commands.split()) for c in cli.app.registered_commands)
+    first_run = [line.strip() for line in cli.__doc__.splitlines() if line.strip().startswith("pipeline ")]
+    assert len(first_run) == 3 and all(line in [printed.strip() for printed in help_text.splitlines()] for line in first_run)
     assert "--version" in help_text and "--workspace" in help_text and "--install-completion" in help_text
 
 
