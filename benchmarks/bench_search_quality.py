@@ -125,6 +125,20 @@ def load_test(ws: Path, requests: int, concurrency: int, mode: str | None) -> di
             "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], "mean_ms": 1000 * statistics.fmean(ordered)}
 
 
+def targets(rows: dict) -> dict:
+    """The search-quality issue's targets against this run's own rows (lexical is the same-run baseline)."""
+    chain = rows["default chain"]
+    found = {"default >= 0.70": [chain["default"]["ndcg@10"], chain["default"]["ndcg@10"] >= 0.70],
+             "default >= lexical + 0.02": [chain["default"]["ndcg@10"] - chain["lexical"]["ndcg@10"],
+                                           chain["default"]["ndcg@10"] - chain["lexical"]["ndcg@10"] >= 0.02],
+             "dense >= 0.58": [chain["dense"]["ndcg@10"], chain["dense"]["ndcg@10"] >= 0.58]}
+    random_init = rows.get("random init (--max-steps 0)")
+    if random_init:
+        gap = chain["dense"]["ndcg@10"] - random_init["dense"]["ndcg@10"]
+        found["dense >= random init + 0.03"] = [gap, gap >= 0.03]
+    return {name: {"value": value, "met": met} for name, (value, met) in found.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "bench-search-quality")
@@ -158,6 +172,7 @@ def main() -> None:
     if args.requests:
         log("load test")
         result["server_load"] = load_test(default_ws, args.requests, args.concurrency, None)
+    result["targets"] = targets(result["rows"])
     write_result("search_quality", result)
     print("\n| run | lexical | dense | hybrid | default (mode) |\n|---|---|---|---|---|")
     for name, rows in result["rows"].items():

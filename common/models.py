@@ -83,18 +83,43 @@ def embedding_text(title: str, text: str) -> str:
 
 def encode(model, texts: list[str], batch_size: int = 64, on_batch: Callable[[int], None] | None = None) -> np.ndarray:
     """L2-normalised float32 embeddings: inner product = cosine similarity in the index. With on_batch,
-    the texts are encoded one batch at a time, longest first (the batches sentence-transformers makes
-    itself), and on_batch(number of texts encoded so far) is called after each."""
-    if on_batch is None or len(texts) <= batch_size:
-        vectors = model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
-                               convert_to_numpy=True, show_progress_bar=False)
-        if on_batch is not None:
-            on_batch(len(texts))
-        return np.asarray(vectors, dtype=np.float32)
-    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-    vectors = np.zeros((len(texts), model.get_embedding_dimension()), np.float32)
-    for start in range(0, len(texts), batch_size):
-        batch = order[start:start + batch_size]
-        vectors[batch] = encode(model, [texts[i] for i in batch], batch_size)
-        on_batch(start + len(batch))
+    on_batch(number of texts encoded so far) is called after each batch: a transformer's texts are encoded
+    one batch at a time, longest first (the batches sentence-transformers makes itself), a static model's
+    STATIC_BATCH_TEXTS at a time (a tokenizer call each)."""
+    static = is_static(model)
+    step = STATIC_BATCH_TEXTS if static else batch_size
+    if on_batch is not None and len(texts) > step:
+        order = list(range(len(texts))) if static else sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        vectors = np.zeros((len(texts), model.get_embedding_dimension()), np.float32)
+        for start in range(0, len(texts), step):
+            batch = order[start:start + step]
+            vectors[batch] = encode(model, [texts[i] for i in batch], batch_size)
+            on_batch(start + len(batch))
+        return vectors
+    if static:
+        vectors = encode_static(model, texts)
+    else:
+        vectors = np.asarray(model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
+                                          convert_to_numpy=True, show_progress_bar=False), dtype=np.float32)
+    if on_batch is not None:
+        on_batch(len(texts))
     return vectors
+
+
+STATIC_BATCH_TEXTS = 1024  # texts per tokenizer call (it tokenizes a batch in parallel)
+
+
+def encode_static(model, texts: list[str]) -> np.ndarray:
+    """What `model.encode(texts, normalize_embeddings=True)` gives for a static embedding (the mean of each
+    text's token vectors, L2-normalised), without sentence-transformers' per-call machinery: one query costs
+    0.07 ms instead of 1.5 ms. The same tokenizer call as StaticEmbedding's; an empty text is all zeros."""
+    module = model[0]
+    table = module.embedding.weight.detach().numpy()
+    out = np.zeros((len(texts), table.shape[1]), np.float32)
+    for start in range(0, len(texts), STATIC_BATCH_TEXTS):
+        encodings = module.tokenizer.encode_batch(texts[start:start + STATIC_BATCH_TEXTS], add_special_tokens=False)
+        for i, encoding in enumerate(encodings, start):
+            if encoding.ids:
+                out[i] = table[encoding.ids].mean(axis=0)
+    out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+    return out

@@ -223,3 +223,19 @@ def test_embed_progress_moves_with_every_encoded_batch(trained_workspace, corpus
     batches = -(-summary["embedded_chunks"] // 16)
     assert batches > 2 and len(completed) == batches + 1  # each batch, then the stored group
     assert completed == sorted(completed) and 0 < completed[0] < 120 and completed[-1] == 120
+
+
+def test_a_static_embedder_reports_progress_per_tokenizer_batch_with_the_same_vectors(trained_workspace, tmp_path):
+    from common.models import STATIC_BATCH_TEXTS, encode, load_embedder
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(trained_workspace / "model" / "tokenizer.json"))
+    SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_dim=16)]).save(str(tmp_path / "static"))
+    model = load_embedder(tmp_path / "static")
+    texts = [f"cells and tumour growth {i}" for i in range(STATIC_BATCH_TEXTS + 10)]
+    seen = []
+    vectors = encode(model, texts, on_batch=seen.append)
+    assert seen == [STATIC_BATCH_TEXTS, STATIC_BATCH_TEXTS + 10]
+    np.testing.assert_allclose(vectors, encode(model, texts), atol=1e-6)
