@@ -1,45 +1,138 @@
-"""`pipeline`: from raw documents to semantic search.
+"""From raw documents to semantic search, with one workspace.
 
-    pipeline pretrain            tokenizer + GPT-2 trained on your documents
-    pipeline embed               chunk and embed documents into the workspace's DuckDB
-    pipeline index               build the FAISS index over the stored vectors
-    pipeline search "query"      ranked documents for a query (dense, lexical or hybrid)
-    pipeline eval                nDCG@10, Recall@100, MRR@10 on BEIR-format queries and judgements
-    pipeline tune                contrastive fine-tuning of the model into a sentence embedder
-    pipeline serve               HTTP API and web page for search
-    pipeline status              what the workspace holds, and whether it is consistent
+\b
+A first run, on your own documents:
+    pipeline pretrain --data docs/     # tokenizer + GPT-2 on them, adapted to retrieval
+    pipeline embed && pipeline index   # chunks and vectors into DuckDB; FAISS and BM25
+    pipeline search "query"            # ranked documents
 
-Every stage reads and writes the workspace (--workspace, or $PIPELINE_WORKSPACE, default ./workspace).
+Every command reads and writes the workspace: --workspace DIR (before the command or after it),
+else $PIPELINE_WORKSPACE, else ./workspace. Each command's --help has examples.
 """
 from __future__ import annotations
 
 import functools
 import json
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 import typer
-from rich.text import Text
+from typer.core import TyperGroup
 
-from common.console import err, info, out
+from common.console import err, info, out, quiet_libraries
 from common.errors import PipelineError
 from common.workspace import WORKSPACE_ENV, Workspace
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, rich_markup_mode=None, pretty_exceptions_show_locals=False)
+try:  # typer vendors click from 0.2x on; before, it used click itself
+    from typer._click.exceptions import BadParameter, NoArgsIsHelpError, UsageError
+except ImportError:  # pragma: no cover
+    from click.exceptions import BadParameter, NoArgsIsHelpError, UsageError
 
-WorkspaceOption = Annotated[Path, typer.Option("--workspace", "-w", envvar=WORKSPACE_ENV, help="Workspace directory.")]
-DataOption = Annotated[Optional[list[Path]], typer.Option("--data", "-d", help="File or directory (.txt .md .jsonl .json .csv .parquet); repeatable.")]
-TextFieldOption = Annotated[Optional[str], typer.Option(help="Field holding the text in structured files (auto-detected by default).")]
+
+class OneLineUsageError(UsageError):
+    """A usage error (an unknown option, an invalid choice, a missing argument) printed as one line, as
+    every other input error is, instead of click's usage block."""
+
+    def show(self, file=None) -> None:
+        where = f"; see `{self.ctx.command_path} --help`" if self.ctx is not None else ""
+        err.print(f"error: {self.message}{where}", style="red")
+
+
+@contextmanager
+def one_line_usage_errors():
+    try:
+        yield
+    except NoArgsIsHelpError:
+        raise
+    except UsageError as e:
+        if isinstance(e, OneLineUsageError):
+            raise
+        message = e.format_message()
+        if type(e) is BadParameter and e.param is not None and e.param.param_type_name == "option":
+            message = f"{max(e.param.opts, key=len)}: {e.message}"  # "--mode: ..." rather than "Invalid value for '--mode': ..."
+        # typer validates through pydantic, whose messages carry its "Value error, " prefix.
+        raise OneLineUsageError(message.replace("Value error, ", "").rstrip("."), e.ctx) from None
+
+
+class Commands(TyperGroup):
+    """The command group: its own parsing and each command's report usage errors in one line."""
+
+    def make_context(self, *args, **kwargs):
+        with one_line_usage_errors():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx):
+        with one_line_usage_errors():
+            return super().invoke(ctx)
+
+
+app = typer.Typer(cls=Commands, help=__doc__, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_show_locals=False)
+
+# Choices, as each stage spells them (tests/test_cli.py checks they agree); the CLI doesn't import the
+# stages to read them, so that `pipeline --help` and light commands start fast.
+Preset = Literal["tiny", "small", "medium", "large"]
+Strategy = Literal["single", "ddp", "fsdp", "tp", "pp", "hybrid", "auto"]
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zero-bubble", "zbv"]
+IndexType = Literal["auto", "flat", "hnsw", "ivf", "ivfpq"]
+SearchMode = Literal["dense", "lexical", "hybrid"]
+EvalMode = Literal["dense", "lexical", "hybrid", "all"]
+Architecture = Literal["static", "transformer"]
+Pooling = Literal["mean", "weightedmean", "lasttoken"]
+PAIR_KINDS = ("title", "ict", "neighbours", "dropout")
+
+
+def command_workspace(ctx: typer.Context, param: typer.CallbackParam, value: Path) -> Path:
+    """A command's --workspace: given to the command, else given before it (`pipeline -w DIR search ...`),
+    else $PIPELINE_WORKSPACE, else ./workspace."""
+    source = ctx.get_parameter_source(param.name)
+    given_before = ctx.find_root().params.get("workspace")
+    if given_before is not None and (source is None or source.name != "COMMANDLINE"):
+        return given_before
+    return value
+
+
+def pair_kinds(value: str) -> str:
+    unknown = [k for k in (k.strip() for k in value.split(",")) if k and k not in PAIR_KINDS]
+    if unknown:
+        raise typer.BadParameter(f"unknown kind '{', '.join(unknown)}' (choose from {', '.join(PAIR_KINDS)})")
+    return value
+
+
+def complete_pair_kinds(incomplete: str) -> list[str]:
+    """The comma-separated list so far, completed with each kind its last item can still become."""
+    done, _, last = incomplete.rpartition(",")
+    chosen = done.split(",") if done else []
+    return [",".join([*chosen, kind]) for kind in PAIR_KINDS if kind.startswith(last) and kind not in chosen]
+
+
+WorkspaceOption = Annotated[Path, typer.Option("--workspace", "-w", envvar=WORKSPACE_ENV, metavar="DIR", callback=command_workspace,
+                                               help="Workspace directory (also accepted before the command).")]
+DataOption = Annotated[Optional[list[Path]], typer.Option("--data", "-d", metavar="PATH", help="File or directory (.txt .md .jsonl .json .csv .parquet); repeatable.")]
+TextFieldOption = Annotated[Optional[str], typer.Option(metavar="FIELD", help="Field holding the text in structured files (auto-detected by default).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
-ModeOption = Annotated[Optional[str], typer.Option(help="dense, lexical or hybrid (default: what `pipeline eval --set-default` measured best, else lexical).")]
-WhereOption = Annotated[Optional[str], typer.Option(help="Only documents for which this DuckDB SQL condition holds, over their metadata fields (the columns of the input files), doc_id, title and source, e.g. \"year >= 2015 AND journal = 'Nature'\".")]
+ModeOption = Annotated[Optional[SearchMode], typer.Option(help="Retriever (default: the mode `pipeline index` or `pipeline eval --set-default` measured best, else lexical).")]
+WhereOption = Annotated[Optional[str], typer.Option(metavar="SQL", help="Only documents for which this DuckDB SQL condition holds, over their metadata fields (the columns of the input files), doc_id, title and source, e.g. \"year >= 2015 AND journal = 'Nature'\".")]
 DenseWeightOption = Annotated[Optional[float], typer.Option(help="Hybrid only: weight of the dense ranking in the fusion (lexical gets 1 - it) [default: the workspace's, set by eval --set-default, else 0.5].")]
 
 
+def show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        out.print(f"pipeline {version('embedding-pipeline')}")
+        raise typer.Exit()
+
+
 @app.callback()
-def root() -> None:
+def root(
+    workspace: Annotated[Optional[Path], typer.Option("--workspace", "-w", metavar="DIR", show_default=False,
+                                                      help="Workspace directory for the command that follows [default: $PIPELINE_WORKSPACE, else ./workspace].")] = None,
+    version: Annotated[bool, typer.Option("--version", callback=show_version, is_eager=True, help="Print the version and exit.")] = False,
+) -> None:
     """Embedding pipeline: pretrain -> embed -> index -> search."""
+    quiet_libraries()
 
 
 def user_errors(command):
@@ -54,14 +147,14 @@ def user_errors(command):
     return wrapper
 
 
-@app.command()
+@app.command(short_help="tokenizer + GPT-2 trained on your documents, adapted to retrieval")
 @user_errors
 def pretrain(
     workspace: WorkspaceOption = Path("workspace"),
     data: DataOption = None,
     text_field: TextFieldOption = None,
-    preset: Annotated[Optional[str], typer.Option(help="Model shape: tiny, small (124M), medium (355M), large (774M) (default: sized to the data, the machine and --time-budget).")] = None,
-    time_budget: Annotated[str, typer.Option(help="Without --preset/--max-steps/--tokens: time for pretraining, model size and tokens chosen to fit (e.g. 90s, 15m, 1h).")] = "12m",
+    preset: Annotated[Optional[Preset], typer.Option(help="Model shape: tiny, small (124M), medium (355M), large (774M) (default: sized to the data, the machine and --time-budget).")] = None,
+    time_budget: Annotated[str, typer.Option(metavar="DURATION", help="Without --preset/--max-steps/--tokens: time for pretraining, model size and tokens chosen to fit (e.g. 90s, 15m, 1h).")] = "12m",
     max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps (default: the preset's); 0 exports the model at initialisation (an untrained baseline).")] = None,
     tokens: Annotated[Optional[int], typer.Option(help="Train on this many tokens instead of --max-steps.")] = None,
     seq_len: Annotated[Optional[int], typer.Option(help="Tokens per training sequence.")] = None,
@@ -82,13 +175,13 @@ def pretrain(
     node_rank: Annotated[int, typer.Option(help="This node's rank (multi-node).")] = 0,
     master_addr: Annotated[Optional[str], typer.Option(help="Address of node 0 (multi-node).")] = None,
     master_port: Annotated[Optional[int], typer.Option(help="Port on node 0 (multi-node).")] = None,
-    strategy: Annotated[Optional[str], typer.Option(help="single, ddp, fsdp, tp, pp, hybrid, or auto (the planner's top plan; see pipeline plan) (default: from the degrees).")] = None,
+    strategy: Annotated[Optional[Strategy], typer.Option(help="Parallelism; auto is the planner's top plan (see pipeline plan) (default: from the degrees).")] = None,
     dp: Annotated[Optional[int], typer.Option(help="Data-parallel degree (DDP for ddp, FSDP otherwise).")] = None,
     dp_replicate: Annotated[Optional[int], typer.Option(help="Replicate degree (with --dp-shard: HSDP).")] = None,
     dp_shard: Annotated[Optional[int], typer.Option(help="FSDP shard degree.")] = None,
     tp: Annotated[Optional[int], typer.Option(help="Tensor-parallel degree.")] = None,
     pp: Annotated[Optional[int], typer.Option(help="Pipeline-parallel degree.")] = None,
-    pp_schedule: Annotated[str, typer.Option(help="gpipe, 1f1b, interleaved-1f1b, looped-bfs, zero-bubble or zbv.")] = "1f1b",
+    pp_schedule: Annotated[PipelineSchedule, typer.Option(help="Pipeline schedule.")] = "1f1b",
     microbatches: Annotated[Optional[int], typer.Option(help="Pipeline microbatches per step (default: --pp).")] = None,
     stages_per_rank: Annotated[Optional[int], typer.Option(help="Pipeline stages per rank (multi-stage schedules; default 2).")] = None,
     pp_split: Annotated[Optional[str], typer.Option(help="Layers per pipeline stage, e.g. 5,3 (default: even).")] = None,
@@ -111,28 +204,18 @@ def pretrain(
 
     Examples:
 
+    \b
         pipeline pretrain --data docs/                     # model and tokens sized to the data and this machine
-
         pipeline pretrain --data docs/ --time-budget 1h    # a longer budget: a larger model, more epochs
-
         pipeline pretrain --preset tiny                    # tiny model on the built-in corpus
-
         pipeline pretrain --data docs/ --preset tiny --max-steps 500
-
         pipeline pretrain --data corpus.jsonl --text-field body --tokens 2000000
-
         pipeline pretrain --data docs/ --max-steps 0       # the model at initialisation (ablation baseline)
-
         pipeline pretrain --resume                         # continue after an interruption
-
         pipeline pretrain --nproc 4 --strategy fsdp        # 4 processes (torchrun), sharded data parallel
-
         pipeline pretrain --nproc 4 --strategy hybrid --dp 2 --pp 2 --pp-schedule interleaved-1f1b
-
         pipeline pretrain --nproc 4 --strategy auto               # the planner's top plan, and why
-
         pipeline pretrain --nproc 4 --strategy auto --autotune 3  # measure the top 3, keep the fastest
-
         pipeline pretrain --ray auto --nproc 8 --strategy hybrid --dp 4 --pp 2 --max-failures 3
     """
     import torch
@@ -247,7 +330,7 @@ def pretrain(
         out.print_json(json.dumps(summary))
 
 
-@app.command()
+@app.command(short_help="chunk and embed documents into the workspace's DuckDB store")
 @user_errors
 def embed(
     workspace: WorkspaceOption = Path("workspace"),
@@ -265,12 +348,10 @@ def embed(
 
     Examples:
 
+    \b
         pipeline embed                                   # the documents pretraining used
-
         pipeline embed --data docs/ --prune              # sync with a folder
-
         pipeline embed --data corpus.jsonl --model ~/models/all-MiniLM-L6-v2
-
         pipeline embed --data corpus.jsonl --ray auto    # model actors on every node of a Ray cluster
     """
     from embed.run import EmbedSettings, run_embed
@@ -283,11 +364,11 @@ def embed(
         out.print_json(json.dumps(summary))
 
 
-@app.command()
+@app.command(short_help="build or update the FAISS and BM25 indexes")
 @user_errors
 def index(
     workspace: WorkspaceOption = Path("workspace"),
-    index_type: Annotated[str, typer.Option("--type", help="auto, flat (exact), hnsw, ivf or ivfpq.")] = "auto",
+    index_type: Annotated[IndexType, typer.Option("--type", help="FAISS index type: flat is exact; auto is flat below 50,000 vectors, HNSW above.")] = "auto",
     rebuild: Annotated[bool, typer.Option("--rebuild", help="Build in full even when the last build could be updated.")] = False,
     json_output: JsonOption = False,
 ):
@@ -303,8 +384,8 @@ def index(
 
     Examples:
 
+    \b
         pipeline index                 # exact below 50k vectors, HNSW above
-
         pipeline index --type ivfpq    # compressed; prints recall@10 against exact search
     """
     from common.models import load_embedder
@@ -321,17 +402,17 @@ def index(
         out.print_json(json.dumps(summary))
 
 
-@app.command()
+@app.command(short_help="ranked documents for a query: dense, lexical or hybrid")
 @user_errors
 def search(
-    query: Annotated[str, typer.Argument(help="What to look for.")],
+    query: Annotated[str, typer.Argument(metavar="QUERY", help="What to look for.")],
     workspace: WorkspaceOption = Path("workspace"),
     k: Annotated[int, typer.Option("-k", help="Number of documents to return.")] = 10,
     mode: ModeOption = None,
     dense_weight: DenseWeightOption = None,
     where: WhereOption = None,
-    source: Annotated[Optional[str], typer.Option(help="Only documents whose source file matches this glob, absolute or relative to the current directory, e.g. 'docs/*.md'.")] = None,
-    title: Annotated[Optional[str], typer.Option(help="Only documents whose title contains this text (case-insensitive).")] = None,
+    source: Annotated[Optional[str], typer.Option(metavar="GLOB", help="Only documents whose source file matches this glob, absolute or relative to the current directory, e.g. 'docs/*.md'.")] = None,
+    title: Annotated[Optional[str], typer.Option(metavar="TEXT", help="Only documents whose title contains this text (case-insensitive).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="One JSON object per result line (with the document's metadata and the snippet's highlighted character ranges).")] = False,
 ):
     """Search the indexed documents; one row per document, with the passage of its best chunk that best
@@ -339,15 +420,14 @@ def search(
 
     Examples:
 
+    \b
         pipeline search "how do I parse command line options"
-
         pipeline search "vitamin D and bone density" -k 5 --json
-
         pipeline search "bone density" --mode lexical --source 'papers/*.jsonl'
-
         pipeline search "bone density" --where "year >= 2015 AND journal IN ('Nature', 'Cell')"
     """
     from rich.table import Table
+    from rich.text import Text
 
     from search.engine import SearchEngine, short_text
 
@@ -380,13 +460,13 @@ def command_line_filter(where: str | None, source: str | None = None, title: str
     return DocumentFilter.of(structured, where)
 
 
-@app.command(name="eval")
+@app.command(name="eval", short_help="nDCG@10, Recall@100, MRR@10 on judged (BEIR-format) queries")
 @user_errors
 def eval_command(
     queries: Annotated[Path, typer.Option(help="BEIR queries.jsonl: {\"_id\": ..., \"text\": ...} per line.")],
     qrels: Annotated[Path, typer.Option(help="BEIR qrels .tsv: query-id, corpus-id, score (header line optional).")],
     workspace: WorkspaceOption = Path("workspace"),
-    mode: Annotated[Optional[str], typer.Option(help="dense, lexical, hybrid, or all (default: the search default).")] = None,
+    mode: Annotated[Optional[EvalMode], typer.Option(help="Retriever, or all of them (default: the search default).")] = None,
     k: Annotated[int, typer.Option("-k", help="Documents retrieved per query (Recall@100 needs 100).")] = 100,
     dense_weight: DenseWeightOption = None,
     where: WhereOption = None,
@@ -397,12 +477,10 @@ def eval_command(
 
     Examples:
 
+    \b
         pipeline eval --queries scifact/queries.jsonl --qrels scifact/qrels/test.tsv
-
         pipeline eval --queries q.jsonl --qrels qrels.tsv --mode all --json
-
         pipeline eval --queries q.jsonl --qrels qrels.tsv --mode all --set-default
-
         pipeline eval --queries q.jsonl --qrels qrels.tsv --where "year >= 2015"   # on a part of the collection
     """
     from search.engine import SearchEngine
@@ -431,17 +509,18 @@ def eval_command(
                   f"({r['queries']} queries, {r['queries_per_s']:.1f}/s)")
 
 
-@app.command()
+@app.command(short_help="tune the pretrained model into a sentence embedder (contrastive)")
 @user_errors
 def tune(
     workspace: WorkspaceOption = Path("workspace"),
     data: DataOption = None,
     text_field: TextFieldOption = None,
-    pairs_from: Annotated[str, typer.Option(help="Pairs the corpus gives, comma-separated: title, ict, neighbours, dropout.")] = "title,ict,neighbours",
+    pairs_from: Annotated[str, typer.Option(metavar="KIND,...", callback=pair_kinds, autocompletion=complete_pair_kinds,
+                                            help="Pairs the corpus gives, comma-separated kinds: title, ict, neighbours, dropout.")] = "title,ict,neighbours",
     hard_negatives: Annotated[bool, typer.Option("--hard-negatives/--no-hard-negatives", help="Give each pair a negative mined with BM25 (a document sharing the anchor's words that is not its own).")] = True,
     pairs: Annotated[Optional[Path], typer.Option(help="Labelled pairs, JSON lines: {\"query\": ..., \"document\": text} or {\"query\": ..., \"doc_id\": ...}.")] = None,
-    architecture: Annotated[str, typer.Option(help="static (the GPT-2's token embeddings, mean of a text's tokens; fast, best on CPU) or transformer (the whole GPT-2 plus pooling).")] = "static",
-    pooling: Annotated[str, typer.Option(help="With --architecture transformer: mean, weightedmean (position-weighted, SGPT) or lasttoken.")] = "mean",
+    architecture: Annotated[Architecture, typer.Option(help="static (the GPT-2's token embeddings, mean of a text's tokens; fast, best on CPU) or transformer (the whole GPT-2 plus pooling).")] = "static",
+    pooling: Annotated[Pooling, typer.Option(help="With --architecture transformer: mean, weightedmean (position-weighted, SGPT) or lasttoken.")] = "mean",
     dimensions: Annotated[int, typer.Option(help="With --architecture static: the width of its token vectors (the pretrained model's, then random ones).")] = 1024,
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 500,
     batch_size: Annotated[int, typer.Option(help="Pairs per batch; the other pairs are each one's negatives.")] = 128,
@@ -463,12 +542,10 @@ def tune(
 
     Examples:
 
+    \b
         pipeline tune                                    # the documents pretraining used
-
         pipeline tune --architecture transformer --data docs/ --steps 1000 --pooling weightedmean
-
         pipeline tune --pairs labelled.jsonl --batch-size 256 --mini-batch 32
-
         pipeline tune && pipeline embed && pipeline index
     """
     from embed.run import source_documents
@@ -484,7 +561,7 @@ def tune(
         out.print_json(json.dumps(summary))
 
 
-@app.command()
+@app.command(short_help="HTTP API and web page for search and document writes")
 @user_errors
 def serve(
     workspace: WorkspaceOption = Path("workspace"),
@@ -499,8 +576,8 @@ def serve(
 
     Examples:
 
+    \b
         pipeline serve                                   # http://127.0.0.1:8000/
-
         pipeline serve --port 9000 --api-key s3cret      # then: curl -H 'X-API-Key: s3cret' 'localhost:9000/search?q=cancer'
     """
     from search.serve import run_server
@@ -508,17 +585,19 @@ def serve(
     run_server(Workspace(workspace), host, port, api_key)
 
 
-@app.command()
+@app.command(short_help="what the workspace holds, and whether it is consistent")
 @user_errors
 def status(workspace: WorkspaceOption = Path("workspace"), json_output: JsonOption = False):
     """What the workspace holds, and whether tokenizer, model, vectors and index belong together.
 
     Examples:
 
+    \b
         pipeline status
-
         pipeline status --json
     """
+    from rich.text import Text
+
     from common.status import workspace_status
 
     report = workspace_status(Workspace(workspace))
@@ -535,11 +614,11 @@ def status(workspace: WorkspaceOption = Path("workspace"), json_output: JsonOpti
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(short_help="rank parallel training plans by predicted step time and memory")
 @user_errors
 def plan(
     workspace: WorkspaceOption = Path("workspace"),
-    preset: Annotated[str, typer.Option(help="Model shape: tiny, small (124M), medium (355M), large (774M).")] = "small",
+    preset: Annotated[Preset, typer.Option(help="Model shape: tiny, small (124M), medium (355M), large (774M).")] = "small",
     model_config: Annotated[Optional[Path], typer.Option(help="JSON model shape instead of --preset (our fields, or a Hugging Face GPT-2 config.json).")] = None,
     seq_len: Annotated[Optional[int], typer.Option(help="Tokens per sequence (default: the preset's).")] = None,
     global_batch: Annotated[Optional[int], typer.Option(help="Sequences per optimizer step (default: the preset's).")] = None,
@@ -561,12 +640,10 @@ def plan(
 
     Examples:
 
+    \b
         pipeline plan --preset tiny --nproc 2                 # measure this machine with 2 processes
-
         pipeline plan --preset large --cluster two_sites.toml --seq-len 1024 --global-batch 64
-
         pipeline plan --model-config workspace/model/config.json --nproc 4 --json
-
         pipeline plan --preset medium --cluster cluster.toml --tp 1      # only plans without TP
     """
     from rich.table import Table

@@ -217,4 +217,5 @@ def remove_other_files(index_dir: Path, keep: set[str]) -> None:
 
 
 def load_index(path: Path) -> faiss.Index:
+    """A FAISS index file, read whole and deserialised (what search and the server use)."""
     return faiss.deserialize_index(np.fromfile(path, dtype=np.uint8))

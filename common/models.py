@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
+from common.console import info
 from common.errors import PipelineError
 
 # Chunk length for models without a token limit (static embeddings), the common 512 of passage
@@ -24,6 +26,7 @@ def load_embedder(path: Path, device: str | None = None):
     if not (path / "config.json").exists() and not (path / "modules.json").exists():
         raise PipelineError(f"{path}: not a model directory (no config.json or modules.json)")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    info(f"loading the embedding model {path}")
     model = SentenceTransformer(str(path), device=device, local_files_only=True)
     ensure_pad_token(model.tokenizer)
     return model
@@ -78,13 +81,29 @@ def embedding_text(title: str, text: str) -> str:
     return f"{title}\n{text}" if title else text
 
 
-def encode(model, texts: list[str], batch_size: int = 64) -> np.ndarray:
-    """L2-normalised float32 embeddings: inner product = cosine similarity in the index."""
-    if is_static(model):
-        return encode_static(model, texts)
-    vectors = model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
-                           convert_to_numpy=True, show_progress_bar=False)
-    return np.asarray(vectors, dtype=np.float32)
+def encode(model, texts: list[str], batch_size: int = 64, on_batch: Callable[[int], None] | None = None) -> np.ndarray:
+    """L2-normalised float32 embeddings: inner product = cosine similarity in the index. With on_batch,
+    on_batch(number of texts encoded so far) is called after each batch: a transformer's texts are encoded
+    one batch at a time, longest first (the batches sentence-transformers makes itself), a static model's
+    STATIC_BATCH_TEXTS at a time (a tokenizer call each)."""
+    static = is_static(model)
+    step = STATIC_BATCH_TEXTS if static else batch_size
+    if on_batch is not None and len(texts) > step:
+        order = list(range(len(texts))) if static else sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        vectors = np.zeros((len(texts), model.get_embedding_dimension()), np.float32)
+        for start in range(0, len(texts), step):
+            batch = order[start:start + step]
+            vectors[batch] = encode(model, [texts[i] for i in batch], batch_size)
+            on_batch(start + len(batch))
+        return vectors
+    if static:
+        vectors = encode_static(model, texts)
+    else:
+        vectors = np.asarray(model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
+                                          convert_to_numpy=True, show_progress_bar=False), dtype=np.float32)
+    if on_batch is not None:
+        on_batch(len(texts))
+    return vectors
 
 
 STATIC_BATCH_TEXTS = 1024  # texts per tokenizer call (it tokenizes a batch in parallel)

@@ -156,14 +156,18 @@ def json_value(value):
 
 def _kind(value: object) -> str:
     """What a value is, in JSON's words where it has them."""
-    names = {bool: "a boolean", int: "a number", float: "a number", dict: "an object", list: "an array"}
+    names = {bool: "a boolean", int: "a number", float: "a number", dict: "an object", list: "an array", str: "a string",
+             type(None): "null"}
     return names.get(type(value), f"a value of type {type(value).__name__}")
 
 
-def _read_jsonl(file: Path, text_field: str | None) -> Iterator[tuple[Document, str]]:
-    with open(file, "rb") as f:
+def read_json_lines(path: Path) -> Iterator[tuple[int, dict]]:
+    """Each non-blank line of a JSON-lines file as (line number, object): the one reader of every `.jsonl`
+    input (documents, eval's queries, tune's labelled pairs). A line that is not UTF-8, not JSON or not a
+    JSON object is an error naming file:line."""
+    with open(path, "rb") as f:
         for line_no, raw in enumerate(f, start=1):
-            where = f"{file}:{line_no}"
+            where = f"{path}:{line_no}"
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -171,14 +175,20 @@ def _read_jsonl(file: Path, text_field: str | None) -> Iterator[tuple[Document, 
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line.rstrip("\r\n"))  # without its line ending, so an error at its end is in its columns
             except json.JSONDecodeError as e:
                 raise PipelineError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(row, dict):
-                raise PipelineError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            doc = _row_to_document(row, file, where, f"{file.name}:{line_no}", text_field)
-            if doc is not None:
-                yield doc, where
+                raise PipelineError(f"{where}: expected a JSON object, got {_kind(row)}")
+            yield line_no, row
+
+
+def _read_jsonl(file: Path, text_field: str | None) -> Iterator[tuple[Document, str]]:
+    for line_no, row in read_json_lines(file):
+        where = f"{file}:{line_no}"
+        doc = _row_to_document(row, file, where, f"{file.name}:{line_no}", text_field)
+        if doc is not None:
+            yield doc, where
 
 
 _DUCKDB_READERS = {".json": "read_json_auto", ".csv": "read_csv_auto", ".parquet": "read_parquet"}

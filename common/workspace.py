@@ -31,10 +31,6 @@ LOCK_WAIT_ENV = "PIPELINE_LOCK_WAIT"
 LOCK_WAIT_SECONDS = 30.0  # how long a writer waits for another one before giving up with an error
 
 
-def default_workspace() -> Path:
-    return Path(os.environ.get(WORKSPACE_ENV, "workspace"))
-
-
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary file in the same directory, then rename: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -111,6 +107,9 @@ def model_fingerprint(model_dir: Path) -> str:
 @dataclass(frozen=True)
 class Workspace:
     root: Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "root", Path(self.root))  # a path given as text, e.g. from the Python API
 
     @property
     def manifest_path(self) -> Path:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from common.console import err, info
+from common.default_corpus import DEFAULT_CORPUS_SOURCE, stdlib_documents
 from common.errors import PipelineError
 from common.ingest import chunk_and_embed, content_hash, document_rows
 from common.models import encode, load_embedder, text_tokenizer, token_limit
@@ -47,11 +48,10 @@ def source_documents(ws: Workspace, data: list[Path], text_field: str | None) ->
     sources = ws.read_manifest().get("tokenizer", {}).get("sources")
     if not sources:
         raise PipelineError("no --data given and the workspace records no pretraining data to reuse")
-    if sources == ["<python standard library docstrings>"]:
-        from pretrain.default_corpus import stdlib_documents  # the same built-in corpus pretrain used
-        info("no --data given: embedding the built-in corpus pretraining used")
+    if sources == [DEFAULT_CORPUS_SOURCE]:  # the same built-in corpus pretrain used
+        info("no --data given: reading the built-in corpus pretraining used")
         return stdlib_documents()
-    info(f"no --data given: embedding the pretraining data ({', '.join(sources)})")
+    info(f"no --data given: reading the pretraining data ({', '.join(sources)})")
     return read_documents([Path(s) for s in sources], text_field)
 
 
@@ -74,11 +74,15 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
         from embed.ray_encode import RayEncoder
 
         ray_encoder = RayEncoder(settings.ray, model_dir, settings.batch_size)
-        embed_texts = ray_encoder
         info(f"embedding on Ray ({settings.ray}) with {ray_encoder.workers} model actors")
+
+        def embed_texts(texts: list[str], on_batch: Callable[[int], None]) -> np.ndarray:
+            vectors = ray_encoder(texts)  # the actors take a group's texts at once
+            on_batch(len(texts))
+            return vectors
     else:
-        def embed_texts(texts: list[str]) -> np.ndarray:
-            return encode(model, texts, settings.batch_size)
+        def embed_texts(texts: list[str], on_batch: Callable[[int], None]) -> np.ndarray:
+            return encode(model, texts, settings.batch_size, on_batch)
 
     with Store(ws.db_path) as store:
         key = embedder_key(fingerprint, settings.chunk_tokens, settings.overlap)
@@ -105,16 +109,22 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
         start, n_chunks = time.perf_counter(), 0
         next_id = store.next_chunk_id()
         with Progress(TextColumn("embedding"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
-                      TimeRemainingColumn(), console=err, transient=True) as bar:
+                      TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal) as bar:
             task = bar.add_task("embed", total=len(to_embed), rate="")
+
+            def advance(documents_done: float) -> None:
+                bar.update(task, completed=documents_done, rate=f"{documents_done / (time.perf_counter() - start):.1f} docs/s")
+
             for g in range(0, len(to_embed), settings.group_size):
                 group = to_embed[g:g + settings.group_size]
-                rows, vectors = chunk_and_embed(group, tokenizer, embed_texts, settings.chunk_tokens, settings.overlap, next_id, dim)
+                # The bar moves with every encoded batch: by the share of the group's chunks encoded so far.
+                rows, vectors = chunk_and_embed(
+                    group, tokenizer, lambda texts: embed_texts(texts, lambda n: advance(g + len(group) * n / len(texts))),
+                    settings.chunk_tokens, settings.overlap, next_id, dim)
                 next_id += len(rows)
                 store.write_documents(document_rows(group), rows, vectors)
                 n_chunks += len(rows)
-                done = g + len(group)
-                bar.update(task, completed=done, rate=f"{done / (time.perf_counter() - start):.1f} docs/s")
+                advance(g + len(group))
         if rebuild or todo or (settings.prune and gone):
             store.publish(replace_all=rebuild, remove=gone if settings.prune else [])
         elapsed = time.perf_counter() - start

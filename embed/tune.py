@@ -48,7 +48,7 @@ from common.errors import PipelineError
 from common.heldout import is_held_out, sentences
 from common.lexical import LexicalIndex
 from common.models import embedding_text, ensure_pad_token
-from common.readers import Document
+from common.readers import Document, read_json_lines
 from common.workspace import Workspace, model_fingerprint, replace_directory
 
 ARCHITECTURES = ("static", "transformer")
@@ -139,14 +139,8 @@ def read_labelled_pairs(path: Path, documents: dict[str, Document]) -> list[tupl
     if not path.is_file():
         raise PipelineError(f"--pairs {path}: no such file")
     pairs = []
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PipelineError(f"{path}:{line_no}: invalid JSON ({e.msg} at column {e.colno})") from None
-        query = row.get("query") if isinstance(row, dict) else None
+    for line_no, row in read_json_lines(path):
+        query = row.get("query")
         if not isinstance(query, str) or not query.strip():
             raise PipelineError(f"{path}:{line_no}: a pair needs a non-empty \"query\"")
         if isinstance(row.get("document"), str) and row["document"].strip():

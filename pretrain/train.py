@@ -24,12 +24,12 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.tensor import DTensor
 
 from common.console import info
+from common.default_corpus import DEFAULT_CORPUS_SOURCE, stdlib_documents
 from common.errors import PipelineError
 from common.readers import Document, read_documents
 from common.workspace import Workspace, atomic_write_bytes, atomic_write_json, file_sha256, model_fingerprint
 from pretrain.config import ModelConfig, TrainConfig
 from pretrain.data import TokenWindows, step_sample_indices, tokenize_corpus, write_token_files
-from pretrain.default_corpus import stdlib_documents
 from pretrain.export import export_model
 from pretrain.hardware import PEAK_CACHE, cached_peak, machine_key, measure_matmul_flops, record_peak
 from pretrain.autoplan import memory_now_mb, predict_run
@@ -57,7 +57,7 @@ def prepare_data(ws: Workspace, data_paths: list[Path], text_field: str | None, 
         sources = [str(p) for p in data_paths]
     else:
         documents = list(stdlib_documents())
-        sources = ["<python standard library docstrings>"]
+        sources = [DEFAULT_CORPUS_SOURCE]
         info(f"no --data given: training on the built-in corpus of Python standard library docstrings ({len(documents)} modules)")
     if not documents:
         raise PipelineError(f"no documents with text in {', '.join(sources)}")

@@ -35,6 +35,7 @@ import numpy as np
 from common.console import warn
 from common.errors import PipelineError
 from common.filters import DocumentFilter, DocumentFilters
+from common.indexes import load_index
 from common.ingest import chunk_and_embed
 from common.lexical import LexicalIndex
 from common.models import encode, is_static, load_embedder, text_tokenizer, token_limit, truncate_to_model
@@ -198,7 +199,7 @@ class SearchEngine:
             raise PipelineError(stale_index_message(self.index_entry.get("store_generation"), self.corpus.generation))
         # The base index, and the delta of chunks added since it was built (index/build.py).
         paths = [index_path] + ([ws.root / self.index_entry["delta_path"]] if self.index_entry.get("delta_path") else [])
-        self.dense = [DenseIndex(faiss.deserialize_index(np.fromfile(path, dtype=np.uint8)), self.corpus) for path in paths]
+        self.dense = [DenseIndex(load_index(path), self.corpus) for path in paths]
         held = np.concatenate([part.live_positions for part in self.dense])
         if len(held) != len(self.corpus.chunk_ids) or len(np.unique(held)) != len(held):  # the generation check makes this a broken file
             raise PipelineError("the FAISS index does not hold the stored chunks: run `pipeline index`")

@@ -9,41 +9,28 @@ that have judgements are run.
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import pytrec_eval
 
+from common.console import info
 from common.errors import PipelineError
 from common.filters import DocumentFilter
+from common.readers import read_json_lines
 from search.engine import MODES, SearchEngine
-
-METRICS = ("ndcg@10", "recall@100", "mrr@10")
 
 
 def read_queries(path: Path) -> dict[str, str]:
     if not path.is_file():
         raise PipelineError(f"{path}: no such file")
     queries: dict[str, str] = {}
-    with open(path, encoding="utf-8", errors="strict") as f:
-        try:
-            for line_no, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise PipelineError(f"{path}:{line_no}: invalid JSON ({e.msg} at column {e.colno})") from None
-                if not isinstance(row, dict):
-                    raise PipelineError(f"{path}:{line_no}: expected a JSON object")
-                qid = row.get("_id", row.get("id"))
-                text = row.get("text", row.get("query"))
-                if qid is None or not isinstance(text, str) or not text.strip():
-                    raise PipelineError(f"{path}:{line_no}: a query needs an \"_id\" and a non-empty \"text\"")
-                queries[str(qid)] = text
-        except UnicodeDecodeError:
-            raise PipelineError(f"{path}: not UTF-8 text") from None
+    for line_no, row in read_json_lines(path):
+        qid = row.get("_id", row.get("id"))
+        text = row.get("text", row.get("query"))
+        if qid is None or not isinstance(text, str) or not text.strip():
+            raise PipelineError(f"{path}:{line_no}: a query needs an \"_id\" and a non-empty \"text\"")
+        queries[str(qid)] = text
     if not queries:
         raise PipelineError(f"{path}: no queries")
     return queries
@@ -82,6 +69,7 @@ def evaluate(engine: SearchEngine, queries: dict[str, str], qrels: dict[str, dic
     if not judged:
         raise PipelineError("no query in the qrels file has a text in the queries file (are the ids the same?)")
     mode = engine.resolve_mode(mode)
+    info(f"{mode}: searching {len(judged):,} judged queries (top {depth})")
     start = time.perf_counter()
     results = engine.search_many([queries[q] for q in judged], k=depth, mode=mode, filters=filters, dense_weight=dense_weight, names=judged)
     seconds = time.perf_counter() - start

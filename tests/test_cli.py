@@ -1,11 +1,15 @@
 """End to end through the CLI, as a user runs it."""
+import inspect
 import json
 import shutil
+from typing import get_args
+
+import pytest
 
 from common.models import embedding_text
 from common.store import Store
 
-from conftest import TINY_TRAINING, run_cli
+from conftest import REPO, TINY_TRAINING, run_cli
 
 
 def test_search_returns_one_ranked_row_per_document(trained_workspace, corpus_file):
@@ -125,3 +129,136 @@ def test_a_manifest_with_absolute_paths_from_an_older_version_survives_a_move(tr
     original.rename(moved)
     assert run_cli("search", "-w", str(moved), "cancer", "--mode", "dense", "--json").stdout
     assert run_cli("status", "-w", str(moved)).returncode == 0
+
+
+def command_names() -> list[str]:
+    from cli import app
+
+    return [c.name or c.callback.__name__ for c in app.registered_commands]
+
+
+def test_top_level_help_lists_every_command_one_per_line():
+    """Each command on a line of its own with its whole summary (they were cut with "..."), and the first
+    run's commands as written (they ran together into one paragraph)."""
+    import cli
+
+    help_text = run_cli("--help").stdout
+    commands = help_text.split("Commands:")[1]
+    listed = [line.split()[0] for line in commands.splitlines() if line.startswith("  ") and not line.startswith("   ")]
+    assert listed == command_names() and "plan" in listed
+    assert "..." not in commands and all(" ".join(c.short_help.split()) in " ".join(commands.split()) for c in cli.app.registered_commands)
+    first_run = [line.strip() for line in cli.__doc__.splitlines() if line.strip().startswith("pipeline ")]
+    assert len(first_run) == 3 and all(line in [printed.strip() for printed in help_text.splitlines()] for line in first_run)
+    assert "--version" in help_text and "--workspace" in help_text and "--install-completion" in help_text
+
+
+def test_examples_are_printed_as_written_one_per_line():
+    """Click rewraps help paragraphs to the terminal; examples are kept as written (a `\\b` block), so a
+    long example and its comment stay on one line."""
+    from cli import app
+
+    for command in app.registered_commands:
+        doc = inspect.getdoc(command.callback)
+        examples = [line.strip() for line in doc.split("Examples:")[1].splitlines() if line.strip().startswith("pipeline ")]
+        assert examples, command.callback.__name__
+        printed = {line.strip() for line in run_cli(command.name or command.callback.__name__, "--help").stdout.splitlines()}
+        assert [e for e in examples if e not in printed] == []
+
+
+def test_version():
+    from importlib.metadata import version
+
+    result = run_cli("--version")
+    assert result.stdout.strip() == f"pipeline {version('embedding-pipeline')}"
+
+
+def test_workspace_is_accepted_before_the_command_too(trained_workspace, tmp_path, monkeypatch):
+    before = run_cli("-w", str(trained_workspace), "search", "cancer", "-k", "3", "--mode", "lexical", "--json").stdout
+    after = run_cli("search", "-w", str(trained_workspace), "cancer", "-k", "3", "--mode", "lexical", "--json").stdout
+    assert before == after and len(before.splitlines()) == 3
+    # The command's own --workspace wins over the one before it; the one before it over $PIPELINE_WORKSPACE.
+    assert run_cli("-w", str(tmp_path / "nowhere"), "status", "-w", str(trained_workspace)).returncode == 0
+    monkeypatch.setenv("PIPELINE_WORKSPACE", str(tmp_path / "nowhere"))
+    assert run_cli("-w", str(trained_workspace), "status").returncode == 0
+    missing = run_cli("status", check=False)
+    assert missing.returncode == 2 and f"no workspace at {tmp_path / 'nowhere'}" in missing.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (("search", "q", "--mode", "fuzzy"), "error: --mode: 'fuzzy' is not one of 'dense', 'lexical', 'hybrid'; see `pipeline search --help`"),
+    (("eval", "--queries", "q.jsonl", "--qrels", "q.tsv", "--mode", "best"), "error: --mode: 'best' is not one of 'dense', 'lexical', 'hybrid', 'all'; see `pipeline eval --help`"),
+    (("index", "--type", "annoy"), "error: --type: 'annoy' is not one of 'auto', 'flat', 'hnsw', 'ivf', 'ivfpq'; see `pipeline index --help`"),
+    (("pretrain", "--preset", "huge"), "error: --preset: 'huge' is not one of 'tiny', 'small', 'medium', 'large'; see `pipeline pretrain --help`"),
+    (("tune", "--pairs-from", "title,quotes"), "error: --pairs-from: unknown kind 'quotes' (choose from title, ict, neighbours, dropout); see `pipeline tune --help`"),
+    (("search",), "error: Missing argument 'QUERY'; see `pipeline search --help`"),
+    (("--colour", "status"), "error: No such option: --colour; see `pipeline --help`"),
+])
+def test_a_usage_error_is_one_line_and_exit_2(args, message, tmp_path):
+    result = run_cli("-w", str(tmp_path / "ws"), *args, check=False)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip() == message
+    assert not (tmp_path / "ws").exists()
+
+
+def test_choices_are_the_ones_each_stage_accepts():
+    import cli
+    from embed.tune import ARCHITECTURES, PAIR_KINDS, POOLING_MODES
+    from index.build import INDEX_TYPES
+    from pretrain.config import PRESETS
+    from pretrain.parallel import SCHEDULES, STRATEGIES
+    from search.engine import MODES
+
+    assert get_args(cli.SearchMode) == MODES and get_args(cli.EvalMode) == (*MODES, "all")
+    assert get_args(cli.IndexType) == INDEX_TYPES
+    assert get_args(cli.Architecture) == ARCHITECTURES and get_args(cli.Pooling) == POOLING_MODES and cli.PAIR_KINDS == PAIR_KINDS
+    assert get_args(cli.Preset) == tuple(PRESETS) and get_args(cli.Strategy) == (*STRATEGIES, "auto")
+    assert get_args(cli.PipelineSchedule) == SCHEDULES
+
+
+@pytest.mark.parametrize("words, expected", [
+    ("pipeline p", ["pretrain", "plan"]),
+    ("pipeline search q --mode ", ["dense", "lexical", "hybrid"]),
+    ("pipeline -w ws index --type h", ["hnsw"]),
+    ("pipeline tune --pairs-from title,", ["title,ict", "title,neighbours", "title,dropout"]),
+])
+def test_shell_completion_offers_commands_and_choices(words, expected, monkeypatch):
+    monkeypatch.setenv("_PIPELINE_COMPLETE", "complete_bash")
+    monkeypatch.setenv("COMP_WORDS", words)
+    monkeypatch.setenv("COMP_CWORD", str(len(words.split(" ")) - 1))
+    assert run_cli().stdout.split() == expected
+
+
+def test_shell_completion_script():
+    assert "_PIPELINE_COMPLETE=complete_bash" in run_cli("--show-completion", "bash").stdout
+
+
+def test_no_library_noise_reaches_the_user(corpus_file, tmp_path):
+    """What a user's terminal shows of pretrain and tune (separate processes, as the user runs them): our
+    lines only. Before, pretraining ended with torch.distributed.checkpoint's single-process UserWarning,
+    and tune printed sentence-transformers' "Computing widget examples" bar and its batch sampler's notice
+    that a small corpus repeats pairs."""
+    from conftest import run_cli_process
+
+    ws = tmp_path / "ws"
+    pretrain = run_cli_process("pretrain", "-w", str(ws), "--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "2").stderr
+    tune = run_cli_process("tune", "-w", str(ws), "--steps", "10", "--batch-size", "128").stderr
+    for stderr in (pretrain, tune):
+        noise = [line for line in stderr.splitlines()
+                 if "Warning" in line or "Computing widget examples" in line or "NoDuplicatesBatchSampler" in line or "%|" in line]
+        assert noise == []
+    assert "exported the model" in pretrain and "tuned in" in tune
+
+
+def test_the_readmes_python_api_example_runs(trained_workspace, tmp_path, monkeypatch, capsys):
+    """The README's Python API section, run as written against a workspace at ./workspace."""
+    readme = (REPO / "README.md").read_text()
+    code = readme.split("## Python API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "workspace").symlink_to(trained_workspace)  # the engine only reads it
+    monkeypatch.chdir(tmp_path)
+    names: dict = {}
+    exec(compile(code, "README.md", "exec"), names)
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in printed] == ["1", "2", "3", "4", "5"]
+    assert len(names["recent"]) == 5 and all(hit.metadata["year"] >= 2015 for hit in names["recent"])
+    document = names["document"]
+    assert document["doc_id"] == names["recent"][0].doc_id and document["text"] and document["metadata"]["year"] >= 2015

@@ -181,3 +181,61 @@ def test_unknown_index_type_and_index_before_embed(tmp_path):
         build_index(Workspace(tmp_path), "annoy")
     with pytest.raises(PipelineError, match="has no embedder: run `pipeline embed` first"):
         build_index(Workspace(tmp_path), "flat")
+
+
+def test_embed_without_data_reads_the_built_in_corpus_when_pretraining_used_it(tmp_path):
+    """pretrain without --data records the built-in corpus's marker as its sources; embed (and tune) then
+    read that corpus again, from common/ (no stage imports another)."""
+    from common.default_corpus import DEFAULT_CORPUS_SOURCE
+    from embed.run import source_documents
+
+    ws = Workspace(tmp_path / "ws").create()
+    ws.update_manifest("tokenizer", {"sources": [DEFAULT_CORPUS_SOURCE]})
+    first = next(iter(source_documents(ws, [], None)))
+    assert first.id.startswith("stdlib:") and first.text
+
+
+def test_encode_reports_each_batch_and_gives_the_same_vectors(trained_workspace):
+    from common.models import encode, load_embedder
+
+    model = load_embedder(trained_workspace / "model")
+    texts = [f"text number {i} " * (i % 7 + 1) for i in range(23)]
+    seen = []
+    vectors = encode(model, texts, batch_size=5, on_batch=seen.append)
+    assert seen == [5, 10, 15, 20, 23]
+    np.testing.assert_allclose(vectors, encode(model, texts, batch_size=5), atol=1e-5)
+
+
+def test_embed_progress_moves_with_every_encoded_batch(trained_workspace, corpus_file, tmp_path, monkeypatch):
+    """All 120 documents are one group (one transaction); the bar moved only when a group was stored, so it
+    sat at 0/120 until the end. It now moves with each encoded batch."""
+    from rich.progress import Progress
+
+    completed = []
+    update = Progress.update
+
+    def recording_update(self, task, **fields):
+        completed.append(fields["completed"])
+        return update(self, task, **fields)
+    monkeypatch.setattr(Progress, "update", recording_update)
+    summary = run_embed(Workspace(tmp_path / "ws").create(), [corpus_file], None,
+                        EmbedSettings(model_dir=trained_workspace / "model", chunk_tokens=64, overlap=8, batch_size=16))
+    batches = -(-summary["embedded_chunks"] // 16)
+    assert batches > 2 and len(completed) == batches + 1  # each batch, then the stored group
+    assert completed == sorted(completed) and 0 < completed[0] < 120 and completed[-1] == 120
+
+
+def test_a_static_embedder_reports_progress_per_tokenizer_batch_with_the_same_vectors(trained_workspace, tmp_path):
+    from common.models import STATIC_BATCH_TEXTS, encode, load_embedder
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(trained_workspace / "model" / "tokenizer.json"))
+    SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_dim=16)]).save(str(tmp_path / "static"))
+    model = load_embedder(tmp_path / "static")
+    texts = [f"cells and tumour growth {i}" for i in range(STATIC_BATCH_TEXTS + 10)]
+    seen = []
+    vectors = encode(model, texts, on_batch=seen.append)
+    assert seen == [STATIC_BATCH_TEXTS, STATIC_BATCH_TEXTS + 10]
+    np.testing.assert_allclose(vectors, encode(model, texts), atol=1e-6)

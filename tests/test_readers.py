@@ -71,6 +71,26 @@ def test_a_text_field_that_is_not_a_string_is_refused_naming_file_line_and_field
         list(read_documents([g]))
 
 
+@pytest.mark.parametrize("bad_line, message", [
+    (b'{"_id": "2", "text": \n', "invalid JSON (Expecting value at column 22)"),
+    (b'["not", "an", "object"]\n', "expected a JSON object, got an array"),
+    (b'"just text"\n', "expected a JSON object, got a string"),
+    (b'{"_id": "2", "text": "caf\xe9"}\n', "not UTF-8 (byte 0xe9 at column 26)"),
+])
+def test_every_jsonl_input_reports_a_bad_line_alike(tmp_path, bad_line, message):
+    """Documents, eval's queries and tune's labelled pairs go through one JSON-lines reader: a bad line is
+    the same one-line error, naming file and line, whichever command reads it."""
+    from embed.tune import read_labelled_pairs
+    from search.evaluate import read_queries
+
+    path = tmp_path / "input.jsonl"
+    path.write_bytes(b'{"_id": "1", "text": "fine", "query": "fine", "document": "fine"}\n\n' + bad_line)
+    for read in (lambda: list(read_documents([path])), lambda: read_queries(path), lambda: read_labelled_pairs(path, {})):
+        with pytest.raises(PipelineError) as error:
+            read()
+        assert str(error.value) == f"{path}:3: {message}"
+
+
 def test_broken_jsonl_line_is_reported_as_file_and_line(tmp_path):
     f = tmp_path / "bad.jsonl"
     f.write_text('{"id": "1", "text": "ok"}\n{"id": "2", "text": \n')

@@ -142,6 +142,10 @@ def test_eval_scores_every_mode_with_pytrec_eval_and_sets_the_default(trained_wo
     assert SearchEngine(Workspace(ws), load_model=False).resolve_mode(None) == best
     assert SearchEngine(Workspace(ws), load_model=False).resolve_dense_weight(None) == 0.2  # the weight that was measured
     assert f"default mode for this workspace: {best}" in result.stderr
+    # it says what it is doing: loading the model once, then each mode's queries
+    queries = reports["dense"]["queries"]
+    assert result.stderr.count("loading the embedding model") == 1
+    assert [line.split(":")[0] for line in result.stderr.splitlines() if f"searching {queries} judged queries" in line] == list(reports)
     # the long query is evaluated, cut to the model's input length, with one warning though two modes embed it
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and warnings[0].startswith("warning: query long is "), warnings
@@ -236,4 +240,5 @@ def test_eval_bad_input_is_one_line(trained_workspace, judged_titles, tmp_path):
     result = run_cli("eval", "-w", str(trained_workspace), "--queries", str(judged_titles / "queries.jsonl"), "--qrels", str(other), check=False)
     assert result.returncode == 2 and "no query in the qrels file has a text in the queries file" in result.stderr
     result = run_cli("search", "-w", str(trained_workspace), "cells", "--mode", "fuzzy", check=False)
-    assert result.returncode == 2 and result.stderr.strip() == "error: unknown mode 'fuzzy' (choose from dense, lexical, hybrid)"
+    assert result.returncode == 2 and result.stderr.strip() == (
+        "error: --mode: 'fuzzy' is not one of 'dense', 'lexical', 'hybrid'; see `pipeline search --help`")

@@ -1,7 +1,9 @@
 """The corpus used when the user gives no data: docstrings of Python's standard library.
 
 It is on every machine that runs this tool and needs no download. Modules are parsed with `ast`
-(never imported, so nothing runs); each module becomes one document of its docstrings.
+(never imported, so nothing runs); each module becomes one document of its docstrings. Pretraining
+trains on it and records DEFAULT_CORPUS_SOURCE as its sources; embed and tune without --data find that
+marker in the manifest and read the same documents again.
 """
 from __future__ import annotations
 
@@ -13,6 +15,9 @@ from typing import Iterator
 from common.readers import Document
 
 SKIPPED_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "__pycache__", "turtledemo"}
+
+# The manifest's record of this corpus as pretraining's sources (a marker, not a path).
+DEFAULT_CORPUS_SOURCE = "<python standard library docstrings>"
 
 
 def stdlib_documents(max_documents: int | None = None) -> Iterator[Document]:

@@ -1,0 +1,44 @@
+"""The code's layout rules, checked on the source: stages talk through the workspace, never through each
+other's packages, and common/ serves them all without depending on any."""
+import ast
+from pathlib import Path
+
+from conftest import REPO
+
+STAGES = ("pretrain", "embed", "index", "search")
+
+
+def imported_packages(package: str, root: Path = REPO) -> dict[str, set[str]]:
+    """For each module of the package, the top-level packages it imports (at any depth of the code: an
+    import inside a function counts as much as one at the top)."""
+    found = {}
+    for path in sorted((root / package).rglob("*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+        found[str(path.relative_to(root))] = names
+    return found
+
+
+def test_no_stage_imports_another_stage():
+    crossings = [f"{module} imports {other}" for stage in STAGES for module, names in imported_packages(stage).items()
+                 for other in sorted(names & set(STAGES) - {stage})]
+    assert crossings == []
+
+
+def test_common_imports_no_stage():
+    crossings = [f"{module} imports {stage}" for module, names in imported_packages("common").items()
+                 for stage in sorted(names & set(STAGES))]
+    assert crossings == []
+
+
+def test_the_check_sees_imports_inside_functions(tmp_path):
+    """The check itself: an import inside a function body is found (embed imported pretrain's default
+    corpus that way), and so are plain and dotted imports."""
+    (tmp_path / "embed").mkdir()
+    (tmp_path / "embed" / "run.py").write_text(
+        "import json\nimport search.engine\n\ndef f():\n    from pretrain.default_corpus import stdlib_documents\n")
+    assert imported_packages("embed", tmp_path) == {"embed/run.py": {"json", "search", "pretrain"}}
