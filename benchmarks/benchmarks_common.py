@@ -21,7 +21,11 @@ RESULTS = REPO / "benchmarks" / "results"
 
 
 def pipeline(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "cli.py"), *args], check=True, cwd=REPO, text=True, capture_output=True)
+    """`pipeline ARGS` in a new process; a failure raises with the command's own error output."""
+    done = subprocess.run([sys.executable, str(REPO / "cli.py"), *args], cwd=REPO, text=True, capture_output=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"pipeline {' '.join(args)} exited {done.returncode}:\n{done.stderr[-4000:]}")
+    return done
 
 
 def pretrained_workspace(path: Path, steps: int = 300) -> Path:
