@@ -171,12 +171,15 @@ def pretrain(
     launch_args = dict(nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port)
 
     def run_training(ws, cfg, plan, resume_from, **launch_args):
+        from pretrain.planner.auto import predict_run
+
+        prediction = predict_run(ws, cfg, plan)  # logged beside the measured step time, if this machine was measured
         if ray is None:  # torchrun, or this process when the plan is one process
-            return launch_training(ws, cfg, plan, resume_from, **launch_args)
+            return launch_training(ws, cfg, plan, resume_from, **launch_args, prediction=prediction)
         from pretrain.ray_train import run_on_ray
 
         plan.validate(cfg.model, cfg)
-        return run_on_ray(ws, cfg, plan, resume_from, ray, max_failures)
+        return run_on_ray(ws, cfg, plan, resume_from, ray, max_failures, prediction=prediction)
     if resume:
         checkpoints = checkpoint_dirs(ws)
         if not checkpoints:
@@ -185,7 +188,7 @@ def pretrain(
         if max_steps is not None:
             cfg.max_steps = max_steps
         if auto:  # any plan can resume a checkpoint
-            from pretrain.autoplan import apply_estimate, choose_plan
+            from pretrain.planner.auto import apply_estimate, choose_plan
 
             plan, cfg = apply_estimate(plan, cfg, choose_plan(ws, cfg, nproc, nnodes, cluster, plan.bf16)[1])
         summary = run_training(ws, cfg, plan, checkpoints[-1], **launch_args)
@@ -225,7 +228,7 @@ def pretrain(
             for line in report:
                 info(line)
         if auto:
-            from pretrain.autoplan import apply_estimate, autotune_plan, choose_plan
+            from pretrain.planner.auto import apply_estimate, autotune_plan, choose_plan
 
             base, (result, best) = plan, choose_plan(ws, cfg, nproc, nnodes, cluster, plan.bf16)
             plan, cfg = apply_estimate(base, cfg, best)
@@ -571,8 +574,8 @@ def plan(
     """
     from rich.table import Table
 
-    from pretrain.autoplan import get_cluster, plan_for, workload_from_args
-    from pretrain.plan import table_rows, why
+    from pretrain.planner.auto import get_cluster, plan_for, workload_from_args
+    from pretrain.planner.rank import table_rows, why
 
     work = workload_from_args(preset, model_config, seq_len, global_batch, vocab_size, bf16)
     if nproc is not None and nproc < 1:

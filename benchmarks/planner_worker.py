@@ -28,7 +28,8 @@ def worker(spec_json: str) -> None:
     import torch.distributed as dist
 
     from common.workspace import Workspace
-    from pretrain import linkemu, train as train_module
+    from benchmarks import linkemu
+    from pretrain import train as train_module
     from pretrain.config import train_config_from_dict
     from pretrain.hardware import machine_key
     from pretrain.parallel import ParallelConfig

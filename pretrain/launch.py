@@ -32,6 +32,7 @@ class RunSpec:
     plan: dict  # dataclasses.asdict(ParallelConfig)
     resume_from: str | None = None
     export: bool = True
+    prediction: dict | None = None  # the planner's, logged beside what the run measures
 
 
 def torchrun_args(nproc: int, nnodes: int = 1, node_rank: int = 0, master_addr: str | None = None,
@@ -80,7 +81,7 @@ def parse_split(text: str | None) -> list[int] | None:
 
 
 def run_training(ws, cfg, plan, resume_from: Path | None, nproc: int, nnodes: int = 1, node_rank: int = 0,
-                 master_addr: str | None = None, master_port: int | None = None) -> dict:
+                 master_addr: str | None = None, master_port: int | None = None, prediction: dict | None = None) -> dict:
     """Train in this process when the job is one process, else launch the workers; returns the model summary."""
     from pretrain.train import train
 
@@ -88,8 +89,9 @@ def run_training(ws, cfg, plan, resume_from: Path | None, nproc: int, nnodes: in
     if nproc < 1 or nnodes < 1:
         raise PipelineError("--nproc and --nnodes must be positive")
     if nproc * nnodes == 1:
-        return train(ws, cfg, resume_from=resume_from, plan=plan)
-    spec = RunSpec(str(ws.root.resolve()), asdict(cfg), plan.to_dict(), str(resume_from.resolve()) if resume_from else None)
+        return train(ws, cfg, resume_from=resume_from, plan=plan, prediction=prediction)
+    spec = RunSpec(str(ws.root.resolve()), asdict(cfg), plan.to_dict(), str(resume_from.resolve()) if resume_from else None,
+                   prediction=prediction)
     launch([spec], nproc, nnodes, node_rank, master_addr, master_port)
     return ws.read_manifest().get("model", {}) if node_rank == 0 else {}
 
@@ -133,7 +135,7 @@ def worker(spec_json: str) -> None:
         for run in json.loads(spec_json):
             train(Workspace(Path(run["workspace"])), train_config_from_dict(run["train"]),
                   resume_from=Path(run["resume_from"]) if run["resume_from"] else None,
-                  plan=ParallelConfig(**run["plan"]), export=run["export"])
+                  plan=ParallelConfig(**run["plan"]), export=run["export"], prediction=run["prediction"])
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

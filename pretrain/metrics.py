@@ -20,6 +20,17 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def memory_now_mb(device: torch.device) -> float:
+    """Memory in use now: allocated GPU memory, or this process's resident set on CPU (the baseline that
+    the measured peak is counted from, so it compares with the planner's estimate)."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**20
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def reset_peak_memory(device: torch.device) -> None:
     """Start a new peak: each run of a job that runs several reports its own."""
     if device.type == "cuda":

@@ -52,11 +52,11 @@ def train_loop_per_worker(config: dict) -> None:
                          checkpoint_dir_name=path.name)
 
     train(ws, train_config_from_dict(config["train"]), resume_from=resume_from,
-          plan=ParallelConfig(**config["plan"]), on_checkpoint=report)
+          plan=ParallelConfig(**config["plan"]), on_checkpoint=report, prediction=config["prediction"])
 
 
 def run_on_ray(ws: Workspace, cfg, plan, resume_from: Path | None, address: str, max_failures: int,
-               storage_path: Path | None = None) -> dict:
+               storage_path: Path | None = None, prediction: dict | None = None) -> dict:
     ray = connect(address)
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -70,7 +70,7 @@ def run_on_ray(ws: Workspace, cfg, plan, resume_from: Path | None, address: str,
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"workspace": str(ws.root.resolve()), "train": asdict(cfg), "plan": plan.to_dict(),
-                           "resume_from": str(resume_from.resolve()) if resume_from else None},
+                           "resume_from": str(resume_from.resolve()) if resume_from else None, "prediction": prediction},
         scaling_config=ScalingConfig(num_workers=plan.world_size, use_gpu=use_gpu, resources_per_worker={"CPU": 1}),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(plan.timeout_s)),
         run_config=RunConfig(name="pretrain", storage_path=str(storage), failure_config=FailureConfig(max_failures=max_failures),

@@ -32,8 +32,7 @@ from pretrain.data import TokenWindows, step_sample_indices, tokenize_corpus, wr
 from pretrain.default_corpus import stdlib_documents
 from pretrain.export import export_model
 from pretrain.hardware import PEAK_CACHE, cached_peak, machine_key, measure_matmul_flops, record_peak
-from pretrain.autoplan import memory_now_mb, predict_run
-from pretrain.metrics import CommunicationTimer, Stopwatch, model_state_mb, peak_memory_mb, reset_peak_memory
+from pretrain.metrics import CommunicationTimer, Stopwatch, memory_now_mb, model_state_mb, peak_memory_mb, reset_peak_memory
 from pretrain.model import GPT, lm_loss
 from pretrain.parallel import (Parallel, ParallelConfig, ParallelModel, build_mesh, clip_grad_norm, describe_rank,
                                parallelize, stage_layers)
@@ -347,21 +346,21 @@ def evaluate(pm: ParallelModel, val: TokenWindows, cfg: TrainConfig) -> float:
 
 
 def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan: ParallelConfig | None = None,
-          export: bool = True, on_checkpoint: Callable[[Path, int, dict], None] | None = None) -> dict:
+          export: bool = True, on_checkpoint: Callable[[Path, int, dict], None] | None = None,
+          prediction: dict | None = None) -> dict:
     """Run (or continue) training under a parallel plan (one process by default); export the final model.
 
     Every rank of the job calls this; rank 0 alone writes metrics, the manifest and the export.
-    Returns a summary (on rank 0; other ranks get {}).
+    `prediction`, the planner's step time and peak memory for this plan (from the caller), is logged
+    beside what the run measures. Returns a summary (on rank 0; other ranks get {}).
     """
     plan = plan or ParallelConfig()
     plan.validate(cfg.model, cfg)
     par = build_mesh(plan)
     reset_peak_memory(par.device)
     main = par.rank == 0
-    # The planner's prediction for this plan (from the workspace's cached cluster measurement, if any),
-    # logged beside the measured step time and peak memory; memory is counted from here.
-    prediction = predict_run(ws, cfg, plan) if main else None
-    memory_base_mb = memory_now_mb(par.device)
+    prediction = prediction if main else None
+    memory_base_mb = memory_now_mb(par.device)  # measured peak memory is counted from here, as the planner counts it
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model)  # the full model, identical on every rank; parallelize() splits and shards it
     n_params, flops_per_token = model.num_params(), model.flops_per_token(cfg.seq_len)

@@ -15,11 +15,13 @@ from pathlib import Path
 from common.console import info
 from common.errors import PipelineError
 from common.workspace import Workspace
-from pretrain.cluster import Cluster, load_cluster_toml, local_cluster
 from pretrain.config import PRESET_TRAINING, PRESETS, ModelConfig, TrainConfig, model_config_for
-from pretrain.plan import Estimate, PlanResult, Workload, check_degrees, filter_degrees, plan
-
-CLUSTER_CACHE = "cluster.json"
+from pretrain.planner.candidates import Candidate
+from pretrain.planner.cluster import Cluster, load_cluster_toml
+from pretrain.planner.cost import Estimate, estimate
+from pretrain.planner.measure import CLUSTER_CACHE, cache_key, local_cluster
+from pretrain.planner.profile import Workload
+from pretrain.planner.rank import PlanResult, check_degrees, filter_degrees, plan, why
 
 
 def load_model_config(path: Path, seq_len: int | None, vocab_size: int | None) -> ModelConfig:
@@ -101,8 +103,6 @@ def choose_plan(ws: Workspace, cfg: TrainConfig, nproc: int, nnodes: int, cluste
     work = Workload(cfg.model, cfg.seq_len, cfg.batch_size, act_bytes=2 if bf16 else 4)
     result = plan_for(work, cluster, world)
     best = result.ranked[0]
-    from pretrain.plan import why
-
     info(f"strategy auto: {best.label} out of {len(result.ranked)} plans that fit ({len(result.rejected)} do not): {why(best, result)}")
     return result, best
 
@@ -165,27 +165,9 @@ def _median_step(root: Path) -> float:
 
 # ---------------------------------------------------------------- predicted beside measured, in every run
 
-def memory_now_mb(device) -> float:
-    """Memory in use now: allocated GPU memory, or this process's resident set on CPU (the baseline that
-    the measured peak is counted from, so it compares with the planner's estimate)."""
-    import torch
-
-    if device.type == "cuda":
-        return torch.cuda.memory_allocated(device) / 2**20
-    try:
-        import os
-
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
 def predict_run(ws: Workspace, cfg: TrainConfig, config) -> dict | None:
     """The planner's step time and peak memory for this run's plan, if the workspace holds a cluster
     measurement for its world size (training never measures by itself). Never fails the run."""
-    from pretrain.cluster import cache_key
-    from pretrain.plan import Candidate, estimate
-
     try:
         cache = ws.root / CLUSTER_CACHE
         key = cache_key(config.world_size)
