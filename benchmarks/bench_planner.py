@@ -115,7 +115,7 @@ def bench_space(world: int) -> SearchSpace:
 
 
 def prepare(root: Path) -> tuple[Path, TrainConfig]:
-    from pretrain.train import prepare_data
+    from pretrain.data import prepare_data
 
     corpus = root / "corpus"
     corpus.mkdir(parents=True)

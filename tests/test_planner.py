@@ -15,8 +15,7 @@ import torch
 
 from common.errors import PipelineError
 from conftest import run_cli
-from pretrain.config import ModelConfig, model_config_for
-from pretrain.parallel import ParallelConfig
+from pretrain.config import ModelConfig, ParallelConfig, model_config_for
 from pretrain.planner.candidates import Candidate, enumerate_plans
 from pretrain.planner.cluster import Device, Link, load_cluster_toml, uniform_cluster
 from pretrain.planner.cost import estimate, shared_cpu_speedup

@@ -9,8 +9,7 @@ import itertools
 from dataclasses import dataclass, replace
 
 from common.errors import PipelineError
-from pretrain.config import TrainConfig
-from pretrain.parallel import MULTI_STAGE_SCHEDULES, SCHEDULES, SINGLE_STAGE_SCHEDULES, ParallelConfig
+from pretrain.config import MULTI_STAGE_SCHEDULES, SCHEDULES, SINGLE_STAGE_SCHEDULES, ParallelConfig, TrainConfig
 from pretrain.planner.cluster import Cluster
 from pretrain.planner.profile import Workload
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pretrain.parallel import ParallelConfig, stage_layers
+from pretrain.config import ParallelConfig, stage_layers
 from pretrain.planner.candidates import Candidate
 from pretrain.planner.cluster import Cluster, Link, collective_time
 from pretrain.planner.layout import Layout

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
-from pretrain.parallel import ParallelConfig
+from pretrain.config import ParallelConfig
 from pretrain.planner.cluster import Cluster, Link, ring_hops
 
 

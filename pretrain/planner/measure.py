@@ -379,9 +379,10 @@ def _pipeline_action_cost(cluster: Cluster, iters: int = 8) -> float:
     import torch
     import torch.distributed as dist
 
-    from pretrain.config import ModelConfig
+    from pretrain.config import ModelConfig, ParallelConfig
+    from pretrain.mesh import build_mesh
     from pretrain.model import GPT, lm_loss
-    from pretrain.parallel import ParallelConfig, build_mesh, parallelize
+    from pretrain.parallel import parallelize
 
     p = cluster.world_size
     cfg = ModelConfig(vocab_size=64, block_size=8, n_layer=p, n_head=2, n_embd=16)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from pretrain.parallel import ParallelConfig
+from pretrain.config import ParallelConfig
 
 # Zero-bubble schedules split a backward (B) into the input gradient (I) and the weight gradient (W):
 INPUT_GRAD_SHARE = 0.5  # of a backward's time, I's (W takes the rest)

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, replace
 
 from common.errors import PipelineError
-from pretrain.parallel import stage_layers
+from pretrain.config import stage_layers
 from pretrain.planner.candidates import SearchSpace, divisors, enumerate_plans
 from pretrain.planner.cluster import Cluster
 from pretrain.planner.cost import MB, RESERVE, Estimate, balanced_split, estimate, stage_compute
