@@ -15,7 +15,7 @@ MULTI_STAGE_SCHEDULES = ("interleaved-1f1b", "looped-bfs", "zero-bubble", "zbv")
 SCHEDULES = SINGLE_STAGE_SCHEDULES + MULTI_STAGE_SCHEDULES
 
 
-@dataclass
+@dataclass(frozen=True)  # hashable: the planner caches a model's profile by it
 class ModelConfig:
     vocab_size: int = 8192
     n_layer: int = 4

@@ -45,9 +45,9 @@ def load_model_config(path: Path, seq_len: int | None, vocab_size: int | None) -
             raise PipelineError(f"--model-config {path}: field '{name}' must be a positive integer, got {value!r}")
     cfg = ModelConfig(**{k: v for k, v in fields.items() if v is not None})
     if vocab_size:
-        cfg.vocab_size = vocab_size
+        cfg = replace(cfg, vocab_size=vocab_size)
     if seq_len and seq_len > cfg.block_size:
-        cfg.block_size = seq_len
+        cfg = replace(cfg, block_size=seq_len)
     return cfg
 
 

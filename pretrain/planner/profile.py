@@ -10,7 +10,7 @@ Tensor-parallel shards are traced as the narrower blocks they are.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 from common.errors import PipelineError
 from pretrain.config import ModelConfig
@@ -229,12 +229,12 @@ def _trace_part(cfg: ModelConfig, seq_len: int, kind: str, tp: int, act_bytes: i
 
 
 @functools.lru_cache(maxsize=32)
-def _profile_cached(cfg_items: tuple, seq_len: int, act_bytes: int) -> ModelProfile:
+def profile_model(cfg: ModelConfig, seq_len: int, act_bytes: int = 4) -> ModelProfile:
+    """The model's profile, built on the meta device (cached: planning many plans traces each part once)."""
     from accelerate import init_empty_weights
 
     from pretrain.model import GPT
 
-    cfg = ModelConfig(**dict(cfg_items))
     with init_empty_weights():
         model = GPT(cfg)
         block = model.layers["0"] if cfg.n_layer else None
@@ -253,7 +253,3 @@ def _profile_cached(cfg_items: tuple, seq_len: int, act_bytes: int) -> ModelProf
     block_tensors = len(list(block.parameters())) if block is not None else 0
     return ModelProfile(cfg, seq_len, act_bytes, total, block_params, sharded, block_tensors, embed, head)
 
-
-def profile_model(cfg: ModelConfig, seq_len: int, act_bytes: int = 4) -> ModelProfile:
-    """The model's profile, built on the meta device (cached: planning many plans traces each part once)."""
-    return _profile_cached(tuple(sorted(asdict(cfg).items())), seq_len, act_bytes)
