@@ -256,4 +256,3 @@ class RuntimeOptions:
 
     def to_dict(self) -> dict:
         return asdict(self)
-

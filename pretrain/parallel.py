@@ -75,9 +75,6 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
     return DistributedDataParallel(model, process_group=dp_mesh.get_group(), gradient_as_bucket_view=True)
 
 
-
-
-
 # ---------------------------------------------------------------- the parallel model
 
 @dataclass

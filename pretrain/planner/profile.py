@@ -252,4 +252,3 @@ def profile_model(cfg: ModelConfig, seq_len: int, act_bytes: int = 4) -> ModelPr
     total = cfg.n_layer * block_params + embed + 2 * cfg.n_embd
     block_tensors = len(list(block.parameters())) if block is not None else 0
     return ModelProfile(cfg, seq_len, act_bytes, total, block_params, sharded, block_tensors, embed, head)
-
