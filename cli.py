@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import json
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Literal, Optional
@@ -21,7 +20,7 @@ from typing import Annotated, Literal, Optional
 import typer
 from typer.core import TyperGroup
 
-from common.console import err, info, out, quiet_libraries
+from common.console import err, out, quiet_libraries
 from common.errors import PipelineError
 from common.workspace import WORKSPACE_ENV, Workspace
 
@@ -218,114 +217,20 @@ def pretrain(
         pipeline pretrain --nproc 4 --strategy auto --autotune 3  # measure the top 3, keep the fastest
         pipeline pretrain --ray auto --nproc 8 --strategy hybrid --dp 4 --pp 2 --max-failures 3
     """
-    import torch
+    from pretrain.run import PretrainSettings, run_pretrain
 
-    from pretrain.config import PRESET_TRAINING, PRESETS, TrainConfig, model_config_for
-    from pretrain.launch import default_nproc, parse_split
-    from pretrain.launch import run_training as launch_training
-    from pretrain.parallel import ParallelConfig
-    from pretrain.sizing import parse_duration, size_to_budget
-    from pretrain.train import checkpoint_dirs, config_from_checkpoint, prepare_data
-
-    try:
-        budget_s = parse_duration(time_budget)
-    except ValueError as e:
-        raise PipelineError(f"--time-budget: {e}") from None
-    ws = Workspace(workspace)  # created when the data is prepared, after every check: a failed run writes nothing
-    if ray is not None and (nnodes != 1 or node_rank != 0 or master_addr or master_port):
-        raise PipelineError("--ray places the workers itself: drop --nnodes/--node-rank/--master-addr/--master-port")
-    if ray is not None and nproc is None:
-        from pretrain.ray_train import cluster_workers
-
-        nproc = cluster_workers(ray)
-    nproc = nproc if nproc is not None else default_nproc()
-    cuda = torch.cuda.is_available()
-    auto = strategy == "auto"
-    if auto and any(v is not None for v in (dp, dp_replicate, dp_shard, tp, pp, microbatches, stages_per_rank, pp_split)):
-        raise PipelineError("--strategy auto chooses the degrees, schedule and split itself; drop --dp/--tp/--pp and the pipeline options")
-    if (autotune is not None or cluster is not None) and not auto:
-        raise PipelineError("--autotune and --cluster go with --strategy auto")
-    plan = ParallelConfig.resolve(
-        None if auto else strategy, nproc * nnodes, dp=dp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp,
-        pp_schedule=pp_schedule, microbatches=microbatches or 0, stages_per_rank=stages_per_rank or 0,
-        pp_split=parse_split(pp_split), bf16=cuda if bf16 is None else bf16, compile=compile_model, ac=ac,
-        fused_adamw=cuda if fused_adamw is None else fused_adamw, timeout_s=dist_timeout,
+    settings = PretrainSettings(
+        data=list(data or []), text_field=text_field, preset=preset, time_budget=time_budget, max_steps=max_steps, tokens=tokens,
+        seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum, lr=lr, seed=seed, vocab_size=vocab_size, n_layer=n_layer,
+        n_head=n_head, n_embd=n_embd, eval_every=eval_every, checkpoint_every=checkpoint_every, log_every=log_every, resume=resume,
+        adapt=adapt, nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port, ray=ray,
+        max_failures=max_failures, strategy=strategy, dp=dp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp,
+        pp_schedule=pp_schedule, microbatches=microbatches, stages_per_rank=stages_per_rank, pp_split=pp_split,
+        autotune=autotune, cluster=cluster, bf16=bf16, compile=compile_model, ac=ac, fused_adamw=fused_adamw,
+        dist_timeout=dist_timeout,
     )
-    launch_args = dict(nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port)
-
-    def run_training(ws, cfg, plan, resume_from, **launch_args):
-        if ray is None:  # torchrun, or this process when the plan is one process
-            return launch_training(ws, cfg, plan, resume_from, **launch_args)
-        from pretrain.ray_train import run_on_ray
-
-        plan.validate(cfg.model, cfg)
-        return run_on_ray(ws, cfg, plan, resume_from, ray, max_failures)
-    if resume:
-        checkpoints = checkpoint_dirs(ws)
-        if not checkpoints:
-            raise PipelineError(f"--resume: no checkpoint in {ws.checkpoints_dir}")
-        cfg = config_from_checkpoint(checkpoints[-1])
-        if max_steps is not None:
-            cfg.max_steps = max_steps
-        if auto:  # any plan can resume a checkpoint
-            from pretrain.autoplan import apply_estimate, choose_plan
-
-            plan, cfg = apply_estimate(plan, cfg, choose_plan(ws, cfg, nproc, nnodes, cluster, plan.bf16)[1])
-        summary = run_training(ws, cfg, plan, checkpoints[-1], **launch_args)
-    else:
-        shape_given = any(v is not None for v in (preset, max_steps, tokens, n_layer, n_head, n_embd, seq_len, batch_size))
-        preset = preset or "tiny"
-        if preset not in PRESETS:
-            raise PipelineError(f"--preset: unknown preset '{preset}' (choose from {', '.join(PRESETS)})")
-        defaults = PRESET_TRAINING[preset]
-        seq_len = seq_len or defaults["seq_len"]
-        batch_size = batch_size or defaults["batch_size"]
-        if tokens is not None:
-            max_steps = max(1, -(-tokens // (batch_size * seq_len)))
-        overrides = {k: v for k, v in dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd).items() if v is not None}
-        vocab = vocab_size or defaults["vocab_size"]
-        if max_steps is not None and max_steps < 0:
-            raise PipelineError(f"--max-steps must be 0 or more, got {max_steps}")
-        for name, value in dict(seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum, vocab_size=vocab).items():
-            if value < 1:
-                raise PipelineError(f"--{name.replace('_', '-')} must be positive, got {value}")
-        cfg = TrainConfig(
-            preset=preset, max_steps=defaults["max_steps"] if max_steps is None else max_steps, seq_len=seq_len, batch_size=batch_size,
-            grad_accum=grad_accum, lr=lr or defaults["lr"], seed=seed, vocab_size=vocab,
-            eval_every=eval_every, checkpoint_every=checkpoint_every, log_every=log_every,
-        )
-        cfg.model = model_config_for(preset, vocab, seq_len, **overrides)
-        if cfg.model.n_embd % cfg.model.n_head:
-            raise PipelineError(f"--n-embd {cfg.model.n_embd} is not divisible by --n-head {cfg.model.n_head}")
-        if not auto:
-            plan.validate(cfg.model, cfg)  # fail before the data is prepared
-        if not shape_given:
-            started = time.monotonic()
-            cfg.preset, cfg.vocab_size = "sized", vocab_size or 0  # 0: sized to the corpus
-            meta = prepare_data(ws, list(data or []), text_field, cfg)
-            cfg, report = size_to_budget(cfg, meta["train_tokens"], budget_s - (time.monotonic() - started), nproc * nnodes,
-                                         None if auto else plan)
-            for line in report:
-                info(line)
-        if auto:
-            from pretrain.autoplan import apply_estimate, autotune_plan, choose_plan
-
-            base, (result, best) = plan, choose_plan(ws, cfg, nproc, nnodes, cluster, plan.bf16)
-            plan, cfg = apply_estimate(base, cfg, best)
-            plan.validate(cfg.model, cfg)
-        if shape_given:
-            meta = prepare_data(ws, list(data or []), text_field, cfg)  # once, in this process: workers only train
-            cfg.model = model_config_for(preset, meta["vocab_size"], seq_len, **overrides)
-        if auto and autotune:
-            best = autotune_plan(ws, cfg, base, result, autotune, 4, launch_args)
-            plan, cfg = apply_estimate(base, cfg, best)
-        summary = run_training(ws, cfg, plan, None, **launch_args)
-    if adapt and node_rank == 0:  # the other nodes only trained
-        from embed.run import source_documents
-        from embed.tune import TuneSettings, run_tune
-
-        info("adapting the pretrained model to retrieval on the same documents (--no-adapt skips this)")
-        summary["adaptation"] = run_tune(ws, list(source_documents(ws, list(data or []), text_field)), TuneSettings())
+    # The workspace is created when the data is prepared, after every check: a failed run writes nothing.
+    summary = run_pretrain(Workspace(workspace), settings)
     if json_output:
         out.print_json(json.dumps(summary))
 
@@ -648,8 +553,8 @@ def plan(
     """
     from rich.table import Table
 
-    from pretrain.autoplan import get_cluster, plan_for, workload_from_args
-    from pretrain.plan import table_rows, why
+    from pretrain.planner.auto import get_cluster, plan_for, workload_from_args
+    from pretrain.planner.rank import table_rows, why
 
     work = workload_from_args(preset, model_config, seq_len, global_batch, vocab_size, bf16)
     if nproc is not None and nproc < 1:

@@ -24,9 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks_common import SCIFACT, write_result  # noqa: E402
 from common.workspace import Workspace  # noqa: E402
-from pretrain.config import ModelConfig, TrainConfig  # noqa: E402
+from pretrain.config import MULTI_STAGE_SCHEDULES, SCHEDULES, ModelConfig, ParallelConfig, TrainConfig  # noqa: E402
 from pretrain.launch import RunSpec, launch  # noqa: E402
-from pretrain.parallel import MULTI_STAGE_SCHEDULES, SCHEDULES, ParallelConfig  # noqa: E402
 
 MODELS = {
     "tiny": dict(n_layer=4, n_head=4, n_embd=128),  # the tiny preset
@@ -72,7 +71,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the tiny model only")
     args = parser.parse_args()
-    from pretrain.train import prepare_data
+    from pretrain.data import prepare_data
 
     root = Path(tempfile.mkdtemp(prefix="bench_parallel_"))
     base = TrainConfig(max_steps=STEPS, seq_len=128, batch_size=16, lr=1e-3, vocab_size=4096, eval_every=10**6,

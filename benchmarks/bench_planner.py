@@ -3,7 +3,7 @@
 On this machine, for 2 and 4 CPU ranks (gloo), two sites (2 ranks: one per site; 4 ranks: two per site)
 joined by a link of 0, 5, 20 or 50 ms latency and 1 Gbit/s or 100 Mbit/s. Two ways to make the link:
 
-    --network emulated (default)   pretrain/linkemu.py delays every collective and send by latency +
+    --network emulated (default)   benchmarks/linkemu.py delays every collective and send by latency +
                                    bytes/bandwidth; the planner is told the link
     --network veth                 the sites are network namespaces joined by a veth pair that tc tbf caps
                                    to the bandwidth (benchmarks/netns.py; needs root); this kernel has no
@@ -12,8 +12,8 @@ joined by a link of 0, 5, 20 or 50 ms latency and 1 Gbit/s or 100 Mbit/s. Two wa
 
 For every plan of a bounded search space (bench_space):
 
-    predicted step time and peak memory per device   pretrain.plan.estimate, from the cluster measured
-                                                     here once per world size (pretrain.cluster) with the
+    predicted step time and peak memory per device   pretrain.planner.cost.estimate, from the cluster measured
+                                                     here once per world size (pretrain.planner.measure) with the
                                                      scenario's link added to the links between sites
     measured step time                               median of the steps after the first (real training
                                                      through pretrain.train, all plans of a scenario in
@@ -58,7 +58,7 @@ namespaces itself, all 16 scenarios (`--worlds 4 2 --network veth`, 35 min):
 
     The 1.29 was two pipeline replicas (FSDP x PP) sending across the one site link at once, which
     the planner then priced as if each had the link to itself; with sends between the same two nodes
-    sharing the link (pretrain/plan.py Layout), a rerun of 4 ranks at 5 ms / 100M gave Spearman 0.98,
+    sharing the link (pretrain/planner/layout.py), a rerun of 4 ranks at 5 ms / 100M gave Spearman 0.98,
     regret 1.00 (and 0 ms / 100M 0.98, 1.00). The two 2-rank misses are plans predicted within 1-4%
     of each other (pp2 1F1B with 2 or 4 microbatches at 5 ms; ddp2 and four pipelines within 15% at
     0 ms) whose measured steps vary by 10-40% from step to step on this VM; tbf's 64 KiB burst also
@@ -87,14 +87,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks_common import REPO, write_result  # noqa: E402
+from linkemu import ENV, EmulatedLinks  # noqa: E402
 from netns import VethSites, unavailable_reason  # noqa: E402
 
 from common.workspace import Workspace  # noqa: E402
-from pretrain.cluster import Cluster, Link, MeasureSettings, measure_cluster  # noqa: E402
 from pretrain.config import ModelConfig, TrainConfig  # noqa: E402
 from pretrain.launch import RunSpec, launch  # noqa: E402
-from pretrain.linkemu import ENV, EmulatedLinks  # noqa: E402
-from pretrain.plan import SearchSpace, Workload, plan  # noqa: E402
+from pretrain.planner.candidates import SearchSpace  # noqa: E402
+from pretrain.planner.cluster import Cluster, Link  # noqa: E402
+from pretrain.planner.measure import MeasureSettings, measure_cluster  # noqa: E402
+from pretrain.planner.profile import Workload  # noqa: E402
+from pretrain.planner.rank import plan  # noqa: E402
 
 # Steps per plan: the first warms up, the median of the rest is the measurement. Fast plans, whose close
 # calls decide the regret, run for about TIMED_SECONDS; slow ones (TP over a slow link) the minimum.
@@ -112,7 +115,7 @@ def bench_space(world: int) -> SearchSpace:
 
 
 def prepare(root: Path) -> tuple[Path, TrainConfig]:
-    from pretrain.train import prepare_data
+    from pretrain.data import prepare_data
 
     corpus = root / "corpus"
     corpus.mkdir(parents=True)
@@ -262,7 +265,7 @@ def main() -> None:
     parser.add_argument("--latencies", type=float, nargs="+", default=[0, 5, 20, 50], help="ms between sites")
     parser.add_argument("--bandwidths", type=float, nargs="+", default=[1000, 100], help="Mbit/s between sites")
     parser.add_argument("--network", choices=("emulated", "veth"), default="emulated",
-                        help="emulated: pretrain/linkemu.py delays every transfer; veth: the sites are network namespaces "
+                        help="emulated: benchmarks/linkemu.py delays every transfer; veth: the sites are network namespaces "
                              "joined by a veth pair capped by tc tbf (real bandwidth; latency still emulated; needs root)")
     args = parser.parse_args()
     if args.network == "veth" and (why := unavailable_reason()):
@@ -310,9 +313,9 @@ def tp_across_sites_vs_fastest(scenario: dict) -> float | None:
     return tp[0]["measured_step_s"] / min(p["measured_step_s"] for p in scenario["plans"]) if tp else None
 
 
-NETWORKS = {"emulated": "two sites, pretrain/linkemu.py emulated link between them (no netem in this kernel)",
+NETWORKS = {"emulated": "two sites, benchmarks/linkemu.py emulated link between them (no netem in this kernel)",
             "veth": "two sites = two network namespaces joined by a veth pair capped by tc tbf (real bandwidth); "
-                    "latency added by pretrain/linkemu.py (no netem in this kernel)"}
+                    "latency added by benchmarks/linkemu.py (no netem in this kernel)"}
 
 
 def report(scenarios: list[dict], cfg: TrainConfig, network: str) -> None:

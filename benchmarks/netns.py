@@ -3,7 +3,7 @@
 Each site is a Linux network namespace; a veth pair joins them, and both ends are shaped by tc's token
 bucket filter (tbf) to the given rate, so traffic between the sites crosses a real TCP link of that
 bandwidth while traffic inside a site stays on the namespace's loopback. This kernel has tbf but no
-netem, so added latency still comes from pretrain/linkemu.py. Needs root and iproute2 (`ip`, `tc`).
+netem, so added latency still comes from benchmarks/linkemu.py. Needs root and iproute2 (`ip`, `tc`).
 
     with VethSites(mbit=100) as sites:
         sites.launch(runs, per_site=2, module="benchmarks.planner_worker")
@@ -20,7 +20,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from pretrain.cluster import Cluster, MeasureSettings
+from pretrain.planner.cluster import Cluster
+from pretrain.planner.measure import MeasureSettings
 from pretrain.launch import RunSpec, torchrun_args
 
 NAMESPACES = ("pipeline-site0", "pipeline-site1")
@@ -72,11 +73,11 @@ class VethSites:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
     def measure_cluster(self, world: int, settings: MeasureSettings, env: dict) -> Cluster:
-        """The planner's own measurement (pretrain.cluster.measure_rank), its ranks split over the two
-        sites, so the link matrix it finds crosses the real link (and the emulated latency in `env`)."""
+        """The planner's own measurement (pretrain.planner.measure.measure_rank), its ranks split over the
+        two sites, so the link matrix it finds crosses the real link (and the emulated latency in `env`)."""
         per_site = world // 2
-        code = ("import json, sys; from pretrain.cluster import measure_rank; "
-                "measure_rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], json.loads(sys.argv[5]))")
+        code = ("import json, sys; from benchmarks.linkemu import install_from_env; from pretrain.planner.measure import measure_rank; "
+                "measure_rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], json.loads(sys.argv[5]), install_from_env)")
         with tempfile.TemporaryDirectory() as tmp:
             store, result = str(Path(tmp) / "store"), Path(tmp) / "cluster.json"
             procs = [subprocess.Popen(["ip", "netns", "exec", NAMESPACES[r // per_site], sys.executable, "-c", code, str(r),

@@ -27,11 +27,12 @@ def worker(spec_json: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from benchmarks import linkemu
     from common.workspace import Workspace
-    from pretrain import linkemu, train as train_module
-    from pretrain.config import train_config_from_dict
+    from pretrain import metrics
+    from pretrain.config import ParallelConfig, RuntimeOptions, train_config_from_dict
     from pretrain.hardware import machine_key
-    from pretrain.parallel import ParallelConfig
+    from pretrain.train import train
 
     linkemu.install_from_env()
     try:
@@ -39,11 +40,12 @@ def worker(spec_json: str) -> None:
             plan = ParallelConfig(**run["plan"])
             # MFU's matmul peak is measured inside train() unless known; its 12 MB of matrices would count as
             # the run's memory, and MFU is not what this benchmark looks at: a peak no run reaches, never measured.
-            train_module._peak_flops[machine_key(torch.device("cpu"), plan.world_size)] = 1e30
+            metrics._peak_flops[machine_key(torch.device("cpu"), plan.world_size)] = 1e30
             gc.collect()
             Path("/proc/self/clear_refs").write_text("5")
             base = _status_kb("VmRSS")
-            train_module.train(Workspace(Path(run["workspace"])), train_config_from_dict(run["train"]), plan=plan, export=False)
+            train(Workspace(Path(run["workspace"])), train_config_from_dict(run["train"]), plan=plan,
+                  options=RuntimeOptions(**run["options"]), export=False)
             peak = _status_kb("VmHWM") - base
             rank = dist.get_rank() if dist.is_initialized() else 0
             (Path(run["workspace"]) / f"mem_rank{rank}.json").write_text(json.dumps({"peak_added_mb": peak / 1024}))

@@ -1,4 +1,4 @@
-"""Token files and batches.
+"""The training data: the tokenizer and token files (prepare_data), and the batches training reads.
 
 Documents are tokenized once into flat uint16/uint32 memmaps (train.bin / val.bin, documents
 separated by <|endoftext|>). Training reads non-overlapping windows of seq_len + 1 tokens in an
@@ -8,17 +8,60 @@ resumed run, or a run under another parallel plan, sees exactly the same tokens.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from common.console import info
+from common.default_corpus import DEFAULT_CORPUS_SOURCE, stdlib_documents
 from common.errors import PipelineError
-from common.workspace import atomic_write_json
-from pretrain.tokenizer import END_OF_TEXT
+from common.readers import Document, read_documents
+from common.workspace import Workspace, atomic_write_json, file_sha256
+from pretrain.config import TrainConfig
+from pretrain.sizing import vocab_for
+from pretrain.tokenizer import END_OF_TEXT, save_tokenizer, train_tokenizer
+
+
+def training_texts(documents: Iterable[Document]) -> Iterator[str]:
+    for doc in documents:
+        yield f"{doc.title}\n{doc.text}" if doc.title else doc.text
+
+
+def prepare_data(ws: Workspace, data_paths: list[Path], text_field: str | None, cfg: TrainConfig) -> dict:
+    """Train the tokenizer and write the token files; returns the data section of the manifest.
+    cfg.vocab_size 0 sizes the vocabulary to the corpus (and sets it). Nothing is written unless the
+    corpus is usable; each file is written to a temporary name and renamed."""
+    if data_paths:
+        documents = list(read_documents(data_paths, text_field))
+        sources = [str(p) for p in data_paths]
+    else:
+        documents = list(stdlib_documents())
+        sources = [DEFAULT_CORPUS_SOURCE]
+        info(f"no --data given: training on the built-in corpus of Python standard library docstrings ({len(documents)} modules)")
+    if not documents:
+        raise PipelineError(f"no documents with text in {', '.join(sources)}")
+    if not cfg.vocab_size:  # sized to the corpus (pretrain/sizing.py)
+        cfg.vocab_size = vocab_for(sum(len(text) for text in training_texts(documents)))
+    info(f"training a {cfg.vocab_size}-token byte-level BPE tokenizer on {len(documents)} documents")
+    tokenizer = train_tokenizer(training_texts(documents), cfg.vocab_size)
+    train_tokens, val_tokens = tokenize_corpus(training_texts(documents), tokenizer, cfg.val_fraction, cfg.seq_len)
+    # Everything is checked: from here on this is a new run. The previous run's checkpoints go first, so
+    # that a `--resume` after a crash mid-way can never continue them on the new tokens.
+    ws.create()
+    shutil.rmtree(ws.checkpoints_dir, ignore_errors=True)
+    save_tokenizer(tokenizer, ws.tokenizer_dir)
+    meta = write_token_files(train_tokens, val_tokens, tokenizer.get_vocab_size(), ws.data_dir)
+    info(f"tokenized: {meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens")
+    ws.update_manifest("tokenizer", {
+        "path": "tokenizer", "sha256": file_sha256(ws.tokenizer_dir / "tokenizer.json"),
+        "vocab_size": tokenizer.get_vocab_size(), "sources": sources, "documents": len(documents), **meta,
+    })
+    return meta
 
 
 def tokenize_corpus(texts: Iterable[str], tokenizer: Tokenizer, val_fraction: float, seq_len: int) -> tuple[np.ndarray, np.ndarray]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from common.errors import PipelineError
@@ -32,6 +32,8 @@ class RunSpec:
     plan: dict  # dataclasses.asdict(ParallelConfig)
     resume_from: str | None = None
     export: bool = True
+    prediction: dict | None = None  # the planner's, logged beside what the run measures
+    options: dict = field(default_factory=dict)  # dataclasses.asdict(RuntimeOptions); {} = the defaults
 
 
 def torchrun_args(nproc: int, nnodes: int = 1, node_rank: int = 0, master_addr: str | None = None,
@@ -70,30 +72,6 @@ def default_nproc() -> int:
     return torch.cuda.device_count() or 1
 
 
-def parse_split(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        return [int(part) for part in text.split(",")]
-    except ValueError:
-        raise PipelineError(f"--pp-split: expected layers per stage like 5,3, got '{text}'") from None
-
-
-def run_training(ws, cfg, plan, resume_from: Path | None, nproc: int, nnodes: int = 1, node_rank: int = 0,
-                 master_addr: str | None = None, master_port: int | None = None) -> dict:
-    """Train in this process when the job is one process, else launch the workers; returns the model summary."""
-    from pretrain.train import train
-
-    plan.validate(cfg.model, cfg)
-    if nproc < 1 or nnodes < 1:
-        raise PipelineError("--nproc and --nnodes must be positive")
-    if nproc * nnodes == 1:
-        return train(ws, cfg, resume_from=resume_from, plan=plan)
-    spec = RunSpec(str(ws.root.resolve()), asdict(cfg), plan.to_dict(), str(resume_from.resolve()) if resume_from else None)
-    launch([spec], nproc, nnodes, node_rank, master_addr, master_port)
-    return ws.read_manifest().get("model", {}) if node_rank == 0 else {}
-
-
 def failure_summary(failures: dict) -> str:
     """One line naming the root cause among the failed ranks: ranks that died because a peer died
     (connection errors, the agent's SIGTERM) are passed over for the one that failed on its own."""
@@ -125,15 +103,15 @@ def worker(spec_json: str) -> None:
     import torch.distributed as dist
 
     from common.workspace import Workspace
-    from pretrain.config import train_config_from_dict
-    from pretrain.parallel import ParallelConfig
+    from pretrain.config import ParallelConfig, RuntimeOptions, train_config_from_dict
     from pretrain.train import train
 
     try:
         for run in json.loads(spec_json):
             train(Workspace(Path(run["workspace"])), train_config_from_dict(run["train"]),
                   resume_from=Path(run["resume_from"]) if run["resume_from"] else None,
-                  plan=ParallelConfig(**run["plan"]), export=run["export"])
+                  plan=ParallelConfig(**run["plan"]), options=RuntimeOptions(**run["options"]), export=run["export"],
+                  prediction=run["prediction"])
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,245 +1,29 @@
-"""Parallel training plans: one DeviceMesh, and one small function per parallelism.
+"""Parallel training plans: one small function per parallelism, applied to the same GPT.
 
-A plan (ParallelConfig) gives the degree of each mesh dimension; outermost first they are
-
-    pp            pipeline stages          torch.distributed.pipelining (PipelineStage + a schedule)
-    dp_replicate  data-parallel replicas   DDP alone, or the replicate dimension of HSDP
-    dp_shard      data-parallel shards     FSDP2 fully_shard
-    tp            tensor-parallel shards   DTensor parallelize_module, Megatron-style
-
-so tensor-parallel ranks are neighbours (same host) and pipeline stages are furthest apart.
-build_mesh() is the only place that builds the mesh. parallelize() applies, to the same GPT:
-pipeline split -> apply_tp -> apply_ac -> apply_compile -> apply_fsdp / apply_ddp, as torchtitan
-does. Every function is a no-op when its degree is 1, so one process is the same code path.
-
-Tied embeddings under pipeline parallelism: the first stage holds tok_emb.weight and the last
-stage holds lm_head.weight, two copies of one parameter. After each backward their gradients are
-summed (sync_tied_embeddings), so both copies take identical optimizer steps, as in Megatron.
+parallelize() applies, as torchtitan does: the pipeline split (pretrain/pipeline.py) -> apply_tp ->
+apply_ac -> apply_compile -> apply_fsdp / apply_ddp, over the mesh of pretrain/mesh.py. Every function
+is a no-op when its degree is 1, so one process is the same code path. The result, a ParallelModel,
+is all the training loop talks to: forward and backward of this rank's slice of the batch, the loss
+over the data-parallel ranks, gradient clipping over the whole model.
 """
 from __future__ import annotations
 
-import copy
-import os
 import time
 from collections import defaultdict
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
-from datetime import timedelta
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
-from common.errors import PipelineError
-from pretrain.config import ModelConfig, TrainConfig
+from common.console import info
+from pretrain.config import ParallelConfig, RuntimeOptions, TrainConfig, stage_layers
+from pretrain.mesh import Parallel
 from pretrain.model import lm_loss
-
-STRATEGIES = ("single", "ddp", "fsdp", "tp", "pp", "hybrid")
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
-SINGLE_STAGE_SCHEDULES = ("gpipe", "1f1b")
-MULTI_STAGE_SCHEDULES = ("interleaved-1f1b", "looped-bfs", "zero-bubble", "zbv")
-SCHEDULES = SINGLE_STAGE_SCHEDULES + MULTI_STAGE_SCHEDULES
-
-
-@dataclass
-class ParallelConfig:
-    strategy: str = "single"
-    dp_replicate: int = 1  # DDP degree, or the replicate degree of HSDP
-    dp_shard: int = 1  # FSDP degree (the data-parallel degree in combinations)
-    tp: int = 1
-    pp: int = 1
-    pp_schedule: str = "1f1b"
-    microbatches: int = 0  # per data-parallel rank and step; 0 = one per pipeline stage
-    stages_per_rank: int = 0  # 0 = 1 for gpipe/1f1b, 2 for the multi-stage schedules
-    pp_split: list[int] | None = None  # layers per stage; None = as even as possible
-    # Speed and memory features meant for GPUs (they also run on CPU, where they are off by default).
-    bf16: bool = False  # bf16 autocast
-    compile: bool = False  # torch.compile each block
-    ac: bool = False  # activation checkpointing of each block
-    fused_adamw: bool = False  # fused AdamW kernel
-    timeout_s: float = 300.0  # process-group timeout: a lost peer fails the job instead of hanging it
-
-    @property
-    def world_size(self) -> int:
-        return self.pp * self.dp_replicate * self.dp_shard * self.tp
-
-    @property
-    def dp(self) -> int:
-        return self.dp_replicate * self.dp_shard
-
-    @property
-    def uses_ddp(self) -> bool:
-        return self.strategy == "ddp" and self.dp_replicate > 1
-
-    @property
-    def uses_fsdp(self) -> bool:
-        return self.dp_shard > 1
-
-    @property
-    def n_stages_per_rank(self) -> int:
-        if self.stages_per_rank:
-            return self.stages_per_rank
-        return 2 if self.pp_schedule in MULTI_STAGE_SCHEDULES else 1
-
-    @property
-    def num_stages(self) -> int:
-        return self.pp * self.n_stages_per_rank if self.pp > 1 else 1
-
-    @property
-    def n_microbatches(self) -> int:
-        return self.microbatches or self.pp
-
-    @classmethod
-    def resolve(cls, strategy: str | None, world_size: int, dp: int | None = None, dp_replicate: int | None = None,
-                dp_shard: int | None = None, tp: int | None = None, pp: int | None = None, **options) -> "ParallelConfig":
-        """Turn the user's --strategy and degrees into a complete plan for `world_size` processes."""
-        given = {k: v for k, v in dict(dp=dp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp).items() if v is not None}
-        for name, value in given.items():
-            if value < 1:
-                raise PipelineError(f"--{name.replace('_', '-')} must be positive, got {value}")
-        if dp is not None and (dp_replicate is not None or dp_shard is not None):
-            raise PipelineError("give either --dp or --dp-replicate/--dp-shard, not both")
-        if strategy is None:
-            strategy = _infer_strategy(world_size, {k for k, v in given.items() if v > 1})
-        if strategy not in STRATEGIES:
-            raise PipelineError(f"--strategy: unknown strategy '{strategy}' (choose from {', '.join(STRATEGIES)})")
-        own = {"single": set(), "ddp": {"dp", "dp_replicate"}, "fsdp": {"dp", "dp_replicate", "dp_shard"}, "tp": {"tp"},
-               "pp": {"pp"}, "hybrid": set(given)}[strategy]
-        foreign = sorted(k for k, v in given.items() if k not in own and v > 1)
-        if foreign:
-            raise PipelineError(f"--strategy {strategy} does not take --{foreign[0].replace('_', '-')}; combine dimensions with --strategy hybrid")
-        plan = cls(strategy=strategy, **options)
-        if strategy == "single":
-            pass
-        elif strategy == "ddp":
-            plan.dp_replicate = dp or dp_replicate or world_size
-        elif strategy == "fsdp":
-            plan.dp_shard = dp or dp_shard or (world_size // (dp_replicate or 1))
-            plan.dp_replicate = dp_replicate or 1
-        elif strategy == "tp":
-            plan.tp = tp or world_size
-        elif strategy == "pp":
-            plan.pp = pp or world_size
-        else:  # hybrid: the data-parallel dimension is FSDP (HSDP with --dp-replicate and --dp-shard)
-            plan.tp, plan.pp = tp or 1, pp or 1
-            plan.dp_replicate = dp_replicate or 1
-            plan.dp_shard = dp or dp_shard or world_size // (plan.tp * plan.pp * plan.dp_replicate) or 1
-        if strategy != "ddp" and plan.dp_replicate > 1 and plan.dp_shard == 1:
-            raise PipelineError("--dp-replicate needs --dp-shard > 1 as well (HSDP); pure replication is --strategy ddp")
-        if plan.world_size != world_size:
-            raise PipelineError(f"the plan needs {plan.world_size} processes ({plan.shape()}) but the job has {world_size} "
-                                f"(--nproc × --nnodes); make the degrees multiply to {world_size}")
-        return plan
-
-    def shape(self) -> str:
-        dims = [f"{name}={getattr(self, name)}" for name in MESH_DIMS if getattr(self, name) > 1]
-        return " × ".join(dims) or "1 process"
-
-    def validate(self, model: ModelConfig, train: TrainConfig) -> None:
-        """Check the plan against the model and batch before any process starts: one clear error each."""
-        if self.tp > 1 and model.n_head % self.tp:
-            raise PipelineError(f"--tp {self.tp} must divide the number of attention heads ({model.n_head})")
-        if train.batch_size % self.dp:
-            raise PipelineError(f"--batch-size {train.batch_size} is not divisible by the data-parallel degree {self.dp}")
-        local = train.batch_size // self.dp
-        if self.pp == 1:
-            if self.pp_split or self.microbatches or self.stages_per_rank:
-                raise PipelineError("--pp-split, --microbatches and --stages-per-rank need pipeline parallelism (--pp > 1)")
-            if local % train.grad_accum:
-                raise PipelineError(f"the per-rank batch ({local} sequences) is not divisible by --grad-accum {train.grad_accum}")
-            return
-        if self.pp_schedule not in SCHEDULES:
-            raise PipelineError(f"--pp-schedule: unknown schedule '{self.pp_schedule}' (choose from {', '.join(SCHEDULES)})")
-        if train.grad_accum != 1:
-            raise PipelineError("--grad-accum does not combine with pipeline parallelism; use --microbatches")
-        if self.pp_schedule in SINGLE_STAGE_SCHEDULES and self.n_stages_per_rank != 1:
-            raise PipelineError(f"--pp-schedule {self.pp_schedule} runs one stage per rank; use interleaved-1f1b, looped-bfs, zero-bubble or zbv for --stages-per-rank {self.n_stages_per_rank}")
-        if self.pp_schedule == "zbv" and self.n_stages_per_rank != 2:
-            raise PipelineError("--pp-schedule zbv runs exactly 2 stages per rank (a V shape)")
-        m = self.n_microbatches
-        if local % m:
-            raise PipelineError(f"the per-rank batch ({local} sequences) is not divisible by --microbatches {m}")
-        if self.pp_schedule == "1f1b" and m < self.pp:
-            raise PipelineError(f"--pp-schedule 1f1b needs at least as many microbatches as stages ({self.pp}), got {m}")
-        if self.pp_schedule in MULTI_STAGE_SCHEDULES and m % max(1, m // self.pp):
-            raise PipelineError(f"--pp-schedule {self.pp_schedule} needs --microbatches to be a multiple of {max(1, m // self.pp)}")
-        stage_layers(self, model.n_layer)  # raises on a bad --pp-split
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def _infer_strategy(world_size: int, dims: set[str]) -> str:
-    """--strategy left out: the one the degrees name (several dimensions: hybrid; none: ddp on several processes)."""
-    data, model = dims & {"dp", "dp_replicate", "dp_shard"}, dims & {"tp", "pp"}
-    if len(model) + bool(data) > 1:
-        return "hybrid"
-    if model:
-        return model.pop()
-    if "dp_shard" in data:
-        return "fsdp"
-    return "ddp" if data or world_size > 1 else "single"
-
-
-# ---------------------------------------------------------------- the mesh
-
-@dataclass
-class Parallel:
-    """A plan in a running job: the mesh and this rank's place in it."""
-    config: ParallelConfig
-    mesh: DeviceMesh | None
-    device: torch.device
-    rank: int = 0
-    world_size: int = 1
-    coords: dict[str, int] = field(default_factory=dict)
-
-    def coord(self, dim: str) -> int:
-        return self.coords.get(dim, 0)
-
-    @property
-    def dp_rank(self) -> int:
-        return self.coord("dp_replicate") * self.config.dp_shard + self.coord("dp_shard")
-
-    @property
-    def pp_rank(self) -> int:
-        return self.coord("pp")
-
-    def submesh(self, *dims: str) -> DeviceMesh:
-        return self.mesh[dims if len(dims) > 1 else dims[0]]
-
-    def pp_group(self):
-        return self.submesh("pp").get_group() if self.config.pp > 1 else None
-
-
-def init_distributed(config: ParallelConfig) -> tuple[int, int, torch.device]:
-    """Join the job's process group (started by torchrun); returns (rank, world size, device)."""
-    cuda = torch.cuda.is_available()
-    if config.world_size == 1 and not dist.is_initialized():
-        return 0, 1, torch.device("cuda" if cuda else "cpu")
-    if not dist.is_initialized():
-        if "RANK" not in os.environ:
-            raise PipelineError(f"a plan of {config.world_size} processes must be started with torchrun (pipeline pretrain --nproc N)")
-        if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        # NCCL for GPU tensors, gloo for CPU ones (and for everything on a CPU-only machine).
-        dist.init_process_group("cuda:nccl,cpu:gloo" if cuda else "gloo", timeout=timedelta(seconds=config.timeout_s))
-    if dist.get_world_size() != config.world_size:
-        raise PipelineError(f"the plan needs {config.world_size} processes ({config.shape()}), the job has {dist.get_world_size()}")
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    return dist.get_rank(), dist.get_world_size(), device
-
-
-def build_mesh(config: ParallelConfig) -> Parallel:
-    """The one place that builds the DeviceMesh: dimensions of degree 1 are left out."""
-    rank, world_size, device = init_distributed(config)
-    dims = [(name, getattr(config, name)) for name in MESH_DIMS if getattr(config, name) > 1]
-    if not dims:
-        return Parallel(config, None, device, rank, world_size)
-    mesh = init_device_mesh(device.type, tuple(size for _, size in dims), mesh_dim_names=tuple(name for name, _ in dims))
-    coords = {name: mesh[name].get_local_rank() for name, _ in dims}
-    return Parallel(config, mesh, device, rank, world_size, coords)
+from pretrain.pipeline import build_schedule, split_stage, stage_ids, sync_tied_embeddings, tied_embedding_group
 
 
 # ---------------------------------------------------------------- one function per parallelism
@@ -291,127 +75,6 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
     return DistributedDataParallel(model, process_group=dp_mesh.get_group(), gradient_as_bucket_view=True)
 
 
-# ---------------------------------------------------------------- pipeline parallelism
-
-def stage_layers(config: ParallelConfig, n_layer: int) -> list[int]:
-    """Layers per pipeline stage: --pp-split, or as even as possible (earlier stages take the remainder:
-    the last one also holds the head)."""
-    n = config.num_stages
-    if config.pp_split:
-        split = list(config.pp_split)
-        if len(split) != n:
-            raise PipelineError(f"--pp-split has {len(split)} entries but there are {n} stages (--pp × --stages-per-rank)")
-        if sum(split) != n_layer or min(split) < 1:
-            raise PipelineError(f"--pp-split {','.join(map(str, split))} must give each stage at least one layer and sum to {n_layer} layers")
-        return split
-    if n_layer < n:
-        raise PipelineError(f"{n} pipeline stages need at least {n} layers, the model has {n_layer}")
-    base, extra = divmod(n_layer, n)
-    return [base + (1 if s < extra else 0) for s in range(n)]
-
-
-def stage_ids(config: ParallelConfig, pp_rank: int) -> list[int]:
-    """The stages this pipeline rank runs: rank r takes r, r + pp, ... (looped), or r and 2pp-1-r (a V, for zbv)."""
-    if config.pp_schedule == "zbv":
-        return [pp_rank, 2 * config.pp - 1 - pp_rank]
-    return [pp_rank + k * config.pp for k in range(config.n_stages_per_rank)]
-
-
-def split_stage(model: nn.Module, config: ParallelConfig, stage: int) -> nn.Module:
-    """A copy of the model that keeps only the stage's layers (and the embeddings on the first stage,
-    the final LayerNorm and head on the last). Parameter names are unchanged, so checkpoints do not
-    depend on the plan."""
-    layers = stage_layers(config, len(model.layers))
-    first = sum(layers[:stage])
-    module = copy.deepcopy(model)
-    for i in list(module.layers.keys()):
-        if not first <= int(i) < first + layers[stage]:
-            del module.layers[i]
-    if stage > 0:
-        module.tok_emb = module.pos_emb = None
-    if stage < config.num_stages - 1:
-        module.ln_f = module.lm_head = None
-    return module
-
-
-class TimedStage:
-    """Mixin for PipelineStage: when `timing` is set, adds up the seconds spent computing forward and
-    backward chunks (the rest of a schedule step is communication or waiting: the bubble)."""
-    timing = False
-    busy_s = 0.0
-
-    def _timed(self, fn, *args, **kwargs):
-        if not self.timing:
-            return fn(*args, **kwargs)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        start = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            self.busy_s += time.perf_counter() - start
-
-    def forward_one_chunk(self, *args, **kwargs):
-        return self._timed(super().forward_one_chunk, *args, **kwargs)
-
-    def backward_one_chunk(self, *args, **kwargs):
-        return self._timed(super().backward_one_chunk, *args, **kwargs)
-
-    def backward_weight_one_chunk(self, *args, **kwargs):
-        return self._timed(super().backward_weight_one_chunk, *args, **kwargs)
-
-    # torch 2.13: in eval(), V-shaped schedules (zbv) still hand input gradients between the two
-    # stages of a rank, and PipelineStage asserts. Without backward there is nothing to hand over.
-    def get_local_bwd_output(self, mb_index):
-        return super().get_local_bwd_output(mb_index) if self.has_backward else ()
-
-    def set_local_bwd_input(self, next_stage_bwd_outputs, mb_index):
-        if self.has_backward:
-            super().set_local_bwd_input(next_stage_bwd_outputs, mb_index)
-
-
-def build_schedule(stage_modules: list[tuple[int, nn.Module]], par: Parallel, loss_fn):
-    """Wrap each stage module in a PipelineStage and build the chosen schedule over them."""
-    from torch.distributed.pipelining import PipelineStage, schedules
-
-    config = par.config
-    stage_cls = type("TimedPipelineStage", (TimedStage, PipelineStage), {})
-    stages = [stage_cls(module, index, config.num_stages, par.device, group=par.pp_group()) for index, module in stage_modules]
-    schedule_cls = {
-        "gpipe": schedules.ScheduleGPipe, "1f1b": schedules.Schedule1F1B,
-        "interleaved-1f1b": schedules.ScheduleInterleaved1F1B, "looped-bfs": schedules.ScheduleLoopedBFS,
-        "zero-bubble": schedules.ScheduleInterleavedZeroBubble, "zbv": schedules.ScheduleZBVZeroBubble,
-    }[config.pp_schedule]
-    # scale_grads: each microbatch loss is a mean, so the summed gradients are divided by the count.
-    if config.pp_schedule in SINGLE_STAGE_SCHEDULES:
-        return schedule_cls(stages[0], n_microbatches=config.n_microbatches, loss_fn=loss_fn, scale_grads=True), stages
-    return schedule_cls(stages, n_microbatches=config.n_microbatches, loss_fn=loss_fn, scale_grads=True), stages
-
-
-def tied_embedding_group(par: Parallel):
-    """The ranks holding the first and the last stage (same dp/tp coordinates): they sum the
-    gradients of the tied embedding/head. None where one rank holds both (zbv) or there is no PP."""
-    config = par.config
-    if config.pp == 1:
-        return None
-    first_rank = 0  # stage 0 is on pipeline rank 0; the last stage on rank pp - 1, or 0 in a V
-    last_rank = 0 if config.pp_schedule == "zbv" else (config.num_stages - 1) % config.pp
-    if first_rank == last_rank:
-        return None
-    if config.pp == 2:
-        return par.pp_group()
-    pp_dim = par.mesh.mesh_dim_names.index("pp")
-    rows = par.mesh.mesh.movedim(pp_dim, -1).reshape(-1, config.pp)
-    mine = None
-    for row in rows.tolist():  # every rank creates every group, in the same order
-        group = dist.new_group([row[first_rank], row[last_rank]])
-        if par.rank in (row[first_rank], row[last_rank]):
-            mine = group
-    return mine
-
-
 # ---------------------------------------------------------------- the parallel model
 
 @dataclass
@@ -426,6 +89,7 @@ class ParallelModel:
     tie_group: object | None = None
     pipeline_s: float = 0.0  # seconds of the last schedule step
     loss_fn: object = lm_loss  # (logits, targets) -> mean loss
+    bf16: bool = False  # bf16 autocast (RuntimeOptions.bf16)
 
     @classmethod
     def single(cls, model: nn.Module) -> "ParallelModel":
@@ -439,7 +103,7 @@ class ParallelModel:
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, grad_accum: int) -> torch.Tensor:
         """Loss and gradients of this rank's slice of the batch; returns the mean loss (0 on pipeline
         ranks without the last stage)."""
-        with torch.autocast(self.par.device.type, dtype=torch.bfloat16, enabled=self.par.config.bf16):
+        with torch.autocast(self.par.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             if self.schedule is not None:
                 losses: list[torch.Tensor] = []
                 start = time.perf_counter()
@@ -456,12 +120,13 @@ class ParallelModel:
                         loss = self.loss_fn(model(mx), my) / grad_accum
                         loss.backward()
                     local += loss.detach()
-        sync_tied_embeddings(self)
+        if self.schedule is not None:
+            sync_tied_embeddings(self.modules(), self.tie_group)
         return local
 
     @torch.no_grad()
     def eval_loss(self, x: torch.Tensor, y: torch.Tensor, chunks: int) -> torch.Tensor:
-        with torch.autocast(self.par.device.type, dtype=torch.bfloat16, enabled=self.par.config.bf16):
+        with torch.autocast(self.par.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             if self.schedule is not None:
                 losses: list[torch.Tensor] = []
                 self.schedule.eval(*([x] if self.has_first else []), target=y, losses=losses)
@@ -490,9 +155,9 @@ class ParallelModel:
         return max(0.0, 1 - sum(stage.busy_s for stage in self.stages) / self.pipeline_s)
 
 
-def parallelize(model: nn.Module, par: Parallel, loss_fn) -> ParallelModel:
+def parallelize(model: nn.Module, par: Parallel, loss_fn, options: RuntimeOptions | None = None) -> ParallelModel:
     """Apply the plan to a freshly initialised full model (identical on every rank)."""
-    config = par.config
+    config, options = par.config, options or RuntimeOptions()
     model.to(par.device)
     if config.pp > 1:
         stage_modules = [(s, split_stage(model, config, s)) for s in stage_ids(config, par.pp_rank)]
@@ -502,9 +167,9 @@ def parallelize(model: nn.Module, par: Parallel, loss_fn) -> ParallelModel:
     for _, module in stage_modules:
         if config.tp > 1:
             apply_tp(module, par.submesh("tp"))
-        if config.ac:
+        if options.ac:
             apply_ac(module)
-        if config.compile:
+        if options.compile:
             apply_compile(module)
         if config.uses_fsdp:
             dp_mesh = par.submesh("dp_replicate", "dp_shard") if config.dp_replicate > 1 else par.submesh("dp_shard")
@@ -513,39 +178,14 @@ def parallelize(model: nn.Module, par: Parallel, loss_fn) -> ParallelModel:
             module = apply_ddp(module, par.submesh("dp_replicate"))
         parts.append(module)
     if config.pp == 1:
-        return ParallelModel(par, parts, loss_fn=loss_fn)
+        return ParallelModel(par, parts, loss_fn=loss_fn, bf16=options.bf16)
     schedule, stages = build_schedule(list(zip([s for s, _ in stage_modules], parts)), par, loss_fn)
     return ParallelModel(par, parts, schedule, stages,
                          has_first=any(s.is_first for s in stages), has_last=any(s.is_last for s in stages),
-                         tie_group=tied_embedding_group(par), loss_fn=loss_fn)
+                         tie_group=tied_embedding_group(par), loss_fn=loss_fn, bf16=options.bf16)
 
 
 # ---------------------------------------------------------------- gradients
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-@torch.no_grad()
-def sync_tied_embeddings(pm: ParallelModel) -> None:
-    """Sum the gradients of the copies of the tied embedding/head weight held by different stages."""
-    if pm.schedule is None:
-        return
-    copies = []
-    for part in pm.modules():
-        for module in (part.tok_emb, part.lm_head):
-            if module is not None and module.weight.grad is not None and all(module.weight is not c for c in copies):
-                copies.append(module.weight)
-    if not copies:
-        return
-    total = _local(copies[0].grad).clone()
-    for other in copies[1:]:
-        total += _local(other.grad)
-    if pm.tie_group is not None:
-        dist.all_reduce(total, group=pm.tie_group)
-    for c in copies:
-        _local(c.grad).copy_(total)
-
 
 def grad_norm_params(pm: ParallelModel) -> list[torch.Tensor]:
     """Parameters counted in the global gradient norm: each tied copy is counted once (on the first stage)."""
@@ -624,3 +264,25 @@ def describe_rank(pm: ParallelModel, cfg: TrainConfig) -> str:
     local = cfg.batch_size // plan.dp
     held.append(f"batch rows {par.dp_rank * local}-{(par.dp_rank + 1) * local - 1}")
     return f"rank {par.rank}: " + "; ".join(held)
+
+
+def print_layout(pm: ParallelModel, cfg: TrainConfig) -> None:
+    """Rank 0 prints which rank holds which layers and shards."""
+    par, plan = pm.par, pm.par.config
+    lines = [describe_rank(pm, cfg)]
+    if par.world_size > 1:
+        everyone = [None] * par.world_size
+        dist.all_gather_object(everyone, lines[0])
+        lines = everyone
+    if par.rank != 0:
+        return
+    backend = dist.get_backend() if par.world_size > 1 else "no process group"
+    info(f"plan: {plan.strategy}, {plan.shape()} on {par.world_size} {par.device.type.upper()} process(es) ({backend}); "
+         f"global batch {cfg.batch_size} × {cfg.seq_len} tokens")
+    if plan.pp > 1:
+        local = cfg.batch_size // plan.dp
+        info(f"pipeline: schedule {plan.pp_schedule}, {plan.num_stages} stages ({plan.n_stages_per_rank} per rank), "
+             f"layers per stage {stage_layers(plan, cfg.model.n_layer)}, {plan.n_microbatches} microbatches of "
+             f"{local // plan.n_microbatches} sequences per step")
+    for line in lines:
+        info("  " + line)

@@ -30,9 +30,9 @@ def train_loop_per_worker(config: dict) -> None:
     """Runs on every Ray Train worker."""
     import ray.train
 
-    from pretrain.config import train_config_from_dict
-    from pretrain.parallel import ParallelConfig
-    from pretrain.train import checkpoint_dirs, train
+    from pretrain.checkpoint import checkpoint_dirs
+    from pretrain.config import ParallelConfig, RuntimeOptions, train_config_from_dict
+    from pretrain.train import train
 
     ws = Workspace(Path(config["workspace"]))
     # A restarted worker group continues from the newest checkpoint of this run: the one Ray Train
@@ -52,11 +52,12 @@ def train_loop_per_worker(config: dict) -> None:
                          checkpoint_dir_name=path.name)
 
     train(ws, train_config_from_dict(config["train"]), resume_from=resume_from,
-          plan=ParallelConfig(**config["plan"]), on_checkpoint=report)
+          plan=ParallelConfig(**config["plan"]), options=RuntimeOptions(**config["options"]), on_checkpoint=report,
+          prediction=config["prediction"])
 
 
-def run_on_ray(ws: Workspace, cfg, plan, resume_from: Path | None, address: str, max_failures: int,
-               storage_path: Path | None = None) -> dict:
+def run_on_ray(ws: Workspace, cfg, plan, options, resume_from: Path | None, address: str, max_failures: int,
+               storage_path: Path | None = None, prediction: dict | None = None) -> dict:
     ray = connect(address)
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -69,10 +70,10 @@ def run_on_ray(ws: Workspace, cfg, plan, resume_from: Path | None, address: str,
         shutil.rmtree(ws.checkpoints_dir, ignore_errors=True)
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"workspace": str(ws.root.resolve()), "train": asdict(cfg), "plan": plan.to_dict(),
-                           "resume_from": str(resume_from.resolve()) if resume_from else None},
+        train_loop_config={"workspace": str(ws.root.resolve()), "train": asdict(cfg), "plan": plan.to_dict(), "options": options.to_dict(),
+                           "resume_from": str(resume_from.resolve()) if resume_from else None, "prediction": prediction},
         scaling_config=ScalingConfig(num_workers=plan.world_size, use_gpu=use_gpu, resources_per_worker={"CPU": 1}),
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(plan.timeout_s)),
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(options.timeout_s)),
         run_config=RunConfig(name="pretrain", storage_path=str(storage), failure_config=FailureConfig(max_failures=max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=2)),
     )

@@ -9,7 +9,7 @@ import pytest
 from common.errors import PipelineError
 from common.store import Store
 from common.workspace import Workspace
-from conftest import TINY_TRAINING, run_cli, scifact_slice, SCIFACT
+from conftest import run_cli, scifact_slice, SCIFACT
 from embed import run as embed_run
 from common.chunking import chunk_texts, window_starts
 from embed.run import EmbedSettings, run_embed

@@ -132,7 +132,7 @@ def test_killed_pretrain_keeps_the_previous_model_and_resumes_to_the_same_losses
     assert not (ws / "checkpoints").exists()
     assert run_cli("pretrain", "-w", str(ws), "--resume", check=False).returncode == 2
     # In the middle of the third checkpoint (step 6): its tensors written, not its training state.
-    killer.run("pretrain.train:atomic_write_json:train_state.json", 3, "pretrain", "-w", str(ws), *args)
+    killer.run("pretrain.checkpoint:atomic_write_json:train_state.json", 3, "pretrain", "-w", str(ws), *args)
     assert sorted(p.name for p in (ws / "checkpoints").iterdir()) == ["step_00000002", "step_00000004", "step_00000006.tmp"]
     # Resumed, then killed while swapping in the exported model.
     killer.run("pretrain.export:replace_directory", 1, "pretrain", "-w", str(ws), "--resume", "--no-adapt")

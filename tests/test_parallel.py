@@ -30,7 +30,7 @@ from common.errors import PipelineError
 from common.workspace import Workspace
 from pretrain.config import ModelConfig, TrainConfig
 from pretrain.launch import RunSpec, launch
-from pretrain.parallel import SCHEDULES, ParallelConfig
+from pretrain.config import SCHEDULES, ParallelConfig, RuntimeOptions
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 5
@@ -53,7 +53,7 @@ PLANS_4 = {
     "hsdp2x2": dict(strategy="fsdp", dp_replicate=2, dp_shard=2),
     "tp4": dict(strategy="tp", tp=4),
     "pp4-1f1b": dict(strategy="pp", pp=4, pp_schedule="1f1b"),
-    "dp2xtp2-ac-fused": dict(strategy="hybrid", dp_shard=2, tp=2, ac=True, fused_adamw=True),
+    "dp2xtp2-ac-fused": dict(strategy="hybrid", dp_shard=2, tp=2, options=dict(ac=True, fused_adamw=True)),
     "dp2xpp2-gpipe": dict(strategy="hybrid", dp_shard=2, pp=2, pp_schedule="gpipe", microbatches=4),
     "tp2xpp2-interleaved": dict(strategy="hybrid", tp=2, pp=2, pp_schedule="interleaved-1f1b"),
     "dp2xpp2-zbv": dict(strategy="hybrid", dp_shard=2, pp=2, pp_schedule="zbv"),
@@ -78,7 +78,7 @@ WORDS = ("the a of model data token train loss step rank shard pipeline stage te
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
     """A workspace holding only a tokenizer and token files, copied into each run's workspace."""
-    from pretrain.train import prepare_data
+    from pretrain.data import prepare_data
 
     root = tmp_path_factory.mktemp("parallel")
     corpus = root / "corpus"
@@ -149,7 +149,9 @@ def run_job(prepared: Path, nproc: int, runs: dict[str, tuple[dict, str | None]]
         roots[name] = ws.root
         plan = dict(plan)
         run_cfg = dict(cfg, checkpoint_every=3 if name in RESUME_SOURCES else STEPS, **plan.pop("train", {}))
-        specs.append(RunSpec(str(ws.root), run_cfg, asdict(ParallelConfig(**plan)), resume_from, export=name in EXPORTED))
+        options = asdict(RuntimeOptions(**plan.pop("options", {})))
+        specs.append(RunSpec(str(ws.root), run_cfg, asdict(ParallelConfig(**plan)), resume_from, export=name in EXPORTED,
+                             options=options))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OMP_NUM_THREADS", "1")
         launch(specs, nproc)
@@ -217,7 +219,8 @@ def test_every_plan_exports_the_same_hugging_face_model(prepared, world4, single
 
     from pretrain.export import to_hf_state_dict
     from pretrain.model import GPT
-    from pretrain.train import build_optimizer, load_checkpoint
+    from pretrain.checkpoint import load_checkpoint
+    from pretrain.train import build_optimizer
 
     cfg = train_config(prepared)
     model = GPT(cfg.model)
@@ -307,7 +310,7 @@ def test_a_failing_rank_ends_the_job_with_one_clear_error(prepared, tmp_path, fa
     cfg = replace(train_config(prepared), max_steps=50)
     # Rank 0 is blocked in the pipeline when rank 1 fails: the job must still end, quickly.
     spec = RunSpec(str(new_workspace(prepared, f"failing-{failure}").root), asdict(cfg),
-                   asdict(ParallelConfig(strategy="pp", pp=2, timeout_s=600)), export=False)
+                   asdict(ParallelConfig(strategy="pp", pp=2)), export=False, options=asdict(RuntimeOptions(timeout_s=600)))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OMP_NUM_THREADS", "1")
         mp.setenv("FAILURE", failure)

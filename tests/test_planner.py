@@ -3,6 +3,7 @@ plan choices that follow the hardware, bad input, and the link emulator and clus
 real gloo job. Benchmarks (benchmarks/bench_planner.py) check predictions against measured runs."""
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -14,11 +15,15 @@ import torch
 
 from common.errors import PipelineError
 from conftest import run_cli
-from pretrain.cluster import Device, Link, load_cluster_toml, measure_cluster, MeasureSettings, uniform_cluster
-from pretrain.config import ModelConfig, model_config_for
-from pretrain.parallel import ParallelConfig
-from pretrain.plan import (Candidate, Layout, Workload, check_degrees, enumerate_plans, estimate, filter_degrees, plan, profile_model,
-                           shared_cpu_speedup, simulate)
+from pretrain.config import ModelConfig, ParallelConfig, model_config_for
+from pretrain.planner.candidates import Candidate, enumerate_plans
+from pretrain.planner.cluster import Device, Link, load_cluster_toml, uniform_cluster
+from pretrain.planner.cost import estimate, shared_cpu_speedup
+from pretrain.planner.layout import Layout
+from pretrain.planner.measure import MeasureSettings, local_cluster, measure_cluster
+from pretrain.planner.pipeline_sim import simulate
+from pretrain.planner.profile import Workload, profile_model
+from pretrain.planner.rank import check_degrees, filter_degrees, plan
 
 GB = 1e9
 TWO_SITES = """
@@ -287,17 +292,16 @@ def test_plan_command_table_json_and_errors(tmp_path):
 
 # ---------------------------------------------------------------- real processes: emulator and measurement
 
-def test_measured_links_show_the_emulated_latency_and_bandwidth(monkeypatch):
-    """A real 2-process gloo job measures this machine; the link emulator adds 25 ms and 80 Mbit/s. How
-    much more than that a message takes depends on the machine and its load: the test asserts only what
-    the emulator guarantees (no message arrives sooner than its emulated time) and that every cost the
-    planner needs was measured."""
-    from pretrain.linkemu import ENV, EmulatedLinks
+def test_measured_links_show_the_emulated_latency_and_bandwidth():
+    """A real 2-process gloo job measures this machine; the benchmarks' link emulator, installed in each
+    rank by the measurement's setup, adds 25 ms and 80 Mbit/s. How much more than that a message takes
+    depends on the machine and its load: the test asserts only what the emulator guarantees (no message
+    arrives sooner than its emulated time) and that every cost the planner needs was measured."""
+    from benchmarks.linkemu import EmulatedLinks, install
 
     emulated = Link(0.025, 10e6)
-    monkeypatch.setenv(ENV, EmulatedLinks.sites(2, 1, emulated).to_json())
     settings = MeasureSettings(seconds=0.05, large_bytes=2**20, repeats=2)
-    cluster = measure_cluster(2, settings)
+    cluster = measure_cluster(2, settings, setup=functools.partial(install, EmulatedLinks.sites(2, 1, emulated)))
     link = cluster.link(0, 1)
     assert link.latency_s >= emulated.latency_s
     assert link.time(settings.large_bytes) >= emulated.time(settings.large_bytes)
@@ -317,10 +321,25 @@ def test_measured_links_show_the_emulated_latency_and_bandwidth(monkeypatch):
 
 
 def test_cluster_is_measured_once_and_cached_in_the_workspace(tmp_path):
-    from pretrain.cluster import local_cluster
-
     quick = MeasureSettings(seconds=0.05)
     first, cached = local_cluster(tmp_path / "cluster.json", 1, settings=quick)
     assert not cached and first.world_size == 1
     again, cached = local_cluster(tmp_path / "cluster.json", 1, settings=quick)
     assert cached and again.devices[0].flops == first.devices[0].flops
+
+
+def test_strategy_auto_trains_the_top_plan_and_logs_its_prediction_beside_the_measurement(tmp_path, corpus_file):
+    """One process: the planner measures this machine (cached in the workspace), picks the plan, and
+    the run logs the planner's step time and memory beside what it measured."""
+    from conftest import TINY_TRAINING
+
+    ws = tmp_path / "ws"
+    done = run_cli("pretrain", "-w", str(ws), "--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "2",
+                   "--strategy", "auto")
+    assert "strategy auto: single out of" in done.stderr
+    assert list(json.loads((ws / "cluster.json").read_text())) != []
+    steps = [json.loads(line) for line in (ws / "metrics.jsonl").read_text().splitlines()]
+    train = [s for s in steps if s["event"] == "train"]
+    assert len(train) == 2 and all(s["predicted_step_s"] > 0 and s["measured_step_s"] > 0 for s in train)
+    assert all(s["predicted_peak_mem_mb"] > 0 for s in train)
+    assert json.loads((ws / "manifest.json").read_text())["model"]["prediction"]["plan"] == "single"

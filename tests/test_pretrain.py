@@ -47,7 +47,8 @@ def test_export_matches_training_model_in_transformers_and_loads_in_sentence_tra
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModelForCausalLM
 
-    from pretrain.train import build_optimizer, checkpoint_dirs, config_from_checkpoint, load_checkpoint
+    from pretrain.checkpoint import checkpoint_dirs, config_from_checkpoint, load_checkpoint
+    from pretrain.train import build_optimizer
     from common.workspace import Workspace
 
     ws = Workspace(trained_workspace)

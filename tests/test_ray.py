@@ -1,5 +1,4 @@
 """Ray paths on a throw-away local Ray cluster (slow to start: few, bounded tests)."""
-import json
 
 import numpy as np
 import pytest

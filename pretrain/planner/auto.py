@@ -15,11 +15,13 @@ from pathlib import Path
 from common.console import info
 from common.errors import PipelineError
 from common.workspace import Workspace
-from pretrain.cluster import Cluster, load_cluster_toml, local_cluster
-from pretrain.config import PRESET_TRAINING, PRESETS, ModelConfig, TrainConfig, model_config_for
-from pretrain.plan import Estimate, PlanResult, Workload, check_degrees, filter_degrees, plan
-
-CLUSTER_CACHE = "cluster.json"
+from pretrain.config import PRESET_TRAINING, PRESETS, ModelConfig, ParallelConfig, RuntimeOptions, TrainConfig, model_config_for
+from pretrain.planner.candidates import Candidate
+from pretrain.planner.cluster import Cluster, load_cluster_toml
+from pretrain.planner.cost import Estimate, estimate
+from pretrain.planner.measure import CLUSTER_CACHE, cache_key, local_cluster
+from pretrain.planner.profile import Workload
+from pretrain.planner.rank import PlanResult, check_degrees, filter_degrees, plan, why
 
 
 def load_model_config(path: Path, seq_len: int | None, vocab_size: int | None) -> ModelConfig:
@@ -43,9 +45,9 @@ def load_model_config(path: Path, seq_len: int | None, vocab_size: int | None) -
             raise PipelineError(f"--model-config {path}: field '{name}' must be a positive integer, got {value!r}")
     cfg = ModelConfig(**{k: v for k, v in fields.items() if v is not None})
     if vocab_size:
-        cfg.vocab_size = vocab_size
+        cfg = replace(cfg, vocab_size=vocab_size)
     if seq_len and seq_len > cfg.block_size:
-        cfg.block_size = seq_len
+        cfg = replace(cfg, block_size=seq_len)
     return cfg
 
 
@@ -101,32 +103,26 @@ def choose_plan(ws: Workspace, cfg: TrainConfig, nproc: int, nnodes: int, cluste
     work = Workload(cfg.model, cfg.seq_len, cfg.batch_size, act_bytes=2 if bf16 else 4)
     result = plan_for(work, cluster, world)
     best = result.ranked[0]
-    from pretrain.plan import why
-
     info(f"strategy auto: {best.label} out of {len(result.ranked)} plans that fit ({len(result.rejected)} do not): {why(best, result)}")
     return result, best
 
 
-def apply_estimate(base, cfg: TrainConfig, est: Estimate):
-    """The ParallelConfig and TrainConfig that run an estimated plan (keeping the run's own options)."""
-    c = est.candidate.config
-    config = replace(base, strategy=c.strategy, dp_replicate=c.dp_replicate, dp_shard=c.dp_shard, tp=c.tp, pp=c.pp,
-                     pp_schedule=c.pp_schedule, microbatches=c.microbatches, stages_per_rank=c.stages_per_rank, pp_split=c.pp_split)
-    return config, replace(cfg, grad_accum=est.candidate.grad_accum)
+def apply_estimate(cfg: TrainConfig, est: Estimate) -> tuple[ParallelConfig, TrainConfig]:
+    """The ParallelConfig and TrainConfig that run an estimated plan."""
+    return replace(est.candidate.config), replace(cfg, grad_accum=est.candidate.grad_accum)
 
 
 def prediction(est: Estimate) -> dict:
     return {"plan": est.label, "step_s": est.step_s, "peak_mem_mb": est.memory_bytes / 2**20, "main_cost": est.main_cost}
 
 
-def autotune_plan(ws: Workspace, cfg: TrainConfig, base, result: PlanResult, k: int, steps: int, launch_args: dict) -> Estimate:
+def autotune_plan(ws: Workspace, cfg: TrainConfig, options: RuntimeOptions, result: PlanResult, k: int, steps: int,
+                  launch_args: dict) -> Estimate:
     """Run `steps` steps of each of the top k plans in one job (scratch workspaces sharing the token files)
     and return the estimate of the measured fastest; prints predicted vs measured."""
     from pretrain.launch import RunSpec, launch
     from pretrain.train import train
 
-    if k < 1:
-        raise PipelineError(f"--autotune must be positive, got {k}")
     top = result.ranked[:k]
     trial_cfg = replace(cfg, max_steps=steps, log_every=1, eval_every=10**9, checkpoint_every=10**9, measure_comm=False)
     with tempfile.TemporaryDirectory(dir=ws.root, prefix="autotune-") as tmp:
@@ -136,14 +132,14 @@ def autotune_plan(ws: Workspace, cfg: TrainConfig, base, result: PlanResult, k: 
             root.mkdir()
             (root / "data").symlink_to(ws.data_dir.resolve())
             (root / "tokenizer").symlink_to(ws.tokenizer_dir.resolve())
-            config, run_cfg = apply_estimate(base, trial_cfg, est)
-            specs.append(RunSpec(str(root), asdict(run_cfg), config.to_dict(), None, export=False))
+            config, run_cfg = apply_estimate(trial_cfg, est)
+            specs.append(RunSpec(str(root), asdict(run_cfg), config.to_dict(), None, export=False, options=options.to_dict()))
             roots.append(root)
         info(f"autotune: {steps} steps of each of the top {len(top)} plans")
         if launch_args["nproc"] * launch_args.get("nnodes", 1) == 1:
             for spec, est in zip(specs, top):
-                config, run_cfg = apply_estimate(base, trial_cfg, est)
-                train(Workspace(Path(spec.workspace)), run_cfg, plan=config, export=False)
+                config, run_cfg = apply_estimate(trial_cfg, est)
+                train(Workspace(Path(spec.workspace)), run_cfg, plan=config, options=options, export=False)
         else:
             launch(specs, **launch_args)
         measured = [_median_step(root) for root in roots]
@@ -165,27 +161,9 @@ def _median_step(root: Path) -> float:
 
 # ---------------------------------------------------------------- predicted beside measured, in every run
 
-def memory_now_mb(device) -> float:
-    """Memory in use now: allocated GPU memory, or this process's resident set on CPU (the baseline that
-    the measured peak is counted from, so it compares with the planner's estimate)."""
-    import torch
-
-    if device.type == "cuda":
-        return torch.cuda.memory_allocated(device) / 2**20
-    try:
-        import os
-
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
-def predict_run(ws: Workspace, cfg: TrainConfig, config) -> dict | None:
+def predict_run(ws: Workspace, cfg: TrainConfig, config: ParallelConfig, bf16: bool) -> dict | None:
     """The planner's step time and peak memory for this run's plan, if the workspace holds a cluster
     measurement for its world size (training never measures by itself). Never fails the run."""
-    from pretrain.cluster import cache_key
-    from pretrain.plan import Candidate, estimate
-
     try:
         cache = ws.root / CLUSTER_CACHE
         key = cache_key(config.world_size)
@@ -194,7 +172,7 @@ def predict_run(ws: Workspace, cfg: TrainConfig, config) -> dict | None:
         raw = json.loads(cache.read_text()).get(key)
         if raw is None:
             return None
-        work = Workload(cfg.model, cfg.seq_len, cfg.batch_size, act_bytes=2 if config.bf16 else 4)
+        work = Workload(cfg.model, cfg.seq_len, cfg.batch_size, act_bytes=2 if bf16 else 4)
         est = estimate(Candidate(config, cfg.grad_accum), work, Cluster.from_dict(raw))
         return prediction(est)
     except Exception as e:  # noqa: BLE001 - a prediction is informative; training goes on without it

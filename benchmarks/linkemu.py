@@ -9,7 +9,7 @@ What it does, per link (a latency in seconds and a bandwidth in bytes/s between 
 
     collectives   (all_reduce, all_gather, reduce_scatter, broadcast; c10d calls, DTensor's functional
                   collectives and DDP's gradient buckets) first sleep for the ring-model time of the
-                  collective over the slowest link its group's ring crosses (cluster.collective_time),
+                  collective over the slowest link its group's ring crosses (the planner's collective_time),
                   then run for real. Every rank of the group sleeps the same time, so the collective
                   ends that much later everywhere; an asynchronous collective blocks its caller.
     isend         is deferred: a background thread posts the real send latency + bytes/bandwidth
@@ -21,9 +21,11 @@ What it does, per link (a latency in seconds and a bandwidth in bytes/s between 
 
 The real transfer over loopback still happens and adds its own small cost, as a network card would.
 Install it in every rank before the process group is created: `install(links)`, or set the
-PIPELINE_LINK_EMULATOR environment variable to the JSON of an EmulatedLinks and start the workers
-with `python -m pretrain.linkemu SPEC` (the training worker of pretrain.launch, emulator first) or
-call install_from_env(). `stats` counts what was delayed (collectives by kind, bytes, seconds).
+PIPELINE_LINK_EMULATOR environment variable to the JSON of an EmulatedLinks and call
+install_from_env() (benchmarks/planner_worker.py does, before training; the planner's measurement
+takes either as its `setup`). `stats` counts what was delayed (collectives by kind, bytes, seconds).
+
+A benchmark and test tool: it patches torch.distributed, so the product never imports it.
 """
 from __future__ import annotations
 
@@ -31,13 +33,12 @@ import atexit
 import json
 import os
 import queue
-import sys
 import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from pretrain.cluster import Link, collective_time
+from pretrain.planner.cluster import Link, collective_time
 
 ENV = "PIPELINE_LINK_EMULATOR"
 
@@ -78,10 +79,6 @@ class EmulatedLinks:
 stats: Counter = Counter()  # "<kind>" -> calls, "<kind>_bytes" -> bytes, "delay_s" -> seconds slept (callers)
 _links: EmulatedLinks | None = None
 _sender: "_DeferredSender | None" = None
-
-
-def installed() -> bool:
-    return _links is not None
 
 
 # ---------------------------------------------------------------- groups and delays
@@ -297,12 +294,3 @@ def install_from_env() -> bool:
     install(EmulatedLinks.from_json(spec))
     return True
 
-
-if __name__ == "__main__":
-    # `python -m pretrain.linkemu SPEC`: the training worker of pretrain.launch behind the emulator.
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    from pretrain.launch import worker
-
-    install_from_env()
-    record(worker)(sys.argv[1])

@@ -1,0 +1,252 @@
+"""`pipeline pretrain`: from documents to a trained, exported model, adapted to retrieval.
+
+run_pretrain() checks the settings once, before anything is written, then
+
+    a new run    prepares the data (tokenizer and token files, pretrain/data.py), sizes the model to the
+                 time budget unless a shape or step count was given (pretrain/sizing.py), takes the plan
+                 given or, with --strategy auto, the planner's (pretrain/planner/auto.py, --autotune), and
+                 trains: in this process, under torchrun (pretrain/launch.py) or on Ray (pretrain/ray_train.py)
+    --resume     continues the latest checkpoint under this run's plan (any plan can resume any checkpoint)
+
+and afterwards adapts the model to retrieval (`pipeline tune` with its defaults) unless --no-adapt.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from common.console import info
+from common.errors import PipelineError
+from common.workspace import Workspace
+from pretrain.checkpoint import checkpoint_dirs, config_from_checkpoint
+from pretrain.config import PRESET_TRAINING, PRESETS, ParallelConfig, RuntimeOptions, TrainConfig, model_config_for
+from pretrain.data import prepare_data
+from pretrain.sizing import parse_duration, size_to_budget
+
+
+@dataclass
+class PretrainSettings:
+    """The command's options, as cli.py parsed them (same names and defaults)."""
+    data: list[Path] = field(default_factory=list)
+    text_field: str | None = None
+    # the model and the run; without a preset, shape or step count the model is sized to time_budget
+    preset: str | None = None
+    time_budget: str = "12m"
+    max_steps: int | None = None
+    tokens: int | None = None
+    seq_len: int | None = None
+    batch_size: int | None = None
+    grad_accum: int = 1
+    lr: float | None = None
+    seed: int = 1337
+    vocab_size: int | None = None
+    n_layer: int | None = None
+    n_head: int | None = None
+    n_embd: int | None = None
+    eval_every: int = 100
+    checkpoint_every: int = 100
+    log_every: int = 10
+    resume: bool = False
+    adapt: bool = True
+    # the job
+    nproc: int | None = None  # default: one per GPU (1 on CPU), or per Ray worker slot
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    ray: str | None = None
+    max_failures: int = 0
+    # the plan: degrees given (or inferred), or the planner's with strategy "auto"
+    strategy: str | None = None
+    dp: int | None = None
+    dp_replicate: int | None = None
+    dp_shard: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    pp_schedule: str = "1f1b"
+    microbatches: int | None = None
+    stages_per_rank: int | None = None
+    pp_split: str | None = None
+    autotune: int | None = None
+    cluster: Path | None = None
+    # how each rank runs (RuntimeOptions); None: on with a GPU
+    bf16: bool | None = None
+    compile: bool = False
+    ac: bool = False
+    fused_adamw: bool | None = None
+    dist_timeout: float = 300.0
+
+    @property
+    def auto(self) -> bool:
+        return self.strategy == "auto"
+
+    @property
+    def shape_given(self) -> bool:
+        """Anything that fixes the model's shape or the run's length: then nothing is sized."""
+        return any(v is not None for v in (self.preset, self.max_steps, self.tokens, self.n_layer, self.n_head, self.n_embd,
+                                           self.seq_len, self.batch_size))
+
+
+AUTOTUNE_STEPS = 4  # steps of each plan --autotune measures (the first warms up)
+
+
+def run_pretrain(ws: Workspace, s: PretrainSettings) -> dict:
+    """Run `pipeline pretrain`; returns the model's summary (with the adaptation's, if any)."""
+    budget_s = check_settings(s)
+    nproc = s.nproc if s.nproc is not None else default_workers(s.ray)
+    plan = ParallelConfig.resolve(None if s.auto else s.strategy, nproc * s.nnodes, dp=s.dp, dp_replicate=s.dp_replicate,
+                                  dp_shard=s.dp_shard, tp=s.tp, pp=s.pp, pp_schedule=s.pp_schedule,
+                                  microbatches=s.microbatches or 0, stages_per_rank=s.stages_per_rank or 0,
+                                  pp_split=parse_split(s.pp_split))
+    options = runtime_options(s)
+    resume_from = latest_checkpoint(ws) if s.resume else None
+    cfg = resumed_config(resume_from, s) if resume_from else new_train_config(s)
+    if not s.auto:
+        plan.validate(cfg.model, cfg)  # the plan the user gave, before anything is written
+    job = dict(nproc=nproc, nnodes=s.nnodes, node_rank=s.node_rank, master_addr=s.master_addr, master_port=s.master_port)
+
+    if resume_from is None and not s.shape_given:  # sized to the data, this machine and the time budget
+        started = time.monotonic()
+        cfg.preset, cfg.vocab_size = "sized", s.vocab_size or 0  # 0: sized to the corpus
+        meta = prepare_data(ws, s.data, s.text_field, cfg)
+        cfg, report = size_to_budget(cfg, meta["train_tokens"], budget_s - (time.monotonic() - started), nproc * s.nnodes,
+                                     None if s.auto else plan)  # only shapes the plan accepts
+        for line in report:
+            info(line)
+    if s.auto:  # the planner's plans are ones training accepts (the same check)
+        from pretrain.planner.auto import apply_estimate, autotune_plan, choose_plan
+
+        result, best = choose_plan(ws, cfg, nproc, s.nnodes, s.cluster, options.bf16)
+        plan, cfg = apply_estimate(cfg, best)
+    if resume_from is None and s.shape_given:
+        meta = prepare_data(ws, s.data, s.text_field, cfg)  # once, in this process: workers only train
+        cfg.model = model_config_for(cfg.preset, meta["vocab_size"], cfg.seq_len, **shape_overrides(s))
+    if s.auto and s.autotune and resume_from is None:
+        plan, cfg = apply_estimate(cfg, autotune_plan(ws, cfg, options, result, s.autotune, AUTOTUNE_STEPS, job))
+
+    summary = train_job(ws, cfg, plan, options, resume_from, s, job)
+    if s.adapt and s.node_rank == 0:  # the other nodes only trained
+        from embed.run import source_documents
+        from embed.tune import TuneSettings, run_tune
+
+        info("adapting the pretrained model to retrieval on the same documents (--no-adapt skips this)")
+        summary["adaptation"] = run_tune(ws, list(source_documents(ws, s.data, s.text_field)), TuneSettings())
+    return summary
+
+
+# ---------------------------------------------------------------- settings, checked once
+
+def check_settings(s: PretrainSettings) -> float:
+    """Every check that needs only the settings; returns the time budget in seconds."""
+    try:
+        budget_s = parse_duration(s.time_budget)
+    except ValueError as e:
+        raise PipelineError(f"--time-budget: {e}") from None
+    if s.ray is not None and (s.nnodes != 1 or s.node_rank != 0 or s.master_addr or s.master_port):
+        raise PipelineError("--ray places the workers itself: drop --nnodes/--node-rank/--master-addr/--master-port")
+    if (s.nproc is not None and s.nproc < 1) or s.nnodes < 1:
+        raise PipelineError("--nproc and --nnodes must be positive")
+    given = (s.dp, s.dp_replicate, s.dp_shard, s.tp, s.pp, s.microbatches, s.stages_per_rank, s.pp_split)
+    if s.auto and any(v is not None for v in given):
+        raise PipelineError("--strategy auto chooses the degrees, schedule and split itself; drop --dp/--tp/--pp and the pipeline options")
+    if (s.autotune is not None or s.cluster is not None) and not s.auto:
+        raise PipelineError("--autotune and --cluster go with --strategy auto")
+    if s.autotune is not None and s.autotune < 1:
+        raise PipelineError(f"--autotune must be positive, got {s.autotune}")
+    if s.max_steps is not None and s.max_steps < 0:
+        raise PipelineError(f"--max-steps must be 0 or more, got {s.max_steps}")
+    return budget_s
+
+
+def parse_split(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise PipelineError(f"--pp-split: expected layers per stage like 5,3, got '{text}'") from None
+
+
+def default_workers(ray: str | None) -> int:
+    """One process per GPU (1 on CPU), or with --ray one worker per GPU or CPU slot of the Ray cluster."""
+    if ray is not None:
+        from pretrain.ray_train import cluster_workers
+
+        return cluster_workers(ray)
+    from pretrain.launch import default_nproc
+
+    return default_nproc()
+
+
+def runtime_options(s: PretrainSettings) -> RuntimeOptions:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return RuntimeOptions(bf16=cuda if s.bf16 is None else s.bf16, compile=s.compile, ac=s.ac,
+                          fused_adamw=cuda if s.fused_adamw is None else s.fused_adamw, timeout_s=s.dist_timeout)
+
+
+def shape_overrides(s: PretrainSettings) -> dict:
+    return {k: v for k, v in dict(n_layer=s.n_layer, n_head=s.n_head, n_embd=s.n_embd).items() if v is not None}
+
+
+def new_train_config(s: PretrainSettings) -> TrainConfig:
+    """The run's configuration from the preset (tiny by default) and the settings that override it."""
+    preset = s.preset or "tiny"
+    if preset not in PRESETS:
+        raise PipelineError(f"--preset: unknown preset '{preset}' (choose from {', '.join(PRESETS)})")
+    defaults = PRESET_TRAINING[preset]
+    seq_len = s.seq_len or defaults["seq_len"]
+    batch_size = s.batch_size or defaults["batch_size"]
+    vocab = s.vocab_size or defaults["vocab_size"]
+    for name, value in dict(seq_len=seq_len, batch_size=batch_size, grad_accum=s.grad_accum, vocab_size=vocab).items():
+        if value < 1:
+            raise PipelineError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    max_steps = max(1, -(-s.tokens // (batch_size * seq_len))) if s.tokens is not None else s.max_steps
+    cfg = TrainConfig(
+        preset=preset, max_steps=defaults["max_steps"] if max_steps is None else max_steps, seq_len=seq_len, batch_size=batch_size,
+        grad_accum=s.grad_accum, lr=s.lr or defaults["lr"], seed=s.seed, vocab_size=vocab,
+        eval_every=s.eval_every, checkpoint_every=s.checkpoint_every, log_every=s.log_every,
+    )
+    cfg.model = model_config_for(preset, vocab, seq_len, **shape_overrides(s))
+    if cfg.model.n_embd % cfg.model.n_head:
+        raise PipelineError(f"--n-embd {cfg.model.n_embd} is not divisible by --n-head {cfg.model.n_head}")
+    return cfg
+
+
+def latest_checkpoint(ws: Workspace) -> Path:
+    checkpoints = checkpoint_dirs(ws)
+    if not checkpoints:
+        raise PipelineError(f"--resume: no checkpoint in {ws.checkpoints_dir}")
+    return checkpoints[-1]
+
+
+def resumed_config(checkpoint: Path, s: PretrainSettings) -> TrainConfig:
+    cfg = config_from_checkpoint(checkpoint)
+    if s.max_steps is not None:
+        cfg.max_steps = s.max_steps
+    return cfg
+
+
+# ---------------------------------------------------------------- training, where the job runs
+
+def train_job(ws: Workspace, cfg: TrainConfig, plan: ParallelConfig, options: RuntimeOptions, resume_from: Path | None,
+              s: PretrainSettings, job: dict) -> dict:
+    """Train in this process when the job is one process, else under torchrun on this node, or on Ray;
+    returns the model's summary (empty on nodes other than the first)."""
+    from pretrain.launch import RunSpec, launch
+    from pretrain.planner.auto import predict_run
+    from pretrain.train import train
+
+    prediction = predict_run(ws, cfg, plan, options.bf16)  # logged beside the measured step, if this machine was measured
+    if s.ray is not None:
+        from pretrain.ray_train import run_on_ray
+
+        return run_on_ray(ws, cfg, plan, options, resume_from, s.ray, s.max_failures, prediction=prediction)
+    if job["nproc"] * job["nnodes"] == 1:
+        return train(ws, cfg, resume_from=resume_from, plan=plan, options=options, prediction=prediction)
+    spec = RunSpec(str(ws.root.resolve()), asdict(cfg), plan.to_dict(), str(resume_from.resolve()) if resume_from else None,
+                   prediction=prediction, options=options.to_dict())
+    launch([spec], **job)
+    return ws.read_manifest().get("model", {}) if job["node_rank"] == 0 else {}
