@@ -20,7 +20,7 @@ from typing import Annotated, Literal, Optional
 import typer
 from typer.core import TyperGroup
 
-from common.console import err, out, quiet_libraries
+from common.console import err, info, out, quiet_libraries
 from common.errors import PipelineError
 from common.workspace import WORKSPACE_ENV, Workspace
 
@@ -223,14 +223,21 @@ def pretrain(
         data=list(data or []), text_field=text_field, preset=preset, time_budget=time_budget, max_steps=max_steps, tokens=tokens,
         seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum, lr=lr, seed=seed, vocab_size=vocab_size, n_layer=n_layer,
         n_head=n_head, n_embd=n_embd, eval_every=eval_every, checkpoint_every=checkpoint_every, log_every=log_every, resume=resume,
-        adapt=adapt, nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port, ray=ray,
+        nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port, ray=ray,
         max_failures=max_failures, strategy=strategy, dp=dp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp,
         pp_schedule=pp_schedule, microbatches=microbatches, stages_per_rank=stages_per_rank, pp_split=pp_split,
         autotune=autotune, cluster=cluster, bf16=bf16, compile=compile_model, ac=ac, fused_adamw=fused_adamw,
         dist_timeout=dist_timeout,
     )
     # The workspace is created when the data is prepared, after every check: a failed run writes nothing.
-    summary = run_pretrain(Workspace(workspace), settings)
+    ws = Workspace(workspace)
+    summary = run_pretrain(ws, settings)
+    if adapt and node_rank == 0:  # the other nodes only trained
+        from embed.run import source_documents
+        from embed.tune import TuneSettings, run_tune
+
+        info("adapting the pretrained model to retrieval on the same documents (--no-adapt skips this)")
+        summary["adaptation"] = run_tune(ws, list(source_documents(ws, settings.data, text_field)), TuneSettings())
     if json_output:
         out.print_json(json.dumps(summary))
 

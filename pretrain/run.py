@@ -1,4 +1,4 @@
-"""`pipeline pretrain`: from documents to a trained, exported model, adapted to retrieval.
+"""`pipeline pretrain`: from documents to a trained, exported model.
 
 run_pretrain() checks the settings once, before anything is written, then
 
@@ -8,7 +8,8 @@ run_pretrain() checks the settings once, before anything is written, then
                  trains: in this process, under torchrun (pretrain/launch.py) or on Ray (pretrain/ray_train.py)
     --resume     continues the latest checkpoint under this run's plan (any plan can resume any checkpoint)
 
-and afterwards adapts the model to retrieval (`pipeline tune` with its defaults) unless --no-adapt.
+The adaptation to retrieval that follows (`pipeline tune` with its defaults, unless --no-adapt) is the
+embed stage's: cli.py chains it after this, since no stage imports another.
 """
 from __future__ import annotations
 
@@ -48,7 +49,6 @@ class PretrainSettings:
     checkpoint_every: int = 100
     log_every: int = 10
     resume: bool = False
-    adapt: bool = True
     # the job
     nproc: int | None = None  # default: one per GPU (1 on CPU), or per Ray worker slot
     nnodes: int = 1
@@ -92,7 +92,7 @@ AUTOTUNE_STEPS = 4  # steps of each plan --autotune measures (the first warms up
 
 
 def run_pretrain(ws: Workspace, s: PretrainSettings) -> dict:
-    """Run `pipeline pretrain`; returns the model's summary (with the adaptation's, if any)."""
+    """Run `pipeline pretrain`; returns the model's summary."""
     budget_s = check_settings(s)
     nproc = s.nproc if s.nproc is not None else default_workers(s.ray)
     plan = ParallelConfig.resolve(None if s.auto else s.strategy, nproc * s.nnodes, dp=s.dp, dp_replicate=s.dp_replicate,
@@ -125,14 +125,7 @@ def run_pretrain(ws: Workspace, s: PretrainSettings) -> dict:
     if s.auto and s.autotune and resume_from is None:
         plan, cfg = apply_estimate(cfg, autotune_plan(ws, cfg, options, result, s.autotune, AUTOTUNE_STEPS, job))
 
-    summary = train_job(ws, cfg, plan, options, resume_from, s, job)
-    if s.adapt and s.node_rank == 0:  # the other nodes only trained
-        from embed.run import source_documents
-        from embed.tune import TuneSettings, run_tune
-
-        info("adapting the pretrained model to retrieval on the same documents (--no-adapt skips this)")
-        summary["adaptation"] = run_tune(ws, list(source_documents(ws, s.data, s.text_field)), TuneSettings())
-    return summary
+    return train_job(ws, cfg, plan, options, resume_from, s, job)
 
 
 # ---------------------------------------------------------------- settings, checked once

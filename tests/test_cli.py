@@ -204,8 +204,7 @@ def test_choices_are_the_ones_each_stage_accepts():
     import cli
     from embed.tune import ARCHITECTURES, PAIR_KINDS, POOLING_MODES
     from index.build import INDEX_TYPES
-    from pretrain.config import PRESETS
-    from pretrain.parallel import SCHEDULES, STRATEGIES
+    from pretrain.config import PRESETS, SCHEDULES, STRATEGIES
     from search.engine import MODES
 
     assert get_args(cli.SearchMode) == MODES and get_args(cli.EvalMode) == (*MODES, "all")
