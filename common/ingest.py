@@ -11,8 +11,8 @@ from typing import Callable
 
 import numpy as np
 
-from common.chunking import chunk_texts
-from common.models import embedding_text
+from common.chunking import chunk_texts, whole_text_chunk
+from common.models import STATIC_BATCH_TEXTS, embedding_text, encode, is_static
 from common.readers import Document
 from common.store import ChunkRow
 
@@ -24,19 +24,48 @@ def content_hash(doc: Document) -> str:
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
 
 
-def document_rows(docs: list[Document]) -> list[tuple[str, str, str, str, str, dict]]:
-    """The rows Store.write_documents takes."""
-    return [(d.id, d.title, d.source, d.text, content_hash(d), d.metadata) for d in docs]
+def document_rows(docs: list[Document], digests: dict[str, str] | None = None) -> list[tuple[str, str, str, str, str, dict]]:
+    """The rows Store.write_documents takes; digests: each document's content_hash, when known already."""
+    return [(d.id, d.title, d.source, d.text, digests[d.id] if digests else content_hash(d), d.metadata) for d in docs]
 
 
-def chunk_and_embed(docs: list[Document], tokenizer, embed_texts: Callable[[list[str]], np.ndarray], chunk_tokens: int,
-                    overlap: int, first_chunk_id: int, dim: int) -> tuple[list[ChunkRow], np.ndarray]:
-    """The documents' chunks, numbered from first_chunk_id, and their vectors (title + chunk embedded)."""
+def chunk_and_embed(docs: list[Document], model, tokenizer, chunk_tokens: int, overlap: int, first_chunk_id: int,
+                    embed_texts: Callable[[list[str]], np.ndarray] | None = None,
+                    on_progress: Callable[[float], None] | None = None, batch_size: int = 64) -> tuple[list[ChunkRow], np.ndarray]:
+    """The documents' chunks, numbered from first_chunk_id, and their vectors (the title, then the chunk).
+
+    `tokenizer`: text_tokenizer(model). A static model embeds token ids: each document is tokenized once
+    (by its fast tokenizer) for its chunks and their vectors, and only a document longer than a chunk
+    again with character offsets to cut it; a chunk's vector is the mean over the tokens of its title and
+    a newline, then its own tokens. Any other model, or `embed_texts` (e.g. actors on a Ray cluster),
+    embeds each chunk's text. on_progress(share of the chunks embedded) follows each batch."""
+    if is_static(model) and embed_texts is None:
+        token_ids = model.token_ids([d.text for d in docs])
+        long = [i for i, ids in enumerate(token_ids) if len(ids) > chunk_tokens]
+        chunks_of = dict(zip(long, chunk_texts([docs[i].text for i in long], tokenizer, chunk_tokens, overlap)))
+        title_ids = model.token_ids([f"{d.title}\n" for d in docs])
+        rows, inputs = [], []
+        for i, doc in enumerate(docs):
+            for c in chunks_of.get(i) or [whole_text_chunk(doc.text, token_ids[i])]:
+                rows.append(ChunkRow(first_chunk_id + len(rows), doc.id, c.index, c.text, c.start_char, c.end_char, c.n_tokens))
+                inputs.append(title_ids[i] + c.token_ids if doc.title else c.token_ids)
+        vectors = np.zeros((len(inputs), model.get_embedding_dimension()), np.float32)
+        for start in range(0, len(inputs), STATIC_BATCH_TEXTS):
+            vectors[start:start + STATIC_BATCH_TEXTS] = model.embed_ids(inputs[start:start + STATIC_BATCH_TEXTS])
+            if on_progress is not None:
+                on_progress(min(start + STATIC_BATCH_TEXTS, len(inputs)) / len(inputs))
+        return rows, vectors
     rows: list[ChunkRow] = []
     texts: list[str] = []
     for doc, chunks in zip(docs, chunk_texts([d.text for d in docs], tokenizer, chunk_tokens, overlap)):
         for c in chunks:
             rows.append(ChunkRow(first_chunk_id + len(rows), doc.id, c.index, c.text, c.start_char, c.end_char, c.n_tokens))
             texts.append(embedding_text(doc.title, c.text))
-    vectors = embed_texts(texts) if texts else np.zeros((0, dim), np.float32)
-    return rows, vectors
+    if not texts:
+        return rows, np.zeros((0, model.get_embedding_dimension()), np.float32)
+    if embed_texts is not None:
+        vectors = embed_texts(texts)
+        if on_progress is not None:
+            on_progress(1.0)
+        return rows, vectors
+    return rows, encode(model, texts, batch_size, on_progress and (lambda n: on_progress(n / len(texts))))

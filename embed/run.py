@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -19,7 +19,7 @@ from common.console import err, info
 from common.default_corpus import DEFAULT_CORPUS_SOURCE, stdlib_documents
 from common.errors import PipelineError
 from common.ingest import chunk_and_embed, content_hash, document_rows
-from common.models import encode, load_embedder, text_tokenizer, token_limit
+from common.models import load_embedder, text_tokenizer, token_limit
 from common.readers import Document, read_documents
 from common.store import Store, embedder_key
 from common.workspace import Workspace, model_fingerprint
@@ -70,21 +70,15 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
     tokenizer = text_tokenizer(model)
     fingerprint = model_fingerprint(model_dir)
     dim = model.get_embedding_dimension()
+    embed_texts = None  # the model's own way: token ids for a static model, texts for a transformer
     if settings.ray:
         from embed.ray_encode import RayEncoder
 
         ray_encoder = RayEncoder(settings.ray, model_dir, settings.batch_size)
         info(f"embedding on Ray ({settings.ray}) with {ray_encoder.workers} model actors")
+        embed_texts = ray_encoder  # the actors take a group's texts at once
 
-        def embed_texts(texts: list[str], on_batch: Callable[[int], None]) -> np.ndarray:
-            vectors = ray_encoder(texts)  # the actors take a group's texts at once
-            on_batch(len(texts))
-            return vectors
-    else:
-        def embed_texts(texts: list[str], on_batch: Callable[[int], None]) -> np.ndarray:
-            return encode(model, texts, settings.batch_size, on_batch)
-
-    with Store(ws.db_path) as store:
+    with Store(ws.db_path, bulk=True) as store:
         key = embedder_key(fingerprint, settings.chunk_tokens, settings.overlap)
         stored = store.document_hashes()
         gone = sorted(set(stored) - {d.id for d in documents})
@@ -92,19 +86,21 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
         if rebuild:  # new vectors for every document: the source's and, unless pruned, the stored ones
             kept = [] if settings.prune else [Document(*row) for row in store.stored_documents(gone)]
             todo = documents + kept
+            digests = {d.id: content_hash(d) for d in todo}
             if stored:
                 info(f"the embedding model or chunking changed: all {len(todo)} documents are embedded again "
                      f"({len(kept)} stored ones that are not in the source from their stored text)")
         else:
-            todo = [d for d in documents if stored.get(d.id) != content_hash(d)]
+            digests = {d.id: content_hash(d) for d in documents}
+            todo = [d for d in documents if stored.get(d.id) != digests[d.id]]
             info(f"{len(documents)} documents: {len(todo)} new or changed, {len(documents) - len(todo)} unchanged")
         if gone:
             info(f"pruning {len(gone)} stored documents no longer in the source" if settings.prune
                  else f"{len(gone)} stored documents are not in the source (kept; --prune removes them)")
-        staged = store.stage(dim, key, {d.id: content_hash(d) for d in todo})
+        staged = store.stage(dim, key, {d.id: digests[d.id] for d in todo})
         if staged:
             info(f"{len(staged)} of them were embedded by an interrupted run: resuming after them")
-        to_embed = [d for d in todo if staged.get(d.id) != content_hash(d)]
+        to_embed = [d for d in todo if staged.get(d.id) != digests[d.id]]
 
         start, n_chunks = time.perf_counter(), 0
         next_id = store.next_chunk_id()
@@ -119,10 +115,10 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
                 group = to_embed[g:g + settings.group_size]
                 # The bar moves with every encoded batch: by the share of the group's chunks encoded so far.
                 rows, vectors = chunk_and_embed(
-                    group, tokenizer, lambda texts: embed_texts(texts, lambda n: advance(g + len(group) * n / len(texts))),
-                    settings.chunk_tokens, settings.overlap, next_id, dim)
+                    group, model, tokenizer, settings.chunk_tokens, settings.overlap, next_id, embed_texts,
+                    lambda share: advance(g + len(group) * share), settings.batch_size)
                 next_id += len(rows)
-                store.write_documents(document_rows(group), rows, vectors)
+                store.write_documents(document_rows(group, digests), rows, vectors)
                 n_chunks += len(rows)
                 advance(g + len(group))
         if rebuild or todo or (settings.prune and gone):

@@ -222,7 +222,7 @@ class SearchEngine:
             if self._model is None:
                 self._model = load_embedder(self.model_dir)
             if not hasattr(self, "_query_tokenizer"):
-                self._query_tokenizer = text_tokenizer(self._model)  # made once: wrapping a static model's copies it
+                self._query_tokenizer = text_tokenizer(self._model)
                 # A transformer's Hugging Face tokenizer fails ("Already borrowed") when two threads use it at
                 # once, and torch spreads one forward pass over every core anyway: one batch at a time. A
                 # static model's lookup has neither problem, so its queries are encoded concurrently.
@@ -294,8 +294,7 @@ class SearchEngine:
         """Chunks and vectors of documents to store (the document API), as `pipeline embed` makes them with this model."""
         model = self.model
         with self._encode_lock:  # a transformer's tokenizer and forward passes, one caller at a time
-            return chunk_and_embed(docs, self._query_tokenizer, lambda texts: encode(model, texts),
-                                   chunk_tokens, overlap, first_chunk_id, model.get_embedding_dimension())
+            return chunk_and_embed(docs, model, self._query_tokenizer, chunk_tokens, overlap, first_chunk_id)
 
     def dense_documents(self, vector: np.ndarray, n_docs: int, allowed: AllowedChunks | None) -> list[tuple[float, dict]]:
         total = len(self.corpus.chunk_ids) if allowed is None else allowed.count

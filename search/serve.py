@@ -171,10 +171,11 @@ class Generation:
                 todo = [d for d in upserts if stored.get(d.id) != content_hash(d)]
                 if not todo and not deletes:
                     return {"stored": 0, "unchanged": len(upserts), "deleted": 0, "store_generation": store.generation()}
-                store.stage(int(embedder["dim"]), key, {d.id: content_hash(d) for d in todo})
-                if todo:
-                    rows, vectors = engine.chunk_and_embed(todo, embedder["chunk_tokens"], embedder["overlap"], store.next_chunk_id())
-                    store.write_documents(document_rows(todo), rows, vectors)
+                staged = store.stage(int(embedder["dim"]), key, {d.id: content_hash(d) for d in todo})
+                to_embed = [d for d in todo if d.id not in staged]  # an interrupted `pipeline embed` staged the rest
+                if to_embed:
+                    rows, vectors = engine.chunk_and_embed(to_embed, embedder["chunk_tokens"], embedder["overlap"], store.next_chunk_id())
+                    store.write_documents(document_rows(to_embed), rows, vectors)
                 generation = store.publish(replace_all=False, remove=deletes)  # what search sees changes here, at once
                 counts = store.counts()
             self.ws.update_manifest("embedder", {**embedder, "documents": counts["documents"], "chunks": counts["chunks"],

@@ -117,15 +117,15 @@ def test_interrupted_embed_changes_nothing_search_sees_and_resumes(trained_works
     ws = Workspace(tmp_path / "ws")
     ws.create()
     shutil.copytree(trained_workspace / "model", ws.model_dir)
-    real_encode, calls = embed_run.encode, []
+    real_chunk_and_embed, calls = embed_run.chunk_and_embed, []
 
-    def encode_then_crash(*args, **kwargs):  # simulates Ctrl-C during the second group of documents
+    def embed_then_crash(*args, **kwargs):  # simulates Ctrl-C during the second group of documents
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real_encode(*args, **kwargs)
+        return real_chunk_and_embed(*args, **kwargs)
 
-    monkeypatch.setattr(embed_run, "encode", encode_then_crash)
+    monkeypatch.setattr(embed_run, "chunk_and_embed", embed_then_crash)
     settings = EmbedSettings(chunk_tokens=64, overlap=8, group_size=40)
     with pytest.raises(KeyboardInterrupt):
         run_embed(ws, [corpus_file], None, settings)
@@ -137,7 +137,7 @@ def test_interrupted_embed_changes_nothing_search_sees_and_resumes(trained_works
         unvectored = store.con.execute(
             "SELECT count(*) FROM staged_chunks c WHERE NOT EXISTS (SELECT 1 FROM staged_vectors v WHERE v.chunk_id = c.chunk_id)").fetchall()[0][0]
     assert staged == 40 and orphans == 0 and unvectored == 0  # whole documents, kept for the next run
-    monkeypatch.setattr(embed_run, "encode", real_encode)
+    monkeypatch.setattr(embed_run, "chunk_and_embed", real_chunk_and_embed)
     resumed = run_embed(ws, [corpus_file], None, settings)
     assert resumed["embedded_documents"] == 80 and resumed["documents"] == 120 and resumed["store_generation"] == 1
 
@@ -227,15 +227,62 @@ def test_embed_progress_moves_with_every_encoded_batch(trained_workspace, corpus
 
 def test_a_static_embedder_reports_progress_per_tokenizer_batch_with_the_same_vectors(trained_workspace, tmp_path):
     from common.models import STATIC_BATCH_TEXTS, encode, load_embedder
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
-    from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(trained_workspace / "model" / "tokenizer.json"))
-    SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_dim=16)]).save(str(tmp_path / "static"))
-    model = load_embedder(tmp_path / "static")
+    model = load_embedder(save_static_model(trained_workspace, tmp_path / "static"))
     texts = [f"cells and tumour growth {i}" for i in range(STATIC_BATCH_TEXTS + 10)]
     seen = []
     vectors = encode(model, texts, on_batch=seen.append)
     assert seen == [STATIC_BATCH_TEXTS, STATIC_BATCH_TEXTS + 10]
     np.testing.assert_allclose(vectors, encode(model, texts), atol=1e-6)
+
+
+def save_static_model(trained_workspace: Path, directory: Path, dim: int = 16) -> Path:
+    """A static embedder with the workspace's tokenizer (random vectors), saved by sentence-transformers."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(trained_workspace / "model" / "tokenizer.json"))
+    SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_dim=dim)]).save(str(directory))
+    return directory
+
+
+def test_a_static_embedder_loads_without_sentence_transformers_and_encodes_as_it_does(trained_workspace, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    from common.models import StaticEmbedder, encode, load_embedder
+
+    path = save_static_model(trained_workspace, tmp_path / "static")
+    model = load_embedder(path)
+    assert isinstance(model, StaticEmbedder) and model._fast_tokenizer is not None  # our byte-level BPE gets tiktoken
+    texts = ["Vitamin D and bone density", "naïve café 東京 🙂 it's 3.14\n\n  tabs\tand <|endoftext|> too", "",
+             *[f"tumour growth in cell line {i} " * (i % 9 + 1) for i in range(200)]]  # enough to use threads
+    assert model.token_ids(texts) == [e.ids for e in model.tokenizer.encode_batch(texts, add_special_tokens=False)]
+    reference = SentenceTransformer(str(path), device="cpu").encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+    np.testing.assert_allclose(encode(model, texts), reference, atol=1e-5)
+
+
+def test_a_static_embedders_chunks_are_embedded_from_the_documents_tokens(trained_workspace, tmp_path):
+    """One tokenization per document gives a chunk's vector: the mean over its title, a newline and its tokens."""
+    from common.ingest import chunk_and_embed
+    from common.models import embedding_text, encode, load_embedder, text_tokenizer
+    from common.readers import Document
+
+    model = load_embedder(save_static_model(trained_workspace, tmp_path / "static"))
+    long_text = " ".join(f"Sentence {i} is about vitamin D and bone density." for i in range(40))
+    docs = [Document("short", "Vitamin D", "src", "Bone density rose with vitamin D."),
+            Document("untitled", "", "src", "Tumour cells grow."), Document("long", "A long one", "src", long_text)]
+    rows, vectors = chunk_and_embed(docs, model, text_tokenizer(model), 64, 8, 100)
+    assert [r.chunk_id for r in rows] == list(range(100, 100 + len(rows)))
+    long_rows = [r for r in rows if r.doc_id == "long"]
+    assert len(long_rows) > 2 and all(long_text[r.start_char:r.end_char] == r.text for r in long_rows)
+    assert (rows[0].text, rows[0].start_char, rows[0].end_char) == (docs[0].text, 0, len(docs[0].text))
+    # A document's first chunk: exactly the vector of its title and text embedded as one text.
+    firsts = [0, 1, rows.index(long_rows[0])]
+    texts = [embedding_text(docs[i].title, rows[f].text) for i, f in enumerate(firsts)]
+    np.testing.assert_allclose(vectors[firsts], encode(model, texts), atol=1e-6)
+    # A later chunk: its tokens as the document's tokenization cut them, after the title's.
+    middle = long_rows[1]
+    ids = model.token_ids(["A long one\n"])[0] + model.token_ids([long_text])[0][56:56 + 64]
+    assert middle.n_tokens == 64
+    np.testing.assert_allclose(vectors[rows.index(middle)], model.embed_ids([ids])[0], atol=1e-6)
