@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import functools
 import json
 import math
 import os
@@ -115,22 +116,27 @@ def _pick_field(fields: list[str], wanted: str | None, candidates: tuple[str, ..
     return next((lower[c] for c in candidates if c in lower), None)
 
 
+@functools.lru_cache(maxsize=256)
+def _field_roles(fields: tuple[str, ...], text_field: str | None, file: Path) -> tuple[str | None, str | None, str | None, str]:
+    """The text, id and title fields among a row's fields, and the file's absolute path: the same for most
+    rows of a file, so worked out once (per row it was half of reading 100,000 JSONL documents)."""
+    return (_pick_field(list(fields), text_field, TEXT_FIELDS, file, "text"), _pick_field(list(fields), None, ID_FIELDS, file, "id"),
+            _pick_field(list(fields), None, TITLE_FIELDS, file, "title"), os.path.abspath(file))
+
+
 def _row_to_document(row: dict, file: Path, where: str, fallback_id: str, text_field: str | None) -> Document | None:
-    fields = list(row)
-    text_key = _pick_field(fields, text_field, TEXT_FIELDS, file, "text")
+    text_key, id_key, title_key, source = _field_roles(tuple(row), text_field, file)
     if text_key is None:
-        raise PipelineError(f"{where}: no text field found (fields: {', '.join(fields)}); choose one with --text-field")
+        raise PipelineError(f"{where}: no text field found (fields: {', '.join(row)}); choose one with --text-field")
     text = row.get(text_key)
     if text is not None and not isinstance(text, str):
         raise PipelineError(f"{where}: field '{text_key}' holds {_kind(text)}, not text")
     if text is None or not text.strip():
         return None
-    id_key = _pick_field(fields, None, ID_FIELDS, file, "id")
-    title_key = _pick_field(fields, None, TITLE_FIELDS, file, "title")
     doc_id = str(row[id_key]) if id_key and row.get(id_key) is not None else fallback_id
     title = str(row[title_key]) if title_key and row.get(title_key) is not None else ""
     metadata = {key: json_value(value) for key, value in row.items() if key not in (text_key, id_key, title_key)}
-    return Document(id=doc_id, title=title, source=os.path.abspath(file), text=text,
+    return Document(id=doc_id, title=title, source=source, text=text,
                     metadata={key: value for key, value in metadata.items() if value is not None})  # a missing value is no field
 
 
