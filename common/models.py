@@ -92,9 +92,15 @@ class StaticEmbedder:
 
     def embed_ids(self, ids: list[list[int]]) -> np.ndarray:
         """L2-normalised mean of each list's token vectors; an empty list gives zeros."""
+        out = np.zeros((len(ids), self.table.shape[1]), np.float32)
+        if sum(map(len, ids)) <= SMALL_BATCH_TOKENS:  # a query or a few: numpy's gather costs less than a torch call
+            for row, text_ids in zip(out, ids):
+                if text_ids:
+                    self.table.take(text_ids, axis=0).mean(axis=0, out=row)
+            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+            return out
         import torch
 
-        out = np.zeros((len(ids), self.table.shape[1]), np.float32)
         table = torch.from_numpy(self.table)
         for start in range(0, len(ids), STATIC_BATCH_TEXTS):
             batch = ids[start:start + STATIC_BATCH_TEXTS]
@@ -236,6 +242,7 @@ def encode(model, texts: list[str], batch_size: int = 64, on_batch: Callable[[in
 
 
 STATIC_BATCH_TEXTS = 1024  # texts per tokenizer call (it tokenizes a batch in parallel)
+SMALL_BATCH_TOKENS = 4096  # below this many tokens a static model averages with numpy (0.02 ms a query, not 0.2)
 
 
 def encode_static(model: StaticEmbedder, texts: list[str]) -> np.ndarray:

@@ -27,7 +27,7 @@ from common.lexical import LexicalIndex
 from common.models import embedding_text, encode
 from common.store import Store
 from common.workspace import Workspace
-from search.engine import fuse
+from search.engine import Ranking, fuse
 
 MAX_PAIRS = 300
 MAX_COLLECTION_CHUNKS = 50_000  # larger collections are measured on a sample of their documents
@@ -72,16 +72,15 @@ def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
     lexical_rows = [(i, r[2], r[3]) for i, r in enumerate(others)] + [(len(others) + i, titles[d], pairs[d][1]) for i, d in enumerate(doc_ids)]
     lexical = LexicalIndex.build(lexical_rows)
 
-    def documents_of(positions, scores) -> list[tuple[float, dict]]:
-        ranking, seen = [], set()
-        for position, score in zip(positions, scores):
-            doc_id = collection_ids[int(position)]
-            if doc_id not in seen:
-                seen.add(doc_id)
-                ranking.append((float(score), {"doc_id": doc_id}))
-            if len(ranking) == DEPTH:
-                break
-        return ranking
+    # Documents as Rankings want them: numbered in id order.
+    doc_numbers = {doc_id: i for i, doc_id in enumerate(sorted(set(collection_ids)))}
+    collection_docs = np.array([doc_numbers[d] for d in collection_ids], dtype=np.int64)
+
+    def documents_of(positions, scores) -> Ranking:
+        docs = collection_docs[positions]
+        _, first = np.unique(docs, return_index=True)
+        first = np.sort(first)[:DEPTH]
+        return Ranking(docs[first], np.asarray(positions, dtype=np.int64)[first], np.asarray(scores, dtype=np.float64)[first])
 
     dense_rankings, lexical_rankings = [], []
     for query, query_vector in zip(queries, query_vectors):
@@ -95,8 +94,8 @@ def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
         """Each pair's nDCG@10 (one relevant document)."""
         gains = []
         for doc_id, ranking in zip(doc_ids, rankings):
-            found = [row["doc_id"] for _, row in ranking[:10]]
-            gains.append(1 / math.log2(found.index(doc_id) + 2) if doc_id in found else 0.0)
+            found = np.flatnonzero(ranking.docs[:10] == doc_numbers[doc_id])
+            gains.append(1 / math.log2(found[0] + 2) if len(found) else 0.0)
         return np.array(gains)
 
     hybrid = {w: ndcg_at_10([fuse(d, l, w) for d, l in zip(dense_rankings, lexical_rankings)]) for w in HYBRID_WEIGHTS}

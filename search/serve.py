@@ -402,8 +402,10 @@ def create_app(ws: Workspace, api_key: str | None = None, poll_seconds: float = 
             return error(422, str(e))
         except PipelineError as e:
             return error(400, str(e))
-        return {"query": body.q, "mode": engine.resolve_mode(body.mode), "k": body.k,
-                "took_ms": round((time.perf_counter() - start) * 1000, 2), "results": [h.to_dict() for h in hits]}
+        # Returned as a response, not a dict: FastAPI would validate it against SearchResponse again (a
+        # tenth of a search's cost); it has that shape by construction and the OpenAPI description keeps it.
+        return JSONResponse({"query": body.q, "mode": engine.resolve_mode(body.mode), "k": body.k,
+                             "took_ms": round((time.perf_counter() - start) * 1000, 2), "results": [h.to_dict() for h in hits]})
 
     @app.get("/search", summary="Search (query parameters)", response_model=SearchResponse, responses=ERRORS, dependencies=protected)
     def search_get(q: str = Query(..., min_length=1, max_length=MAX_QUERY_CHARS, description=QUERY_HELP),

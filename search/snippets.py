@@ -30,29 +30,52 @@ def _stem(word: str) -> str:
 
 @dataclass(frozen=True)
 class QueryTerms:
-    """A query's stemmed terms, and a pattern finding the words that may be one of them: a word whose stem
-    is a term starts with the term less its last letter (Snowball changes only a word's ending, e.g.
-    density -> densiti), so only those few words of a chunk are stemmed."""
+    """A query's stemmed terms, and the prefixes of the words that may be one of them: a word whose stem is
+    a term starts with the term less its last letter (Snowball changes only a word's ending, e.g.
+    density -> densiti), so only the few words of a chunk that start with a prefix are stemmed."""
     stems: frozenset[str]
-    candidates: re.Pattern | None
+    prefixes: tuple[str, ...]
 
 
 def snippet_terms(query: str) -> QueryTerms:
     stems = frozenset(query_terms(query))
-    prefixes = sorted({stem[:-1] if len(stem) > 2 else stem for stem in stems}, key=len, reverse=True)
-    pattern = re.compile(r"(?u)\b(?:" + "|".join(map(re.escape, prefixes)) + r")\w*", re.IGNORECASE) if prefixes else None
-    return QueryTerms(stems, pattern)
+    return QueryTerms(stems, tuple(sorted({stem[:-1] if len(stem) > 2 else stem for stem in stems})))
+
+
+_WORD_CHAR = re.compile(r"\w")
+_WORD_REST = re.compile(r"\w*")
+
+
+def _candidate_words(text: str, prefixes: tuple[str, ...]) -> list[tuple[int, int]]:
+    """(start, end) of each word of `text` that starts with one of the prefixes, in any case, in text
+    order. str.find over the lower-cased text: 4x faster than one case-insensitive regex of the prefixes
+    (the largest part of a search's snippets)."""
+    lowered = text.lower()
+    if len(lowered) != len(text):  # a few characters lower-case to two: search the text itself
+        pattern = re.compile(r"\b(?:" + "|".join(map(re.escape, prefixes)) + r")\w*", re.IGNORECASE)
+        return [found.span() for found in pattern.finditer(text)]
+    words = {}
+    for prefix in prefixes:
+        at = lowered.find(prefix)
+        while at >= 0:
+            if at == 0 or not _WORD_CHAR.match(lowered, at - 1):  # the prefix starts a word
+                end = _WORD_REST.match(lowered, at).end()
+                words[at] = end
+                at = lowered.find(prefix, end)
+            else:
+                at = lowered.find(prefix, at + 1)
+    return sorted(words.items())
 
 
 def make_snippet(text: str, terms: QueryTerms, starts_mid_text: bool = False, limit: int = LIMIT) -> tuple[str, list[tuple[int, int]]]:
     """(snippet, [(start, end) of each matched term in it]) for a chunk's text and the query's terms."""
     text = " ".join(text.split())
     matched = []  # (start, end, stem) of each word that is a query term
-    if terms.candidates is not None:
-        for found in terms.candidates.finditer(text):
-            stem = _stem(found.group())
-            if stem in terms.stems and found.end() - found.start() >= 2:
-                matched.append((found.start(), found.end(), stem))
+    if terms.prefixes:
+        for start, end in _candidate_words(text, terms.prefixes):
+            stem = _stem(text[start:end])
+            if stem in terms.stems and end - start >= 2:
+                matched.append((start, end, stem))
     if matched:
         start = _best_window_start(text, matched, limit)
     else:

@@ -9,7 +9,7 @@ from common.errors import PipelineError
 from common.workspace import Workspace
 from conftest import run_cli
 from common.filters import DocumentFilter
-from search.engine import SearchEngine, fuse
+from search.engine import NO_RANKING, Ranking, SearchEngine, fuse
 from search.evaluate import evaluate, read_qrels, read_queries
 
 
@@ -59,21 +59,31 @@ def test_hybrid_keeps_what_lexical_finds_and_returns_distinct_documents(engine, 
 
 
 def test_fusion_combines_standardised_scores():
-    dense = [(0.9, {"doc_id": "a"}), (0.8, {"doc_id": "b"}), (0.7, {"doc_id": "c"})]
-    lexical = [(9.0, {"doc_id": "c"}), (8.9, {"doc_id": "d"}), (2.0, {"doc_id": "e"})]
-    assert [r["doc_id"] for _, r in fuse(dense, lexical, 1.0)][:2] == ["a", "b"]
-    assert [r["doc_id"] for _, r in fuse(dense, lexical, 0.0)][:2] == ["c", "d"]
+    def ranking(*scored, chunk=0):  # (score, document letter) pairs, best first; a document's chunk: its number * 10 + chunk
+        docs = np.array([ord(letter) - ord("a") for _, letter in scored], dtype=np.int64)
+        return Ranking(docs, docs * 10 + chunk, np.array([score for score, _ in scored], dtype=np.float64))
+
+    def letters(fused):
+        return [chr(ord("a") + int(d)) for d in fused.docs]
+
+    dense = ranking((0.9, "a"), (0.8, "b"), (0.7, "c"))
+    lexical = ranking((9.0, "c"), (8.9, "d"), (2.0, "e"), chunk=1)
+    assert letters(fuse(dense, lexical, 1.0))[:2] == ["a", "b"]
+    assert letters(fuse(dense, lexical, 0.0))[:2] == ["c", "d"]
     balanced = fuse(dense, lexical, 0.5)
     # Each retriever adds weight * (score - its lowest score) / deviation of its scores. a leads dense by
     # a clear gap; c is dense's last but BM25's first, barely ahead of d: a wins, where reciprocal rank
     # fusion would put c, the only document in both lists, first.
     expected = {"a": 0.5 * 0.2 / np.std([0.9, 0.8, 0.7]), "b": 0.5 * 0.1 / np.std([0.9, 0.8, 0.7]),
                 "c": 0.5 * 7.0 / np.std([9.0, 8.9, 2.0]), "d": 0.5 * 6.9 / np.std([9.0, 8.9, 2.0]), "e": 0.0}
-    assert [r["doc_id"] for _, r in balanced] == ["a", "c", "d", "b", "e"]
-    assert {r["doc_id"]: score for score, r in balanced} == pytest.approx(expected)
-    assert [r["doc_id"] for _, r in fuse(dense, [], 0.5)] == ["a", "b", "c"]
+    assert letters(balanced) == ["a", "c", "d", "b", "e"]
+    assert dict(zip(letters(balanced), balanced.scores)) == pytest.approx(expected)
+    assert list(balanced.chunks) == [0, 21, 31, 10, 41]  # the chunk of the retriever that contributed more
+    assert letters(fuse(dense, NO_RANKING, 0.5)) == ["a", "b", "c"]
     # a list of one document, or of equal scores: each counts as one deviation above the documents not returned
-    assert [r["doc_id"] for _, r in fuse([(0.5, {"doc_id": "x"})], [(1.0, {"doc_id": "y"}), (1.0, {"doc_id": "x"})], 0.5)][0] == "x"
+    assert letters(fuse(ranking((0.5, "x")), ranking((1.0, "y"), (1.0, "x")), 0.5))[0] == "x"
+    # equal fused scores rank by document (id order)
+    assert letters(fuse(ranking((1.0, "d")), ranking((1.0, "b")), 0.5)) == ["b", "d"]
 
 
 def test_filters_restrict_results(engine, corpus_file):
