@@ -238,6 +238,29 @@ def test_concurrent_requests_all_succeed_with_consistent_answers(client):
     assert all(len(variants) == 1 for variants in by_query.values())
 
 
+def test_a_static_embedders_searches_answer_concurrently_as_the_engine_does(trained_workspace, tmp_path):
+    """A static model's searches run on the server's event loop (search/serve.py): many at once, in every
+    mode, each answered exactly as the engine answers it in process; a served transformer (the other
+    tests) goes through the thread pool."""
+    from common.workspace import Workspace
+    from search.engine import SearchEngine
+    from test_embed_index_search import save_static_model
+
+    ws = tmp_path / "ws"
+    shutil.copytree(trained_workspace, ws)
+    run_cli("embed", "-w", str(ws), "--model", str(save_static_model(trained_workspace, tmp_path / "static")))
+    run_cli("index", "-w", str(ws))
+    engine = SearchEngine(Workspace(ws))
+    requests = [(q, mode) for q in ("cancer", "vitamin D", "stem cells", "bone density") for mode in ("dense", "lexical", "hybrid")] * 4
+    with running_server(ws, output=subprocess.PIPE, timeout_s=180) as base, httpx.Client(base_url=base, timeout=60) as c:
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda r: c.get("/search", params={"q": r[0], "k": 5, "mode": r[1]}), requests))
+    assert all(a.status_code == 200 for a in answers)
+    for (q, mode), answer in zip(requests, answers):
+        expected = [(h.doc_id, h.chunk_id, h.snippet) for h in engine.search(q, 5, mode)]
+        assert [(h["doc_id"], h["chunk_id"], h["snippet"]) for h in answer.json()["results"]] == expected
+
+
 def test_a_rebuilt_index_is_picked_up_without_a_failed_request(client, workspace):
     before = client.get("/health").json()
     failures, done = [], threading.Event()
