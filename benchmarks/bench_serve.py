@@ -60,7 +60,7 @@ def step_costs(ws: Path, queries: list[str]) -> dict:
         t2 = time.perf_counter()
         engine.lexical.search_positions(query, 4 * FUSION_DEPTH)
         t3 = time.perf_counter()
-        dense = engine.dense_documents(vector, FUSION_DEPTH, None)
+        dense = engine.dense_documents(vector, FUSION_DEPTH, None)[0]
         lexical = engine.lexical_documents(query, FUSION_DEPTH, None)
         t4 = time.perf_counter()
         ranked = fuse(dense, lexical, 0.5)

@@ -128,11 +128,18 @@ class DenseIndex:
         self.exact = faiss.downcast_index(self.inner.storage) if self.kind == "hnsw" else self.inner if self.kind == "flat" else None
         self.live_slots = None if len(self.live_positions) == self.ntotal else Slots(live)
 
-    def search(self, vector: np.ndarray, n: int, allowed: "AllowedChunks | None") -> tuple[np.ndarray, np.ndarray]:
-        """The best n (chunk positions, scores) for one query vector [1, dim], best first."""
+    def search(self, vectors: np.ndarray, n: int, allowed: "AllowedChunks | None") -> list[tuple[np.ndarray, np.ndarray]]:
+        """The best n (chunk positions, scores) for each query vector [m, dim], best first. Unrestricted
+        queries are searched in one call: over a flat index several queries share one pass over the
+        vectors (the scan is memory-bound)."""
         slots = allowed.slots(self) if allowed is not None else self.live_slots
         if slots is None:
-            return self._valid(*self.inner.search(vector, min(n, self.ntotal)))
+            scores, labels = self.inner.search(vectors, min(n, self.ntotal))
+            return [self._valid(scores[i:i + 1], labels[i:i + 1]) for i in range(len(vectors))]
+        return [self._search_slots(vectors[i:i + 1], n, slots) for i in range(len(vectors))]
+
+    def _search_slots(self, vector: np.ndarray, n: int, slots: "Slots") -> tuple[np.ndarray, np.ndarray]:
+        """The best n of the given slots for one query vector [1, dim] (see the module docstring)."""
         want = min(n, slots.count)
         if want == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
@@ -287,10 +294,12 @@ class SearchEngine:
         if allowed is not None and allowed.count == 0:
             return [[] for _ in queries]
         depth = k if mode != "hybrid" else max(k, FUSION_DEPTH)
-        vectors = self.embed_queries(queries, names) if mode != "lexical" else None
+        if mode == "lexical":
+            dense_rankings = [NO_RANKING] * len(queries)
+        else:
+            dense_rankings = self.dense_documents(self.embed_queries(queries, names), depth, allowed)
         results = []
-        for i, query in enumerate(queries):
-            dense = self.dense_documents(vectors[i:i + 1], depth, allowed) if mode != "lexical" else NO_RANKING
+        for query, dense in zip(queries, dense_rankings):
             lexical = self.lexical_documents(query, depth, allowed) if mode != "dense" else NO_RANKING
             ranked = fuse(dense, lexical, dense_weight) if mode == "hybrid" else dense if mode == "dense" else lexical
             results.append(self.hits(query, ranked.head(k)))
@@ -320,30 +329,38 @@ class SearchEngine:
         with self._encode_lock:  # a transformer's tokenizer and forward passes, one caller at a time
             return chunk_and_embed(docs, model, self._query_tokenizer, chunk_tokens, overlap, first_chunk_id)
 
-    def dense_documents(self, vector: np.ndarray, n_docs: int, allowed: AllowedChunks | None) -> Ranking:
+    def dense_documents(self, vectors: np.ndarray, n_docs: int, allowed: AllowedChunks | None) -> list[Ranking]:
+        """Each query vector's best n_docs documents: the first fetch of chunks for all queries at once."""
         total = len(self.corpus.chunk_ids) if allowed is None else allowed.count
-        return self.best_chunk_per_document(lambda n: self.dense_chunks(vector, n, allowed), n_docs, total)
+        first = self.dense_chunks(vectors, min(total, 4 * n_docs), allowed)
+        return [self.best_chunk_per_document(lambda n, v=vectors[i:i + 1]: self.dense_chunks(v, n, allowed)[0], n_docs, total, first[i])
+                for i in range(len(vectors))]
 
-    def dense_chunks(self, vector: np.ndarray, n: int, allowed: AllowedChunks | None) -> tuple[np.ndarray, np.ndarray]:
-        """The best n (chunk positions, scores) of the base and delta indexes together, best first."""
-        found = [part.search(vector, n, allowed) for part in self.dense]
+    def dense_chunks(self, vectors: np.ndarray, n: int, allowed: AllowedChunks | None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """For each query vector, the best n (chunk positions, scores) of the base and delta indexes together, best first."""
+        found = [part.search(vectors, n, allowed) for part in self.dense]
         if len(found) == 1:
             return found[0]
-        positions, scores = np.concatenate([f[0] for f in found]), np.concatenate([f[1] for f in found])
-        best = np.lexsort((positions, -scores))[:n]
-        return positions[best], scores[best]
+        merged = []
+        for per_part in zip(*found):
+            positions, scores = np.concatenate([f[0] for f in per_part]), np.concatenate([f[1] for f in per_part])
+            best = np.lexsort((positions, -scores))[:n]
+            merged.append((positions[best], scores[best]))
+        return merged
 
     def lexical_documents(self, query: str, n_docs: int, allowed: AllowedChunks | None) -> Ranking:
         total = len(self.lexical) if allowed is None else allowed.count
         weights = None if allowed is None else allowed.weights
         return self.best_chunk_per_document(lambda n: self.lexical.search_positions(query, n, weights), n_docs, total)
 
-    def best_chunk_per_document(self, fetch, n_docs: int, total: int) -> Ranking:
+    def best_chunk_per_document(self, fetch, n_docs: int, total: int, fetched=None) -> Ranking:
         """Ask `fetch(n)` for the best n chunks (positions, scores), growing n until n_docs documents are
-        covered; returns each document's best chunk, best first."""
+        covered (`fetched`: what fetch(4 * n_docs) gives, when already fetched); returns each document's
+        best chunk, best first."""
         n = min(total, 4 * n_docs)
         while True:
-            positions, scores = fetch(n)
+            positions, scores = fetched if fetched is not None else fetch(n)
+            fetched = None
             docs = self.corpus.chunk_docs[positions].astype(np.int64)
             _, first = np.unique(docs, return_index=True)  # results come best-first
             if len(first) >= n_docs or n >= total or len(positions) < n:

@@ -44,7 +44,6 @@ def snippet_terms(query: str) -> QueryTerms:
     return QueryTerms(stems, tuple(sorted({stem[:-1] if len(stem) > 2 else stem for stem in stems})))
 
 
-_WORD_CHAR = re.compile(r"\w")
 _WORD_REST = re.compile(r"\w*")
 
 
@@ -60,7 +59,8 @@ def _candidate_words(text: str, prefixes: tuple[str, ...]) -> list[tuple[int, in
     for prefix in prefixes:
         at = lowered.find(prefix)
         while at >= 0:
-            if at == 0 or not _WORD_CHAR.match(lowered, at - 1):  # the prefix starts a word
+            before = lowered[at - 1] if at else " "
+            if not (before.isalnum() or before == "_"):  # the prefix starts a word (\w is these characters)
                 end = _WORD_REST.match(lowered, at).end()
                 words[at] = end
                 at = lowered.find(prefix, end)

@@ -111,7 +111,7 @@ def test_dense_filters_return_k_hits_on_a_large_approximate_index():
             kept = np.sort(rng.choice(n, int(share * n), replace=False))
             allowed = AllowedChunks(kept, corpus)
             for query in queries:
-                positions, scores = dense.search(query[None, :], 40, allowed)
+                (positions, scores), = dense.search(query[None, :], 40, allowed)
                 assert len(positions) == 40 and np.isin(positions, kept).all(), (kind, share)
                 assert np.all(np.diff(scores) <= 1e-6)  # best first
 

@@ -251,12 +251,16 @@ def test_a_static_embedders_searches_answer_concurrently_as_the_engine_does(trai
     run_cli("embed", "-w", str(ws), "--model", str(save_static_model(trained_workspace, tmp_path / "static")))
     run_cli("index", "-w", str(ws))
     engine = SearchEngine(Workspace(ws))
-    requests = [(q, mode) for q in ("cancer", "vitamin D", "stem cells", "bone density") for mode in ("dense", "lexical", "hybrid")] * 4
+    requests = [(q, mode) for q in ("cancer", "vitamin D", "stem cells", "bone density", "   ") for mode in ("dense", "lexical", "hybrid")] * 4
     with running_server(ws, output=subprocess.PIPE, timeout_s=180) as base, httpx.Client(base_url=base, timeout=60) as c:
         with ThreadPoolExecutor(16) as pool:
             answers = list(pool.map(lambda r: c.get("/search", params={"q": r[0], "k": 5, "mode": r[1]}), requests))
-    assert all(a.status_code == 200 for a in answers)
+    # a blank query searched alongside others is refused alone
+    assert all((a.status_code, a.json()) == (400, {"error": "empty query"}) for (q, _), a in zip(requests, answers) if not q.strip())
+    assert all(a.status_code == 200 for (q, _), a in zip(requests, answers) if q.strip())
     for (q, mode), answer in zip(requests, answers):
+        if not q.strip():
+            continue
         expected = [(h.doc_id, h.chunk_id, h.snippet) for h in engine.search(q, 5, mode)]
         assert [(h["doc_id"], h["chunk_id"], h["snippet"]) for h in answer.json()["results"]] == expected
 
