@@ -17,10 +17,13 @@ from common.readers import Document
 from common.store import ChunkRow
 
 
+_SORTED_JSON = json.JSONEncoder(sort_keys=True)  # json.dumps(..., sort_keys=True), without a new encoder per call
+
+
 def content_hash(doc: Document) -> str:
     """Changes with anything stored about the document (the metadata counts only when there is some, so
     documents stored before metadata was kept keep their hash)."""
-    parts = (doc.title, doc.source, doc.text) + ((json.dumps(doc.metadata, sort_keys=True),) if doc.metadata else ())
+    parts = (doc.title, doc.source, doc.text) + ((_SORTED_JSON.encode(doc.metadata),) if doc.metadata else ())
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
 
 

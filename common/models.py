@@ -71,6 +71,10 @@ class StaticEmbedder:
         self.tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         self.table = np.ascontiguousarray(load_file(str(directory / "model.safetensors"))["embedding.weight"], dtype=np.float32)
         self._fast_tokenizer = fast_byte_level_bpe(directory / "tokenizer.json", self.tokenizer)
+        # How texts' token vectors are averaged: numpy, one text at a time (1.9M tokens/s here), or torch's
+        # embedding_bag (5.7M tokens/s on 2 cores) which costs ~2 s to import: worth it for a large embed
+        # only, which sets this (embed/run.py). A search or a 1% update stays without torch.
+        self.mean_with_torch = False
 
     def get_embedding_dimension(self) -> int:
         return self.table.shape[1]
@@ -93,7 +97,7 @@ class StaticEmbedder:
     def embed_ids(self, ids: list[list[int]]) -> np.ndarray:
         """L2-normalised mean of each list's token vectors; an empty list gives zeros."""
         out = np.zeros((len(ids), self.table.shape[1]), np.float32)
-        if sum(map(len, ids)) <= SMALL_BATCH_TOKENS:  # a query or a few: numpy's gather costs less than a torch call
+        if not self.mean_with_torch or sum(map(len, ids)) <= SMALL_BATCH_TOKENS:  # a query: numpy costs less than a torch call
             for row, text_ids in zip(out, ids):
                 if text_ids:
                     self.table.take(text_ids, axis=0).mean(axis=0, out=row)
@@ -242,7 +246,7 @@ def encode(model, texts: list[str], batch_size: int = 64, on_batch: Callable[[in
 
 
 STATIC_BATCH_TEXTS = 1024  # texts per tokenizer call (it tokenizes a batch in parallel)
-SMALL_BATCH_TOKENS = 4096  # below this many tokens a static model averages with numpy (0.02 ms a query, not 0.2)
+SMALL_BATCH_TOKENS = 4096  # below this many tokens a static model averages with numpy even after importing torch (0.02 ms a query, not 0.2)
 
 
 def encode_static(model: StaticEmbedder, texts: list[str]) -> np.ndarray:

@@ -12,14 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from common.console import err, info
 from common.default_corpus import DEFAULT_CORPUS_SOURCE, stdlib_documents
 from common.errors import PipelineError
 from common.ingest import chunk_and_embed, content_hash, document_rows
-from common.models import load_embedder, text_tokenizer, token_limit
+from common.models import is_static, load_embedder, text_tokenizer, token_limit
 from common.readers import Document, read_documents
 from common.store import Store, embedder_key
 from common.workspace import Workspace, model_fingerprint
@@ -39,6 +38,9 @@ class EmbedSettings:
 
 # Room left in each model input for the document title that precedes the chunk.
 TITLE_TOKENS = 32
+# From this many documents a static model averages with torch (its import, ~2 s, then pays for itself:
+# common/models.py StaticEmbedder.mean_with_torch); below, numpy is faster overall.
+TORCH_MEAN_DOCUMENTS = 20_000
 
 
 def source_documents(ws: Workspace, data: list[Path], text_field: str | None) -> Iterable[Document]:
@@ -102,6 +104,8 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
             info(f"{len(staged)} of them were embedded by an interrupted run: resuming after them")
         to_embed = [d for d in todo if staged.get(d.id) != digests[d.id]]
 
+        if is_static(model):
+            model.mean_with_torch = len(to_embed) >= TORCH_MEAN_DOCUMENTS
         start, n_chunks = time.perf_counter(), 0
         next_id = store.next_chunk_id()
         with Progress(TextColumn("embedding"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),

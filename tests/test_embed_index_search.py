@@ -260,6 +260,8 @@ def test_a_static_embedder_loads_without_sentence_transformers_and_encodes_as_it
     assert model.token_ids(texts) == [e.ids for e in model.tokenizer.encode_batch(texts, add_special_tokens=False)]
     reference = SentenceTransformer(str(path), device="cpu").encode(texts, normalize_embeddings=True, convert_to_numpy=True)
     np.testing.assert_allclose(encode(model, texts), reference, atol=1e-5)
+    model.mean_with_torch = True  # what a large embed sets: the same vectors by torch's embedding_bag
+    np.testing.assert_allclose(encode(model, texts), reference, atol=1e-5)
 
 
 def test_a_static_embedders_chunks_are_embedded_from_the_documents_tokens(trained_workspace, tmp_path):
