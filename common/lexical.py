@@ -47,17 +47,28 @@ SEGMENT_FILES = ("chunk_ids.npy", "lengths.npy", "indptr.npy", "rows.npy", "coun
 _stemmer = Stemmer.Stemmer(LANGUAGE)
 
 
-_WORDS = re.compile(r"(?u)\b\w\w+\b").findall  # bm25s's (and scikit-learn's) token pattern
+# bm25s's (and scikit-learn's) token pattern, r"\b\w\w+\b", as it matches: each run of two or more word
+# characters (20% faster without the boundary tests)
+_WORDS = re.compile(r"\w{2,}").findall
 _STOPWORDS = frozenset(STOPWORDS_EN)
 
 
 def tokenize(texts: list[str]) -> list[list[str]]:
-    """Lower-cased word tokens without English stop words, stemmed: the same for chunks and queries.
-    Each distinct word is stemmed once per call."""
-    words = [list(itertools.filterfalse(_STOPWORDS.__contains__, _WORDS(text.lower()))) for text in texts]
-    distinct = list(set().union(*words))
-    stem = dict(zip(distinct, _stemmer.stemWords(distinct))).__getitem__
+    """Lower-cased word tokens without English stop words, stemmed: the same for chunks and queries."""
+    words = _words(texts)
+    stem = _stems(words).__getitem__
     return [list(map(stem, text_words)) for text_words in words]
+
+
+def _words(texts: list[str]) -> list[list[str]]:
+    """Each text's lower-cased words, stop words left out (not yet stemmed)."""
+    return [list(itertools.filterfalse(_STOPWORDS.__contains__, _WORDS(text.lower()))) for text in texts]
+
+
+def _stems(words: list[list[str]]) -> dict[str, str]:
+    """Word -> stem for every distinct word of the lists (each stemmed once)."""
+    distinct = list(set().union(*words))
+    return dict(zip(distinct, _stemmer.stemWords(distinct)))
 
 
 def query_terms(query: str) -> list[str]:
@@ -88,10 +99,14 @@ class Segment:
         known = len(vocabulary)
         term_ids, lengths = [], []
         for start in range(0, len(rows), TOKENIZE_BATCH):
-            texts = [embedding_text(title or "", text or "") for _, title, text in rows[start:start + TOKENIZE_BATCH]]
-            for tokens in tokenize(texts):
-                term_ids.append(np.fromiter((vocabulary.setdefault(t, len(vocabulary)) for t in tokens), np.int64, len(tokens)))
-                lengths.append(len(tokens))
+            words = _words([embedding_text(title or "", text or "") for _, title, text in rows[start:start + TOKENIZE_BATCH]])
+            stems = _stems(words)
+            # Each distinct word's term id (new terms numbered in order of first use), then every word's in
+            # one pass in C: a Python step per word was half of building the index (18M words at 100k chunks).
+            all_words = list(itertools.chain.from_iterable(words))
+            term_of = {word: vocabulary.setdefault(stems[word], len(vocabulary)) for word in dict.fromkeys(all_words)}
+            term_ids.append(np.fromiter(map(term_of.__getitem__, all_words), np.int64, len(all_words)))
+            lengths.extend(map(len, words))
         lengths = np.array(lengths, dtype=np.int32)
         flat = np.concatenate(term_ids) if term_ids else np.zeros(0, np.int64)
         row_starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])

@@ -41,6 +41,18 @@ def test_rebuilding_replaces_the_lexical_index_and_removes_the_old_one(trained_w
     assert sorted(p.name for p in (ws / "index").iterdir()) == sorted([second["path"].split("/")[-1], second["lexical_path"].split("/")[-1]])
 
 
+def test_bm25_tokens_are_bm25s_tokens(corpus_file):
+    """Our tokenizer makes bm25s's tokens (its word pattern, stop words, stemmer) without its per-call set-up:
+    indexes written with bm25s's tokenizer stay valid."""
+    import bm25s
+
+    from common.lexical import _stemmer, tokenize
+
+    texts = [f"{row['title']}\n{row['text']}" for row in corpus_rows(corpus_file)]
+    texts += ["naïve café 東京 it's x_y __ a1 1a ½ ²³ THE The the", "a b cc ddd e-f g_h", ""]
+    assert tokenize(texts) == bm25s.tokenize(texts, stopwords="en", stemmer=_stemmer, return_ids=False, show_progress=False)
+
+
 def test_lexical_search_finds_a_document_by_its_title_words(engine, corpus_file):
     row = corpus_rows(corpus_file)[7]
     hits = engine.search(row["title"], k=3, mode="lexical")
