@@ -34,6 +34,9 @@ MAX_COLLECTION_CHUNKS = 50_000  # larger collections are measured on a sample of
 DEPTH = 100  # documents taken from each retriever, as in search
 HYBRID_WEIGHTS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 ... 0.95
 CHOSEN_BY = "held-out corpus pairs"
+# Below this nDCG@10 in every mode the pairs tell the modes nothing (the held-out documents are hardly ever
+# found, e.g. in a collection of near-duplicates): the default stays lexical, and says so.
+INCONCLUSIVE_NDCG = 0.05
 
 
 def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
@@ -130,11 +133,24 @@ def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> dict
         info("default search mode: lexical (no document has a sentence to measure search on)")
         return None
     best_weight, scores = result["dense_weight"], result["ndcg@10"]
-    mode = max(("lexical", "hybrid", "dense"), key=lambda m: scores[m])  # ties go to the cheaper, lexical first
+    mode, inconclusive = best_mode(scores)
     section = {"default_mode": mode, "dense_weight": best_weight, "embedder_fingerprint": embedder_fingerprint,
                "chosen_by": CHOSEN_BY, "ndcg@10": scores, "hybrid_ndcg@10": result["hybrid_ndcg@10"],
-               "pairs": result["pairs"], "collection_documents": result["collection_documents"]}
+               "pairs": result["pairs"], "collection_documents": result["collection_documents"], "inconclusive": inconclusive}
     ws.update_manifest("search", section)
-    info(f"default search mode: {mode} (nDCG@10 on {result['pairs']} held-out corpus pairs: lexical {scores['lexical']:.3f}, "
-         f"dense {scores['dense']:.3f}, hybrid {scores['hybrid']:.3f} at dense weight {best_weight})")
+    measured = (f"nDCG@10 on {result['pairs']} held-out corpus pairs: lexical {scores['lexical']:.3f}, "
+                f"dense {scores['dense']:.3f}, hybrid {scores['hybrid']:.3f} at dense weight {best_weight}")
+    if inconclusive:
+        info(f"default search mode: lexical, as the measurement was inconclusive ({measured}: the held-out documents are "
+             "hardly ever found, as in a collection of near-duplicates); with judged queries, `pipeline eval --set-default` chooses")
+    else:
+        info(f"default search mode: {mode} ({measured})")
     return section
+
+
+def best_mode(scores: dict[str, float]) -> tuple[str, bool]:
+    """The mode with the best nDCG@10 (ties go to the cheaper, lexical first), and whether the measurement
+    was inconclusive (every mode below INCONCLUSIVE_NDCG: then lexical)."""
+    if max(scores.values()) < INCONCLUSIVE_NDCG:
+        return "lexical", True
+    return max(("lexical", "hybrid", "dense"), key=lambda m: scores[m]), False

@@ -218,12 +218,21 @@ def test_hybrid_weight_is_the_middle_of_the_plateau():
     assert plateau_weight(flat) == 0.2
 
 
+def test_the_default_mode_is_the_best_measured_and_lexical_when_the_measurement_is_inconclusive():
+    from search.calibrate import best_mode
+
+    assert best_mode({"lexical": 0.61, "dense": 0.55, "hybrid": 0.66}) == ("hybrid", False)
+    assert best_mode({"lexical": 0.30, "dense": 0.30, "hybrid": 0.30}) == ("lexical", False)  # a tie: the cheaper
+    assert best_mode({"lexical": 0.0, "dense": 0.02, "hybrid": 0.01}) == ("lexical", True)  # nothing found: no evidence
+
+
 def test_index_chooses_the_default_mode_on_held_out_corpus_pairs(trained_workspace):
     from common.heldout import is_held_out
 
     manifest = json.loads((trained_workspace / "manifest.json").read_text())
     search = manifest["search"]
     assert search["chosen_by"] == "held-out corpus pairs" and search["embedder_fingerprint"] == manifest["index"]["embedder_fingerprint"]
+    assert search["inconclusive"] is (max(search["ndcg@10"].values()) < 0.05)
     assert 0 < search["pairs"] <= search["collection_documents"] == manifest["embedder"]["documents"]
     scores = search["ndcg@10"]
     assert all(0.0 <= v <= 1.0 for v in scores.values())
