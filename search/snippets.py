@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import re
-from collections import Counter
 from dataclasses import dataclass
 
 from common.lexical import query_terms, stem_words
@@ -22,8 +21,8 @@ LIMIT = 240
 _STEMS: dict[str, str] = {}  # lower-cased word -> its stem; grows to the corpus's vocabulary at most
 
 
-def _stem(word: str) -> str:
-    lowered = word.lower()
+def _stem(lowered: str) -> str:
+    """The stem of a lower-cased word."""
     stem = _STEMS.get(lowered)
     if stem is None:
         stem = _STEMS[lowered] = stem_words([lowered])[0]
@@ -47,14 +46,14 @@ def snippet_terms(query: str) -> QueryTerms:
 _WORD_REST = re.compile(r"\w*")
 
 
-def _candidate_words(text: str, prefixes: tuple[str, ...]) -> list[tuple[int, int]]:
-    """(start, end) of each word of `text` that starts with one of the prefixes, in any case, in text
-    order. str.find over the lower-cased text: 4x faster than one case-insensitive regex of the prefixes
-    (the largest part of a search's snippets)."""
+def _candidate_words(text: str, prefixes: tuple[str, ...]) -> list[tuple[int, int, str]]:
+    """(start, end, the word lower-cased) of each word of `text` that starts with one of the prefixes, in
+    any case, in text order. str.find over the lower-cased text: 4x faster than one case-insensitive
+    regex of the prefixes (the largest part of a search's snippets)."""
     lowered = text.lower()
     if len(lowered) != len(text):  # a few characters lower-case to two: search the text itself
         pattern = re.compile(r"\b(?:" + "|".join(map(re.escape, prefixes)) + r")\w*", re.IGNORECASE)
-        return [found.span() for found in pattern.finditer(text)]
+        return [(found.start(), found.end(), found.group().lower()) for found in pattern.finditer(text)]
     words = {}
     for prefix in prefixes:
         at = lowered.find(prefix)
@@ -62,11 +61,11 @@ def _candidate_words(text: str, prefixes: tuple[str, ...]) -> list[tuple[int, in
             before = lowered[at - 1] if at else " "
             if not (before.isalnum() or before == "_"):  # the prefix starts a word (\w is these characters)
                 end = _WORD_REST.match(lowered, at).end()
-                words[at] = end
+                words[at] = (at, end, lowered[at:end])
                 at = lowered.find(prefix, end)
             else:
                 at = lowered.find(prefix, at + 1)
-    return sorted(words.items())
+    return [words[at] for at in sorted(words)]
 
 
 @functools.lru_cache(maxsize=8192)
@@ -81,8 +80,8 @@ def make_snippet(text: str, terms: QueryTerms, starts_mid_text: bool = False, li
     text = _one_line(text)
     matched = []  # (start, end, stem) of each word that is a query term
     if terms.prefixes:
-        for start, end in _candidate_words(text, terms.prefixes):
-            stem = _stem(text[start:end])
+        for start, end, word in _candidate_words(text, terms.prefixes):
+            stem = _stem(word)
             if stem in terms.stems and end - start >= 2:
                 matched.append((start, end, stem))
     if matched:
@@ -103,20 +102,22 @@ def _best_window_start(text: str, matched: list[tuple[int, int, str]], limit: in
     """Where the window of at most `limit` characters holding the most distinct terms, then the most
     matches, starts: a little before its first match (up to 40 characters, at a space), so the term is
     read in its sentence. The window from match i holds matches i to j - 1 (they are in text order)."""
-    best, best_key = 0, None
-    stems_inside: Counter[str] = Counter()
+    best, best_key = 0, (-1, -1)
+    inside: dict[str, int] = {}  # stem -> its matches in the window
     j = 0
     for i, (start, _, stem) in enumerate(matched):
-        while j < len(matched) and matched[j][1] <= start + limit - 40:
-            stems_inside[matched[j][2]] += 1
+        bound = start + limit - 40
+        while j < len(matched) and matched[j][1] <= bound:
+            inside[matched[j][2]] = inside.get(matched[j][2], 0) + 1
             j += 1
-        key = (len(stems_inside), j - i)
-        if best_key is None or key > best_key:
+        key = (len(inside), j - i)
+        if key > best_key:
             best, best_key = start, key
         if j > i:  # match i leaves the window
-            stems_inside[stem] -= 1
-            if not stems_inside[stem]:
-                del stems_inside[stem]
+            if inside[stem] == 1:
+                del inside[stem]
+            else:
+                inside[stem] -= 1
         else:  # a word longer than the window: the next window starts after it
             j = i + 1
     if best <= 40:
