@@ -5,6 +5,7 @@ over the cluster, so the stored vectors are the same as on one process.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -36,13 +37,14 @@ class RayEncoder:
         self.workers = workers or max(1, int(self.ray.cluster_resources().get("CPU", 1)))
         context = self.ray.data.DataContext.get_current()
         context.enable_progress_bars = False
+        logging.getLogger("ray.data").setLevel(logging.WARNING)  # its INFO lines (execution plans, log paths) are not the user's
 
     def __call__(self, texts: list[str]) -> np.ndarray:
         rows = [{"row": i, "text": t} for i, t in enumerate(texts)]
         dataset = self.ray.data.from_items(rows, override_num_blocks=min(len(rows), self.workers * 4))
         embedded = dataset.map_batches(
             ChunkEmbedder, fn_constructor_args=(self.model_dir, self.batch_size), batch_size=self.batch_size * 4,
-            concurrency=self.workers, num_cpus=1, batch_format="numpy",
+            compute=self.ray.data.ActorPoolStrategy(size=self.workers), num_cpus=1, batch_format="numpy",
         ).take_all()
         embedded.sort(key=lambda r: r["row"])
         return np.stack([np.asarray(r["vector"], dtype=np.float32) for r in embedded])
