@@ -25,12 +25,11 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-
-import re
 
 import numpy as np
 import scipy.sparse
