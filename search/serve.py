@@ -411,7 +411,8 @@ def create_app(ws: Workspace, api_key: str | None = None, poll_seconds: float = 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        # Searches run in worker threads. Python holds one lock for its bytecode, so threads beyond the
+        # A transformer's searches and the synchronous routes run in worker threads (a static model's searches
+        # on the event loop: SearchBatcher). Python holds one lock for its bytecode, so threads beyond the
         # cores only take turns at it, less fairly the more there are: hybrid at 16 concurrent requests had
         # a p99 7.3x its p50 with the default 40 threads, 1.8x with 2 (one run each on a busy 2-core
         # machine, benchmarks/bench_serve.py). As many threads as cores still overlap FAISS's and numpy's
