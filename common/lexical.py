@@ -161,7 +161,7 @@ class LexicalIndex:
             raise PipelineError("the BM25 index does not hold the stored chunks: run `pipeline index`")
         self._statistics = (positions, live_rows, entry_terms, document_frequency, max(total_length / n, 1.0) if n else 1.0)
         self._scored: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
-        self._scoring = threading.Lock()  # the server's threads may search first at once
+        self._scoring = threading.Lock()  # scored once, should two threads search an unscored index at once
 
     def postings(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Per segment: by term, the live position and BM25 score of each chunk holding it. Scored when

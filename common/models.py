@@ -101,19 +101,18 @@ class StaticEmbedder:
             for row, text_ids in zip(out, ids):
                 if text_ids:
                     self.table.take(text_ids, axis=0).mean(axis=0, out=row)
-            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
-            return out
-        import torch
+        else:
+            import torch
 
-        table = torch.from_numpy(self.table)
-        for start in range(0, len(ids), STATIC_BATCH_TEXTS):
-            batch = ids[start:start + STATIC_BATCH_TEXTS]
-            lengths = np.fromiter(map(len, batch), np.int64, len(batch))
-            flat = np.fromiter(itertools.chain.from_iterable(batch), np.int64, int(lengths.sum()))
-            offsets = np.concatenate([[0], np.cumsum(lengths[:-1])])
-            # One multi-threaded gather-and-average for the batch (a bag's mean); an empty bag gives zeros.
-            out[start:start + len(batch)] = torch.nn.functional.embedding_bag(
-                torch.from_numpy(flat), table, torch.from_numpy(offsets), mode="mean").numpy()
+            table = torch.from_numpy(self.table)
+            for start in range(0, len(ids), STATIC_BATCH_TEXTS):
+                batch = ids[start:start + STATIC_BATCH_TEXTS]
+                lengths = np.fromiter(map(len, batch), np.int64, len(batch))
+                flat = np.fromiter(itertools.chain.from_iterable(batch), np.int64, int(lengths.sum()))
+                offsets = np.concatenate([[0], np.cumsum(lengths[:-1])])
+                # One multi-threaded gather-and-average for the batch (a bag's mean); an empty bag gives zeros.
+                out[start:start + len(batch)] = torch.nn.functional.embedding_bag(
+                    torch.from_numpy(flat), table, torch.from_numpy(offsets), mode="mean").numpy()
         out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out
 

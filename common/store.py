@@ -315,7 +315,8 @@ class Store:
                       chunk_texts=[t or "" for t in chunks["text"].tolist()])
 
     def load_vectors(self, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """All (chunk_ids int64, vectors float32 [n, dim]), or those of the chunks `ids`, in chunk_id order."""
+        """All (chunk_ids int64, vectors float32 [n, dim]), or those of the chunks `ids`, in chunk_id order:
+        read-only arrays over the query's result, not copied (400 MB at 100,000 chunks of 1,024 dimensions)."""
         dim = int(self.get_meta("dim") or 0)
         if not dim:
             return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
@@ -323,4 +324,4 @@ class Store:
         table = self.con.sql(f"SELECT chunk_id, vector FROM vectors {only} ORDER BY chunk_id", params=parameters).to_arrow_table()
         ids = arrow_numbers(table.column("chunk_id").combine_chunks(), np.int64)
         flat = arrow_numbers(table.column("vector").combine_chunks().flatten(), np.float32)
-        return ids.copy(), flat.reshape(-1, dim).copy()
+        return ids, flat.reshape(-1, dim)

@@ -332,7 +332,7 @@ class SearchEngine:
     def dense_documents(self, vectors: np.ndarray, n_docs: int, allowed: AllowedChunks | None) -> list[Ranking]:
         """Each query vector's best n_docs documents: the first fetch of chunks for all queries at once."""
         total = len(self.corpus.chunk_ids) if allowed is None else allowed.count
-        first = self.dense_chunks(vectors, min(total, 4 * n_docs), allowed)
+        first = self.dense_chunks(vectors, first_fetch(n_docs, total), allowed)
         return [self.best_chunk_per_document(lambda n, v=vectors[i:i + 1]: self.dense_chunks(v, n, allowed)[0], n_docs, total, first[i])
                 for i in range(len(vectors))]
 
@@ -355,9 +355,9 @@ class SearchEngine:
 
     def best_chunk_per_document(self, fetch, n_docs: int, total: int, fetched=None) -> Ranking:
         """Ask `fetch(n)` for the best n chunks (positions, scores), growing n until n_docs documents are
-        covered (`fetched`: what fetch(4 * n_docs) gives, when already fetched); returns each document's
-        best chunk, best first."""
-        n = min(total, 4 * n_docs)
+        covered (`fetched`: what fetch(first_fetch(n_docs, total)) gives, when already fetched); returns each
+        document's best chunk, best first."""
+        n = first_fetch(n_docs, total)
         while True:
             positions, scores = fetched if fetched is not None else fetch(n)
             fetched = None
@@ -384,6 +384,11 @@ class SearchEngine:
         c = self.corpus
         return {"doc_id": doc_id, "title": c.titles[position], "source": c.sources[position], "text": c.texts[position],
                 "metadata": c.metadata[position], "chunks": int(c.chunks_per_doc[position])}
+
+
+def first_fetch(n_docs: int, total: int) -> int:
+    """How many chunks are fetched first for n_docs documents (a document may have several among them)."""
+    return min(total, 4 * n_docs)
 
 
 def fuse(dense: Ranking, lexical: Ranking, dense_weight: float) -> Ranking:

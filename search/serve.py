@@ -39,6 +39,7 @@ no stored data.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -456,13 +457,12 @@ def create_app(ws: Workspace, api_key: str | None = None, poll_seconds: float = 
         engine = generation.current()
         start = time.perf_counter()
         try:
-            if not is_static(engine.model):
-                # A transformer's forward pass (tens of ms) would stall every other request on the event loop.
-                hits = await run_in_threadpool(engine.search, body.q, body.k, body.mode, DocumentFilter.of(body.filter), body.dense_weight)
-            elif body.filter:
-                hits = engine.search(body.q, body.k, body.mode, DocumentFilter.of(body.filter), body.dense_weight)
-            else:
+            if is_static(engine.model) and not body.filter:
                 hits = await batcher.search(engine, body)
+            else:
+                search = functools.partial(engine.search, body.q, body.k, body.mode, DocumentFilter.of(body.filter), body.dense_weight)
+                # A transformer's forward pass (tens of ms) would stall every other request on the event loop.
+                hits = search() if is_static(engine.model) else await run_in_threadpool(search)
         except FilterError as e:
             return error(422, str(e))
         except PipelineError as e:
