@@ -713,7 +713,12 @@ function fieldsLine(metadata) {
   return Object.entries(metadata || {}).map(([name, value]) => name + ": " + (typeof value === "string" ? value : JSON.stringify(value))).join(" · ");
 }
 
+// Each search or document view takes a number; an answer arriving after a newer one started is dropped,
+// so two searches in flight (a click while the page loads its address) never show both their results.
+let latestView = 0;
+
 async function runSearch(params) {
+  const view = ++latestView;
   $("document-view").hidden = true; empty.hidden = true;
   results.replaceChildren();
   const filter = params.get("filter") ? JSON.parse(params.get("filter")) : {};
@@ -723,7 +728,9 @@ async function runSearch(params) {
   try {
     const response = await fetch("search", { method: "POST", headers: { ...headers(), "Content-Type": "application/json" }, body: JSON.stringify(body) });
     const answer = await response.json();
+    if (view !== latestView) return;
     if (!response.ok) { show(answer.error || ("error " + response.status), true); return; }
+    results.replaceChildren();
     show(answer.results.length + " results (" + answer.mode + ", " + answer.took_ms + " ms)");
     if (!answer.results.length) {
       empty.textContent = Object.keys(filter).length ? "No document matches this query with these filters. Try removing a filter or other words."
@@ -743,15 +750,17 @@ async function runSearch(params) {
       results.append(item);
     }
   } catch (e) {
-    show("The server did not answer: " + e, true);
+    if (view === latestView) show("The server did not answer: " + e, true);
   }
 }
 
 async function showDocument(docId) {
+  const view = ++latestView;
   results.replaceChildren(); empty.hidden = true;
   show("Loading…");
   const response = await fetch("documents/" + encodeURIComponent(docId).replaceAll("%2F", "/"), { headers: headers() });
   const doc = await response.json();
+  if (view !== latestView) return;
   if (!response.ok) { show(doc.error || ("error " + response.status), true); return; }
   show("");
   $("document-title").textContent = doc.title || doc.doc_id;
@@ -775,7 +784,7 @@ function fromUrl() {
   }
   if (params.get("doc")) showDocument(params.get("doc"));
   else if (params.get("q")) runSearch(params);
-  else { results.replaceChildren(); $("document-view").hidden = true; empty.hidden = true; show(""); }
+  else { latestView++; results.replaceChildren(); $("document-view").hidden = true; empty.hidden = true; show(""); }
 }
 
 async function loadFields() {
