@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 
 from common.chunking import chunk_texts, whole_text_chunk
-from common.models import STATIC_BATCH_TEXTS, embedding_text, encode, is_static
+from common.models import STATIC_BATCH_TEXTS, embedding_text, encode, encode_token_ids, is_static, special_token_frame
 from common.readers import Document
 from common.store import ChunkRow
 
@@ -40,8 +40,9 @@ def chunk_and_embed(docs: list[Document], model, tokenizer, chunk_tokens: int, o
     `tokenizer`: text_tokenizer(model). A static model embeds token ids: each document is tokenized once
     (by its fast tokenizer) for its chunks and their vectors, and only a document longer than a chunk
     again with character offsets to cut it; a chunk's vector is the mean over the tokens of its title and
-    a newline, then its own tokens. Any other model, or `embed_texts` (e.g. actors on a Ray cluster),
-    embeds each chunk's text. on_progress(share of the chunks embedded) follows each batch."""
+    a newline, then its own tokens. A transformer is fed the same token ids (its title's, then the chunk's
+    from chunking: encode_token_ids), not the chunk's text to tokenize again. `embed_texts` (e.g. actors
+    on a Ray cluster) embeds each chunk's text. on_progress(share of the chunks embedded) follows each batch."""
     if is_static(model) and embed_texts is None:
         token_ids = model.token_ids([d.text for d in docs])
         long = [i for i, ids in enumerate(token_ids) if len(ids) > chunk_tokens]
@@ -60,12 +61,21 @@ def chunk_and_embed(docs: list[Document], model, tokenizer, chunk_tokens: int, o
         return rows, vectors
     rows: list[ChunkRow] = []
     texts: list[str] = []
-    for doc, chunks in zip(docs, chunk_texts([d.text for d in docs], tokenizer, chunk_tokens, overlap)):
+    inputs: list[list[int]] = []  # each chunk's token ids, title first, when the model is fed token ids
+    by_ids = embed_texts is None and special_token_frame(tokenizer) is not None
+    chunked = chunk_texts([d.text for d in docs], tokenizer, chunk_tokens, overlap)
+    title_ids = tokenizer([f"{d.title}\n" for d in docs], add_special_tokens=False)["input_ids"] if by_ids and docs else []
+    for i, (doc, chunks) in enumerate(zip(docs, chunked)):
         for c in chunks:
             rows.append(ChunkRow(first_chunk_id + len(rows), doc.id, c.index, c.text, c.start_char, c.end_char, c.n_tokens))
-            texts.append(embedding_text(doc.title, c.text))
-    if not texts:
+            if by_ids:
+                inputs.append(title_ids[i] + c.token_ids if doc.title else c.token_ids)
+            else:
+                texts.append(embedding_text(doc.title, c.text))
+    if not rows:
         return rows, np.zeros((0, model.get_embedding_dimension()), np.float32)
+    if by_ids:  # the chunks' tokens from chunking, not a second tokenization of their text
+        return rows, encode_token_ids(model, inputs, batch_size, on_progress and (lambda n: on_progress(n / len(inputs))))
     if embed_texts is not None:
         vectors = embed_texts(texts)
         if on_progress is not None:

@@ -288,3 +288,66 @@ def test_a_static_embedders_chunks_are_embedded_from_the_documents_tokens(traine
     ids = model.token_ids(["A long one\n"])[0] + model.token_ids([long_text])[0][56:56 + 64]
     assert middle.n_tokens == 64
     np.testing.assert_allclose(vectors[rows.index(middle)], model.embed_ids([ids])[0], atol=1e-6)
+
+
+def chunk_vectors_match_their_texts(model, tokenizer) -> tuple[list, np.ndarray]:
+    """Chunks of three documents (one with no title, one longer than a chunk) embedded by chunk_and_embed;
+    each document's first chunk must have the vector `encode` gives its title and text as one text."""
+    from common.ingest import chunk_and_embed
+    from common.models import embedding_text, encode
+    from common.readers import Document
+
+    long_text = " ".join(f"Sentence {i} is about vitamin D and bone density." for i in range(40))
+    docs = [Document("short", "Vitamin D", "src", "Bone density rose with vitamin D."),
+            Document("untitled", "", "src", "Tumour cells grow."), Document("long", "A long one", "src", long_text)]
+    rows, vectors = chunk_and_embed(docs, model, tokenizer, 64, 8, 0, batch_size=2)
+    assert len(rows) == len(vectors) > 4 and {r.doc_id for r in rows} == {"short", "untitled", "long"}
+    titles = {d.id: d.title for d in docs}
+    first = [i for i, r in enumerate(rows) if r.chunk_index == 0]
+    expected = encode(model, [embedding_text(titles[rows[i].doc_id], rows[i].text) for i in first])
+    np.testing.assert_allclose(vectors[first], expected, atol=1e-5)
+    return rows, vectors
+
+
+def test_a_causal_transformer_is_fed_its_chunks_token_ids_without_a_padding_mask(trained_workspace, monkeypatch):
+    """The exported GPT-2 gets the token ids chunking made (no second tokenization) and runs without the
+    padding mask (its tokens never see the padding after them): the same vectors as `encode` of the texts."""
+    from common import models
+    from common.models import embedding_text
+
+    model = models.load_embedder(trained_workspace / "model")
+    assert models.special_token_frame(model.tokenizer) == ([], [])  # GPT-2 adds no special tokens
+    tokenized = []
+    call = type(model.tokenizer).__call__
+    monkeypatch.setattr(type(model.tokenizer), "__call__",
+                        lambda self, texts, *a, **kw: tokenized.extend([texts] if isinstance(texts, str) else texts) or call(self, texts, *a, **kw))
+    rows, _ = chunk_vectors_match_their_texts(model, model.tokenizer)
+    assert model._pipeline_padding_needs_mask is False
+    later = [r for r in rows if r.chunk_index > 0]
+    assert later and not {embedding_text("A long one", r.text) for r in later} & set(tokenized)  # never tokenized again
+
+
+def test_a_bidirectional_transformer_with_special_tokens_is_fed_token_ids_with_its_padding_mask(tmp_path):
+    """Any sentence-transformers model: a BERT-shaped one ([CLS] text [SEP], attention both ways) gets its
+    special tokens around the chunk's ids and the padding mask, and the vectors `encode` gives its texts."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    from tokenizers import Tokenizer, models as tokenizer_models, pre_tokenizers, processors, trainers
+    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+
+    from common.models import padding_needs_mask, special_token_frame
+
+    words = Tokenizer(tokenizer_models.WordPiece(unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    words.train_from_iterator([f"sentence {i} is about vitamin d and bone density tumour cells grow" for i in range(50)],
+                              trainers.WordPieceTrainer(vocab_size=200, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"]))
+    words.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    PreTrainedTokenizerFast(tokenizer_object=words, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+                            sep_token="[SEP]").save_pretrained(tmp_path / "bert")
+    BertModel(BertConfig(vocab_size=words.get_vocab_size(), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=128)).save_pretrained(tmp_path / "bert")
+    transformer = Transformer(str(tmp_path / "bert"), max_seq_length=128)
+    model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")], device="cpu")
+    assert special_token_frame(model.tokenizer) == ([2], [3])
+    chunk_vectors_match_their_texts(model, model.tokenizer)
+    assert padding_needs_mask(model, [2, 10, 11, 12, 3]) is True
