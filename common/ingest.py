@@ -12,7 +12,8 @@ from typing import Callable
 import numpy as np
 
 from common.chunking import chunk_texts, whole_text_chunk
-from common.models import STATIC_BATCH_TEXTS, embedding_text, encode, encode_token_ids, is_static, special_token_frame
+from common.models import (STATIC_BATCH_TEXTS, embedding_text, encode, encode_token_ids, is_static, model_token_ids,
+                           special_token_frame)
 from common.readers import Document
 from common.store import ChunkRow
 
@@ -37,22 +38,26 @@ def chunk_and_embed(docs: list[Document], model, tokenizer, chunk_tokens: int, o
                     on_progress: Callable[[float], None] | None = None, batch_size: int = 64) -> tuple[list[ChunkRow], np.ndarray]:
     """The documents' chunks, numbered from first_chunk_id, and their vectors (the title, then the chunk).
 
-    `tokenizer`: text_tokenizer(model). A static model embeds token ids: each document is tokenized once
-    (by its fast tokenizer) for its chunks and their vectors, and only a document longer than a chunk
-    again with character offsets to cut it; a chunk's vector is the mean over the tokens of its title and
-    a newline, then its own tokens. A transformer is fed the same token ids (its title's, then the chunk's
-    from chunking: encode_token_ids), not the chunk's text to tokenize again. `embed_texts` (e.g. actors
-    on a Ray cluster) embeds each chunk's text. on_progress(share of the chunks embedded) follows each batch."""
-    if is_static(model) and embed_texts is None:
-        token_ids = model.token_ids([d.text for d in docs])
+    `tokenizer`: text_tokenizer(model). The model is fed token ids: each document is tokenized once (by the
+    fast tokenizer when there is one: model_token_ids) for its chunks and their vectors, and only a
+    document longer than a chunk again with character offsets to cut it; a chunk's input is its title's
+    tokens and a newline's, then its own. A static model averages their vectors; a transformer is fed them
+    with its special tokens (encode_token_ids). `embed_texts` (e.g. actors on a Ray cluster), or a
+    transformer whose tokenizer frames texts in a way encode_token_ids does not know, embeds each chunk's text. on_progress(share of the chunks embedded) follows each batch."""
+    static = is_static(model)
+    if embed_texts is None and (static or special_token_frame(tokenizer) is not None):
+        token_ids_of = model_token_ids(model)
+        token_ids = token_ids_of([d.text for d in docs])
         long = [i for i, ids in enumerate(token_ids) if len(ids) > chunk_tokens]
         chunks_of = dict(zip(long, chunk_texts([docs[i].text for i in long], tokenizer, chunk_tokens, overlap)))
-        title_ids = model.token_ids([f"{d.title}\n" for d in docs])
+        title_ids = token_ids_of([f"{d.title}\n" for d in docs])
         rows, inputs = [], []
         for i, doc in enumerate(docs):
             for c in chunks_of.get(i) or [whole_text_chunk(doc.text, token_ids[i])]:
                 rows.append(ChunkRow(first_chunk_id + len(rows), doc.id, c.index, c.text, c.start_char, c.end_char, c.n_tokens))
                 inputs.append(title_ids[i] + c.token_ids if doc.title else c.token_ids)
+        if not static:
+            return rows, encode_token_ids(model, inputs, batch_size, on_progress and (lambda n: on_progress(n / len(inputs))))
         vectors = np.zeros((len(inputs), model.get_embedding_dimension()), np.float32)
         for start in range(0, len(inputs), STATIC_BATCH_TEXTS):
             vectors[start:start + STATIC_BATCH_TEXTS] = model.embed_ids(inputs[start:start + STATIC_BATCH_TEXTS])
@@ -61,21 +66,12 @@ def chunk_and_embed(docs: list[Document], model, tokenizer, chunk_tokens: int, o
         return rows, vectors
     rows: list[ChunkRow] = []
     texts: list[str] = []
-    inputs: list[list[int]] = []  # each chunk's token ids, title first, when the model is fed token ids
-    by_ids = embed_texts is None and special_token_frame(tokenizer) is not None
-    chunked = chunk_texts([d.text for d in docs], tokenizer, chunk_tokens, overlap)
-    title_ids = tokenizer([f"{d.title}\n" for d in docs], add_special_tokens=False)["input_ids"] if by_ids and docs else []
-    for i, (doc, chunks) in enumerate(zip(docs, chunked)):
+    for doc, chunks in zip(docs, chunk_texts([d.text for d in docs], tokenizer, chunk_tokens, overlap)):
         for c in chunks:
             rows.append(ChunkRow(first_chunk_id + len(rows), doc.id, c.index, c.text, c.start_char, c.end_char, c.n_tokens))
-            if by_ids:
-                inputs.append(title_ids[i] + c.token_ids if doc.title else c.token_ids)
-            else:
-                texts.append(embedding_text(doc.title, c.text))
-    if not rows:
+            texts.append(embedding_text(doc.title, c.text))
+    if not texts:
         return rows, np.zeros((0, model.get_embedding_dimension()), np.float32)
-    if by_ids:  # the chunks' tokens from chunking, not a second tokenization of their text
-        return rows, encode_token_ids(model, inputs, batch_size, on_progress and (lambda n: on_progress(n / len(inputs))))
     if embed_texts is not None:
         vectors = embed_texts(texts)
         if on_progress is not None:

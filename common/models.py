@@ -70,7 +70,7 @@ class StaticEmbedder:
 
         self.tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         self.table = np.ascontiguousarray(load_file(str(directory / "model.safetensors"))["embedding.weight"], dtype=np.float32)
-        self._fast_tokenizer = fast_byte_level_bpe(directory / "tokenizer.json", self.tokenizer)
+        self.token_ids = TokenIds(self.tokenizer)
         # How texts' token vectors are averaged: numpy, one text at a time (1.9M tokens/s here), or torch's
         # embedding_bag (5.7M tokens/s on 2 cores) which costs ~2 s to import: worth it for a large embed
         # only, which sets this (embed/run.py). A search or a 1% update stays without torch.
@@ -78,21 +78,6 @@ class StaticEmbedder:
 
     def get_embedding_dimension(self) -> int:
         return self.table.shape[1]
-
-    def token_ids(self, texts: list[str]) -> list[list[int]]:
-        """Each text's token ids (no special tokens added), as the model's tokenizer gives them."""
-        if self._fast_tokenizer is None:
-            return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
-        encode = functools.partial(self._fast_tokenizer.encode, allowed_special="all")
-        threads = min(len(os.sched_getaffinity(0)), len(texts) // 64)
-        if threads < 2:
-            return [encode(text) for text in texts]
-        # tiktoken releases the GIL while it encodes: a thread per core, each a contiguous share of the texts
-        # (its own encode_batch makes a task per text, which cost more than the encoding here).
-        share = -(-len(texts) // threads)
-        with ThreadPoolExecutor(threads) as pool:
-            parts = pool.map(lambda start: [encode(text) for text in texts[start:start + share]], range(0, len(texts), share))
-            return list(itertools.chain.from_iterable(parts))
 
     def embed_ids(self, ids: list[list[int]]) -> np.ndarray:
         """L2-normalised mean of each list's token vectors; an empty list gives zeros."""
@@ -117,6 +102,39 @@ class StaticEmbedder:
         return out
 
 
+class TokenIds:
+    """Texts to their token ids (no special tokens added) as a `tokenizers.Tokenizer` gives them: by
+    tiktoken when the tokenizer is GPT-2-style byte-level BPE (fast_byte_level_bpe), else by the library."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.fast = fast_byte_level_bpe(json.loads(tokenizer.to_str()), tokenizer)
+
+    def __call__(self, texts: list[str]) -> list[list[int]]:
+        if self.fast is None:
+            return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+        encode = functools.partial(self.fast.encode, allowed_special="all")
+        threads = min(len(os.sched_getaffinity(0)), len(texts) // 64)
+        if threads < 2:
+            return [encode(text) for text in texts]
+        # tiktoken releases the GIL while it encodes: a thread per core, each a contiguous share of the texts
+        # (its own encode_batch makes a task per text, which cost more than the encoding here).
+        share = -(-len(texts) // threads)
+        with ThreadPoolExecutor(threads) as pool:
+            parts = pool.map(lambda start: [encode(text) for text in texts[start:start + share]], range(0, len(texts), share))
+            return list(itertools.chain.from_iterable(parts))
+
+
+def model_token_ids(model) -> TokenIds:
+    """How texts become the model's token ids: a static model's own, or made once for a transformer's tokenizer."""
+    if is_static(model):
+        return model.token_ids
+    made = getattr(model, "_pipeline_token_ids", None)
+    if made is None:
+        made = model._pipeline_token_ids = TokenIds(model.tokenizer.backend_tokenizer)
+    return made
+
+
 # The GPT-2 pre-tokenizer's split (Hugging Face's ByteLevel pre-tokenizer with use_regex uses the same).
 GPT2_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -133,10 +151,10 @@ TOKENIZER_CHECK_TEXTS = ["Hello world! It's 2024: naïve café, 東京, emoji �
                          "don't we'll they've I'm she'd x'll 3.14159 -- ++ == <|endoftext|> ___ \u00a0nbsp\x1ccontrol"]
 
 
-def fast_byte_level_bpe(tokenizer_file: Path, tokenizer):
+def fast_byte_level_bpe(spec: dict, tokenizer):
     """A tiktoken encoder with the same vocabulary and merges as a GPT-2-style byte-level BPE tokenizer
-    (ours is one): the same tokens at 2-3x the speed of the tokenizers library here, which is what bounds
-    `pipeline embed` with a static model. tiktoken merges by rank, where the library follows its list of
+    (ours is one; `spec`: its tokenizer.json): the same tokens at 2-3x the speed of the tokenizers library
+    here, which is what bounds `pipeline embed` with a static model. tiktoken merges by rank, where the library follows its list of
     merges; token ids stand in for ranks, which follows that list when a trained BPE numbers each merge's
     token in merge order (checked here). The two agreed on every text tried (20,000 SciFact-derived
     documents, the tests' texts), which is evidence, not proof, hence the checks: the tokenizer's shape,
@@ -144,7 +162,6 @@ def fast_byte_level_bpe(tokenizer_file: Path, tokenizer):
     Documents and queries both go through here, so a query is tokenized as the documents were."""
     import tiktoken
 
-    spec = json.loads(tokenizer_file.read_text())
     model = spec.get("model") or {}
     pre = spec.get("pre_tokenizer") or {}
     if (spec.get("normalizer") is not None or model.get("type") != "BPE" or model.get("dropout")

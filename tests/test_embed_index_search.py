@@ -254,7 +254,7 @@ def test_a_static_embedder_loads_without_sentence_transformers_and_encodes_as_it
 
     path = save_static_model(trained_workspace, tmp_path / "static")
     model = load_embedder(path)
-    assert isinstance(model, StaticEmbedder) and model._fast_tokenizer is not None  # our byte-level BPE gets tiktoken
+    assert isinstance(model, StaticEmbedder) and model.token_ids.fast is not None  # our byte-level BPE gets tiktoken
     texts = ["Vitamin D and bone density", "naïve café 東京 🙂 it's 3.14\n\n  tabs\tand <|endoftext|> too", "",
              *[f"tumour growth in cell line {i} " * (i % 9 + 1) for i in range(200)]]  # enough to use threads
     assert model.token_ids(texts) == [e.ids for e in model.tokenizer.encode_batch(texts, add_special_tokens=False)]
@@ -310,13 +310,14 @@ def chunk_vectors_match_their_texts(model, tokenizer) -> tuple[list, np.ndarray]
 
 
 def test_a_causal_transformer_is_fed_its_chunks_token_ids_without_a_padding_mask(trained_workspace, monkeypatch):
-    """The exported GPT-2 gets the token ids chunking made (no second tokenization) and runs without the
+    """The exported GPT-2 gets its documents' token ids (no second tokenization of a chunk) and runs without the
     padding mask (its tokens never see the padding after them): the same vectors as `encode` of the texts."""
     from common import models
     from common.models import embedding_text
 
     model = models.load_embedder(trained_workspace / "model")
     assert models.special_token_frame(model.tokenizer) == ([], [])  # GPT-2 adds no special tokens
+    assert models.model_token_ids(model).fast is not None  # documents are tokenized by tiktoken, as a static model's
     tokenized = []
     call = type(model.tokenizer).__call__
     monkeypatch.setattr(type(model.tokenizer), "__call__",
