@@ -209,7 +209,13 @@ class SearchBatcher:
     one FAISS call reads the vectors once for all of them. Why on the event loop: a static model's search
     is ~2 ms, mostly Python holding the interpreter lock, so worker threads would only take turns at it and
     pay for the hand-offs (server CPU per hybrid request at 16 concurrent: 3.9-4.4 ms through the thread
-    pool, 3.4 ms on the loop one at a time)."""
+    pool, 3.4 ms on the loop one at a time). A batch is answered WAIT_TURNS more turns of the loop after
+    the turn its first request joined it: a request read in one turn reaches the batcher up to two turns
+    later (the app awaits its way there), so waiting gathers the requests that arrived together (at 16
+    concurrent: 3.9 requests a batch without waiting, 5.3 after one more turn, 7.5 after two or more;
+    hybrid 430-490 -> 600-660 requests/s, p99 39-49 -> 31-36 ms). An idle server waits microseconds."""
+
+    WAIT_TURNS = 2
 
     def __init__(self):
         self.pending: list[tuple[SearchEngine, "SearchRequest", asyncio.Future]] = []
@@ -217,12 +223,15 @@ class SearchBatcher:
     async def search(self, engine: SearchEngine, body: "SearchRequest") -> list:
         loop = asyncio.get_running_loop()
         if not self.pending:
-            loop.call_soon(self._answer_pending)  # after the requests already read this turn have queued
+            loop.call_soon(self._answer_pending, self.WAIT_TURNS)
         future = loop.create_future()
         self.pending.append((engine, body, future))
         return await future
 
-    def _answer_pending(self) -> None:
+    def _answer_pending(self, turns_left: int) -> None:
+        if turns_left:  # let the requests already read reach the batch first
+            asyncio.get_running_loop().call_soon(self._answer_pending, turns_left - 1)
+            return
         pending, self.pending = self.pending, []
         groups: dict[tuple, list] = {}
         for engine, body, future in pending:
