@@ -216,15 +216,17 @@ def remove_other_files(index_dir: Path, keep: set[str]) -> None:
             old.unlink(missing_ok=True)
 
 
-# From this many queries at once FAISS computes a flat index's scores with one matrix product (BLAS)
-# instead of scanning the vectors for each query. Its default (128,000 in FAISS 1.15) kept every batch of
-# queries on the scan: on 5,705 vectors of 1,024-d, 16 queries took 16.5 ms scanned and 4.1 ms by BLAS,
-# 4 queries 4.4 and 2.7 ms; 1 or 2 are faster scanned (1.1 against 3.0 ms).
-FLAT_BLAS_MIN_QUERIES = 3
+# From this many queries at once a flat index's scores are one matrix product (BLAS), below it a scan of
+# the vectors per query. FAISS 1.15 switches on query floats (queries x dimension) against a process-wide
+# threshold, 128,000 by default: 125 queries of 1,024-d, so a search's batch was always scanned. Measured
+# on 5,705 vectors of 1,024-d, one thread: 1 query 0.8 ms scanned / 2.5 by BLAS, 3 queries 2.5 / 3.4,
+# 4 queries 2.7-3.2 / 2.1-2.8, 8 queries 6.0-7.1 / 2.6-3.4, 16 queries 10.5-12.5 / 3.7-4.1.
+FLAT_BLAS_MIN_QUERIES = 4
 
 
 def load_index(path: Path) -> faiss.Index:
     """A FAISS index file, read whole and deserialised (what search and the server use). Sets FAISS's
-    process-wide switch to matrix products for batches of queries (FLAT_BLAS_MIN_QUERIES)."""
-    faiss.cvar.distance_compute_blas_threshold = FLAT_BLAS_MIN_QUERIES
-    return faiss.deserialize_index(np.fromfile(path, dtype=np.uint8))
+    process-wide switch to matrix products for FLAT_BLAS_MIN_QUERIES queries or more of its dimension."""
+    index = faiss.deserialize_index(np.fromfile(path, dtype=np.uint8))
+    faiss.cvar.distance_compute_blas_threshold = FLAT_BLAS_MIN_QUERIES * index.d
+    return index
