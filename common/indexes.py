@@ -176,7 +176,8 @@ def update(ws: Workspace, previous: dict, base: Segment, ids: np.ndarray, vector
     lexical_seconds = time.perf_counter() - start
     info(f"delta of {len(ids):,} chunks: FAISS {build_seconds:.2f}s, BM25 {lexical_seconds:.2f}s")
     deleted = len(base.chunk_ids) - (len(live) - len(ids))
-    return {**{key: previous[key] for key in ("path", "type", "reason", "dim", "base_vectors", "recall_at_10")},
+    kept = ("path", "type", "reason", "dim", "base_vectors", "recall_at_10", "search_setting")  # the base's
+    return {**{key: previous.get(key) for key in kept},
             "update": "incremental", "update_reason": update_reason,
             "delta_path": str(delta_path.relative_to(ws.root)) if delta_path else None, "delta_vectors": int(len(ids)),
             "deleted_in_base": int(deleted), "build_seconds": build_seconds,

@@ -352,3 +352,29 @@ def test_a_bidirectional_transformer_with_special_tokens_is_fed_token_ids_with_i
     assert special_token_frame(model.tokenizer) == ([2], [3])
     chunk_vectors_match_their_texts(model, model.tokenizer)
     assert padding_needs_mask(model, [2, 10, 11, 12, 3]) is True
+
+
+@pytest.mark.parametrize("kind, parameter", [("hnsw", "efSearch"), ("ivf", "nprobe")])
+def test_an_approximate_index_is_searched_wide_enough_to_find_the_target_recall(kind, parameter, tmp_path):
+    """Started at width 1 (far below the target on random vectors), the build's tuning widens the search
+    until recall@10 on held-out neighbours reaches TARGET_RECALL, and the index file keeps that width."""
+    from common.indexes import make_index, write_faiss
+    from index.build import TARGET_RECALL, exact_neighbours, recall_at_10, tune_search
+
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((3000, 32)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    ids = np.arange(1000, 4000, dtype=np.int64)
+    index = make_index(kind, 32, len(ids))
+    index.train(vectors)
+    index.add_with_ids(vectors, ids)
+    inner = faiss.downcast_index(faiss.downcast_index(index).index)
+    holder = inner.hnsw if kind == "hnsw" else inner
+    setattr(holder, parameter, 1)
+    assert recall_at_10(index, *exact_neighbours(ids, vectors)) < TARGET_RECALL
+    recall, setting = tune_search(index, kind, ids, vectors)
+    assert recall >= TARGET_RECALL and setting[parameter] > 1
+    assert recall_at_10(index, *exact_neighbours(ids, vectors, seed=1)) >= TARGET_RECALL - 0.03  # other queries
+    loaded = load_index(write_faiss(index, tmp_path, "faiss"))  # owns the inner index: kept alive with it
+    reloaded = faiss.downcast_index(faiss.downcast_index(loaded).index)
+    assert getattr(reloaded.hnsw if kind == "hnsw" else reloaded, parameter) == setting[parameter]
