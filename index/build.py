@@ -92,27 +92,8 @@ def build_index(ws: Workspace, kind: str = "auto", rebuild: bool = False) -> dic
 
 
 def full_build(ws: Workspace, kind: str, ids: np.ndarray, vectors: np.ndarray, chunk_rows: list, update_reason: str) -> dict:
-    reason = f"--type {kind}"
-    if kind == "auto":
-        kind, reason = choose_type(len(ids))
-    if kind in ("ivf", "ivfpq") and len(ids) < 39:
-        raise PipelineError(f"--type {kind} needs at least 39 vectors to train, the store has {len(ids)}")
-    info(f"{update_reason}: a {kind} index over {len(ids):,} vectors of dimension {vectors.shape[1]} ({reason})")
-
-    start = time.perf_counter()
-    index = make_index(kind, vectors.shape[1], len(ids))
-    if not index.is_trained:
-        index.train(vectors)
-    index.add_with_ids(vectors, ids)
-    build_seconds = time.perf_counter() - start
-
-    recall, search_setting = None, None
-    if kind != "flat":
-        start = time.perf_counter()
-        recall, search_setting = tune_search(index, kind, ids, vectors)
-        (parameter, width), = search_setting.items()
-        info(f"recall@10 against exact search on {min(RECALL_SAMPLE, len(ids)):,} of its vectors: {recall:.3f} "
-             f"with {parameter} {width} (aiming at {TARGET_RECALL}; {time.perf_counter() - start:.1f}s)")
+    faiss_index = build_faiss(kind, ids, vectors, update_reason)
+    index, build_seconds = faiss_index["index"], faiss_index["build_seconds"]
     path = write_faiss(index, ws.index_dir, "faiss")
     info(f"built in {build_seconds:.2f}s; written to {path}")
 
@@ -120,10 +101,36 @@ def full_build(ws: Workspace, kind: str, ids: np.ndarray, vectors: np.ndarray, c
     lexical_dir = save_lexical(LexicalIndex.build(chunk_rows), ws.index_dir)
     lexical_seconds = time.perf_counter() - start
     info(f"BM25 index over {len(chunk_rows):,} chunks built in {lexical_seconds:.2f}s; written to {lexical_dir}")
-    return {"path": str(path.relative_to(ws.root)), "type": kind, "reason": reason, "dim": int(vectors.shape[1]),
-            "update": "full", "update_reason": update_reason, "base_vectors": int(len(ids)), "delta_path": None,
-            "delta_vectors": 0, "deleted_in_base": 0, "build_seconds": build_seconds, "recall_at_10": recall,
-            "search_setting": search_setting,
+    return {"path": str(path.relative_to(ws.root)), **{key: faiss_index[key] for key in ("type", "reason", "recall_at_10", "search_setting")},
+            "dim": int(vectors.shape[1]), "update": "full", "update_reason": update_reason, "base_vectors": int(len(ids)),
+            "delta_path": None, "delta_vectors": 0, "deleted_in_base": 0, "build_seconds": build_seconds,
             "lexical_path": str(lexical_dir.relative_to(ws.root)), "lexical_seconds": lexical_seconds}
 
 
+
+
+def build_faiss(kind: str, ids: np.ndarray, vectors: np.ndarray, why: str) -> dict:
+    """A FAISS index of `kind` (auto: choose_type's choice) over the vectors, trained, filled and, when
+    approximate, tuned (tune_search). Returns the index, its type, why that type, build seconds (train +
+    add), recall@10 and search width (None for exact search)."""
+    reason = f"--type {kind}"
+    if kind == "auto":
+        kind, reason = choose_type(len(ids))
+    if kind in ("ivf", "ivfpq") and len(ids) < 39:
+        raise PipelineError(f"--type {kind} needs at least 39 vectors to train, the store has {len(ids)}")
+    info(f"{why}: a {kind} index over {len(ids):,} vectors of dimension {vectors.shape[1]} ({reason})")
+    start = time.perf_counter()
+    index = make_index(kind, vectors.shape[1], len(ids))
+    if not index.is_trained:
+        index.train(vectors)
+    index.add_with_ids(vectors, ids)
+    build_seconds = time.perf_counter() - start
+    recall, search_setting = None, None
+    if kind != "flat":
+        start = time.perf_counter()
+        recall, search_setting = tune_search(index, kind, ids, vectors)
+        (parameter, width), = search_setting.items()
+        info(f"recall@10 against exact search on {min(RECALL_SAMPLE, len(ids)):,} of its vectors: {recall:.3f} "
+             f"with {parameter} {width} (aiming at {TARGET_RECALL}; {time.perf_counter() - start:.1f}s)")
+    return {"index": index, "type": kind, "reason": reason, "build_seconds": build_seconds, "recall_at_10": recall,
+            "search_setting": search_setting}
