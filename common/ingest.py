@@ -43,7 +43,8 @@ def chunk_and_embed(docs: list[Document], model, tokenizer, chunk_tokens: int, o
     document longer than a chunk again with character offsets to cut it; a chunk's input is its title's
     tokens and a newline's, then its own. A static model averages their vectors; a transformer is fed them
     with its special tokens (encode_token_ids). `embed_texts` (e.g. actors on a Ray cluster), or a
-    transformer whose tokenizer frames texts in a way encode_token_ids does not know, embeds each chunk's text. on_progress(share of the chunks embedded) follows each batch."""
+    transformer whose tokenizer frames texts in a way encode_token_ids does not know, embeds each chunk's
+    text. on_progress(share of the chunks embedded) follows each batch."""
     static = is_static(model)
     if embed_texts is None and (static or special_token_frame(tokenizer) is not None):
         token_ids_of = model_token_ids(model)

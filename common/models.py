@@ -154,9 +154,9 @@ TOKENIZER_CHECK_TEXTS = ["Hello world! It's 2024: naïve café, 東京, emoji �
 def fast_byte_level_bpe(spec: dict, tokenizer):
     """A tiktoken encoder with the same vocabulary and merges as a GPT-2-style byte-level BPE tokenizer
     (ours is one; `spec`: its tokenizer.json): the same tokens at 2-3x the speed of the tokenizers library
-    here, which is what bounds `pipeline embed` with a static model. tiktoken merges by rank, where the library follows its list of
-    merges; token ids stand in for ranks, which follows that list when a trained BPE numbers each merge's
-    token in merge order (checked here). The two agreed on every text tried (20,000 SciFact-derived
+    here, which is what bounds `pipeline embed` with a static model. tiktoken merges by rank, where the
+    library follows its list of merges; token ids stand in for ranks, which follows that list when a
+    trained BPE numbers each merge's token in merge order (checked here). The two agreed on every text tried (20,000 SciFact-derived
     documents, the tests' texts), which is evidence, not proof, hence the checks: the tokenizer's shape,
     then its tokens on TOKENIZER_CHECK_TEXTS. None when any check fails: the library is used then.
     Documents and queries both go through here, so a query is tokenized as the documents were."""

@@ -44,6 +44,8 @@ def exact_neighbours(ids: np.ndarray, vectors: np.ndarray, sample: int = RECALL_
 
 def recall_at_10(index: faiss.Index, queries: np.ndarray, truth: np.ndarray, own_ids: np.ndarray) -> float:
     """Share of the exact top 10 (`truth`, exact_neighbours) that the index finds, leaving out each query's own id."""
+    if truth.shape[1] == 0:  # an index of one vector: nothing else to find
+        return 1.0
     _, found = index.search(queries, truth.shape[1] + 1)
     return float(np.mean([len(set(t) & (set(f) - {own})) / len(t) for t, f, own in zip(truth, found, own_ids)]))
 
@@ -105,8 +107,6 @@ def full_build(ws: Workspace, kind: str, ids: np.ndarray, vectors: np.ndarray, c
             "dim": int(vectors.shape[1]), "update": "full", "update_reason": update_reason, "base_vectors": int(len(ids)),
             "delta_path": None, "delta_vectors": 0, "deleted_in_base": 0, "build_seconds": build_seconds,
             "lexical_path": str(lexical_dir.relative_to(ws.root)), "lexical_seconds": lexical_seconds}
-
-
 
 
 def build_faiss(kind: str, ids: np.ndarray, vectors: np.ndarray, why: str) -> dict:
