@@ -272,6 +272,27 @@ def encode_static(model: StaticEmbedder, texts: list[str]) -> np.ndarray:
     return model.embed_ids(model.token_ids(texts))
 
 
+def fed_token_ids(model, tokenizer) -> bool:
+    """Whether the model embeds chunks from their token ids (embed_token_ids): a static model always, a
+    transformer when its tokenizer puts known special tokens around a text (special_token_frame)."""
+    return is_static(model) or special_token_frame(tokenizer) is not None
+
+
+def embed_token_ids(model, token_ids: list[list[int]], batch_size: int = 64,
+                    on_batch: Callable[[int], None] | None = None) -> np.ndarray:
+    """L2-normalised vectors of texts given as their token ids (no special tokens): a static model's mean
+    token vector, STATIC_BATCH_TEXTS at a time, or a transformer's forward passes (encode_token_ids).
+    on_batch(number of texts embedded so far) follows each batch."""
+    if not is_static(model):
+        return encode_token_ids(model, token_ids, batch_size, on_batch)
+    vectors = np.zeros((len(token_ids), model.get_embedding_dimension()), np.float32)
+    for start in range(0, len(token_ids), STATIC_BATCH_TEXTS):
+        vectors[start:start + STATIC_BATCH_TEXTS] = model.embed_ids(token_ids[start:start + STATIC_BATCH_TEXTS])
+        if on_batch is not None:
+            on_batch(min(start + STATIC_BATCH_TEXTS, len(token_ids)))
+    return vectors
+
+
 def special_token_frame(tokenizer) -> tuple[list[int], list[int]] | None:
     """The ids a Hugging Face tokenizer puts before and after a text's own tokens (BERT's [CLS] ... [SEP],
     RoBERTa's <s> ... </s>, nothing for GPT-2), found by tokenizing probe texts with and without them;

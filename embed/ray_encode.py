@@ -1,7 +1,8 @@
 """Embedding on a Ray cluster with Ray Data: one model per actor, results back in input order.
 
-The driver still chunks the documents and writes DuckDB; only the model forward passes are spread
-over the cluster, so the stored vectors are the same as on one process.
+The driver still tokenizes and chunks the documents and writes DuckDB; the actors get each chunk's token
+ids (common/ingest.chunk_and_embed) and run only the model, so the stored vectors are the same as on one
+process.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from common.ray_cluster import connect
 
 
 class ChunkEmbedder:
-    """A Ray Data actor: loads the model once, then embeds batches of texts."""
+    """A Ray Data actor: loads the model once, then embeds batches of chunks given as token ids."""
 
     def __init__(self, model_dir: str, batch_size: int):
         from common.models import load_embedder
@@ -23,9 +24,9 @@ class ChunkEmbedder:
         self.batch_size = batch_size
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from common.models import encode
+        from common.models import embed_token_ids
 
-        vectors = encode(self.model, [str(t) for t in batch["text"]], self.batch_size)
+        vectors = embed_token_ids(self.model, [[int(i) for i in ids] for ids in batch["ids"]], self.batch_size)
         return {"row": batch["row"], "vector": vectors}
 
 
@@ -39,8 +40,8 @@ class RayEncoder:
         context.enable_progress_bars = False
         logging.getLogger("ray.data").setLevel(logging.WARNING)  # its INFO lines (execution plans, log paths) are not the user's
 
-    def __call__(self, texts: list[str]) -> np.ndarray:
-        rows = [{"row": i, "text": t} for i, t in enumerate(texts)]
+    def __call__(self, inputs: list[list[int]]) -> np.ndarray:
+        rows = [{"row": i, "ids": ids} for i, ids in enumerate(inputs)]
         dataset = self.ray.data.from_items(rows, override_num_blocks=min(len(rows), self.workers * 4))
         embedded = dataset.map_batches(
             ChunkEmbedder, fn_constructor_args=(self.model_dir, self.batch_size), batch_size=self.batch_size * 4,

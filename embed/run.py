@@ -18,7 +18,7 @@ from common.console import err, info
 from common.default_corpus import DEFAULT_CORPUS_SOURCE, stdlib_documents
 from common.errors import PipelineError
 from common.ingest import chunk_and_embed, content_hash, document_rows
-from common.models import is_static, load_embedder, text_tokenizer, token_limit
+from common.models import fed_token_ids, is_static, load_embedder, text_tokenizer, token_limit
 from common.readers import Document, read_documents
 from common.store import Store, embedder_key
 from common.workspace import Workspace, model_fingerprint
@@ -72,13 +72,16 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
     tokenizer = text_tokenizer(model)
     fingerprint = model_fingerprint(model_dir)
     dim = model.get_embedding_dimension()
-    embed_texts = None  # the model's own way: token ids for a static model, texts for a transformer
+    embed_inputs = None  # here, unless on Ray
     if settings.ray:
+        if not fed_token_ids(model, tokenizer):
+            raise PipelineError(f"--ray: the model's tokenizer ({model_dir}) adds special tokens in a way the Ray path "
+                                "cannot reproduce from token ids; embed without --ray")
         from embed.ray_encode import RayEncoder
 
         ray_encoder = RayEncoder(settings.ray, model_dir, settings.batch_size)
         info(f"embedding on Ray ({settings.ray}) with {ray_encoder.workers} model actors")
-        embed_texts = ray_encoder  # the actors take a group's texts at once
+        embed_inputs = ray_encoder  # the actors take a group's chunks at once
 
     with Store(ws.db_path, bulk=True) as store:
         key = embedder_key(fingerprint, settings.chunk_tokens, settings.overlap)
@@ -119,7 +122,7 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
                 group = to_embed[g:g + settings.group_size]
                 # The bar moves with every encoded batch: by the share of the group's chunks encoded so far.
                 rows, vectors = chunk_and_embed(
-                    group, model, tokenizer, settings.chunk_tokens, settings.overlap, next_id, embed_texts,
+                    group, model, tokenizer, settings.chunk_tokens, settings.overlap, next_id, embed_inputs,
                     lambda share: advance(g + len(group) * share), settings.batch_size)
                 next_id += len(rows)
                 store.write_documents(document_rows(group, digests), rows, vectors)
