@@ -313,9 +313,11 @@ def test_web_page_searches_in_a_real_browser(server, tmp_path):
             page.goto(f"{server}/?api_key={KEY}")
             page.fill("#q", "cancer cells")
             page.click("#go")
-            page.wait_for_selector("li.result", timeout=60_000)
+            # results, or an error the page shows (then the assertion below names it)
+            page.wait_for_function("document.querySelector('li.result') || document.getElementById('status').className === 'error'",
+                                   timeout=60_000)
             results = page.locator("li.result")
-            assert results.count() == 10
+            assert results.count() == 10, page.inner_text("#status")
             first = results.nth(0)
             assert first.locator(".title").inner_text().strip()
             assert first.locator(".snippet").inner_text().strip()
