@@ -112,6 +112,9 @@ class Store:
             raise PipelineError(f"{path}: cannot open the DuckDB store ({str(e).splitlines()[0]})") from None
         if not read_only:
             self.con.execute(SCHEMA)
+            # The vectors' floats are noise to DuckDB's float compression (ALP, ALP-RD): on 100,241 vectors
+            # of 1,024-d it made the file larger (419 against 412 MB) and the checkpoint 0.7-1 s slower.
+            self.con.execute("SET disabled_compression_methods = 'alp,alprd'")
         if bulk:
             self.con.execute("SET checkpoint_threshold = '4GB'")
         self.has_metadata = "metadata" in {r[0] for r in self.con.execute(
@@ -281,6 +284,10 @@ class Store:
         only, parameters = self._only(ids)
         return self.con.execute(f"SELECT c.chunk_id, c.doc_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) {only} "
                                 "ORDER BY c.chunk_id", parameters).fetchall()
+
+    def chunk_documents(self) -> list[tuple[int, str]]:
+        """(chunk_id, doc_id) of every chunk, in chunk_id order."""
+        return self.con.execute("SELECT chunk_id, doc_id FROM chunks ORDER BY chunk_id").fetchall()
 
     @staticmethod
     def _only(ids: np.ndarray | None) -> tuple[str, list]:

@@ -23,14 +23,15 @@ import numpy as np
 
 from common.console import info
 from common.heldout import held_out_pair, is_held_out
-from common.lexical import LexicalIndex
+from common.indexes import base_segment_dir
+from common.lexical import LexicalIndex, Segment
 from common.models import embedding_text, encode
 from common.store import Store
 from common.workspace import Workspace
 from search.engine import Ranking, fuse
 
 MAX_PAIRS = 300
-MAX_COLLECTION_CHUNKS = 50_000  # larger collections are measured on a sample of their documents
+QUERY_BATCH = 64  # queries scored against the stored vectors at once
 DEPTH = 100  # documents taken from each retriever, as in search
 HYBRID_WEIGHTS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 ... 0.95
 CHOSEN_BY = "held-out corpus pairs"
@@ -40,7 +41,10 @@ INCONCLUSIVE_NDCG = 0.05
 
 
 def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
-    """nDCG@10 of lexical, dense and hybrid (per dense weight) on held-out pairs of the stored corpus."""
+    """nDCG@10 of lexical, dense and hybrid (per dense weight) on held-out pairs of the stored corpus,
+    searched in the whole collection: the indexes `pipeline index` just built in full, with the measured
+    documents' chunks left out and their shortened texts added (BM25 as an update adds them:
+    common/indexes.py; its statistics are those of that collection)."""
     rng = random.Random(seed)
     with Store(ws.db_path, read_only=True) as store:
         documents = store.document_texts()
@@ -55,25 +59,20 @@ def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
         if not pairs:
             return {}
         chunk_ids, vectors = store.load_vectors()
-        rows = store.chunk_rows()
-    # The collection: every other document's stored chunks and vectors (a sample of the documents if
-    # there are many), and each measured document as one shortened text, embedded here.
-    other_docs = sorted({r[1] for r in rows} - set(pairs))
-    if len(rows) > MAX_COLLECTION_CHUNKS:
-        other_docs = rng.sample(other_docs, k=max(1, len(other_docs) * MAX_COLLECTION_CHUNKS // len(rows)))
-    in_collection = set(other_docs)
-    others = [r for r in rows if r[1] in in_collection]
-    other_vectors = vectors[np.searchsorted(chunk_ids, np.array([r[0] for r in others], dtype=np.int64))]  # both sorted by chunk id
+        chunk_docs = [doc_id for _, doc_id in store.chunk_documents()]  # both in chunk id order
     titles = {d[0]: d[1] or "" for d in documents}
     doc_ids = list(pairs)
     queries = [pairs[d][0] for d in doc_ids]
-    shortened = [embedding_text(titles[d], pairs[d][1]) for d in doc_ids]
-    collection_ids = [r[1] for r in others] + doc_ids
-    collection_vectors = np.concatenate([other_vectors, encode(model, shortened)])
+    # The collection, in chunk id order: every other document's chunks, then each measured document as one
+    # shortened text (embedded here), numbered after the stored chunks.
+    kept = np.array([d not in pairs for d in chunk_docs])
+    shortened_ids = int(chunk_ids[-1]) + 1 + np.arange(len(doc_ids), dtype=np.int64)
+    lexical = LexicalIndex.with_delta(Segment.load(base_segment_dir(ws, ws.require("index", "run `pipeline index` first"))),
+                                      [(i, titles[d], pairs[d][1]) for i, d in zip(shortened_ids.tolist(), doc_ids)],
+                                      np.concatenate([chunk_ids[kept], shortened_ids]))
+    shortened_vectors = encode(model, [embedding_text(titles[d], pairs[d][1]) for d in doc_ids])
     query_vectors = encode(model, queries)
-
-    lexical_rows = [(i, r[2], r[3]) for i, r in enumerate(others)] + [(len(others) + i, titles[d], pairs[d][1]) for i, d in enumerate(doc_ids)]
-    lexical = LexicalIndex.build(lexical_rows)
+    collection_ids = [d for d, keep in zip(chunk_docs, kept) if keep] + doc_ids
 
     # Documents as Rankings want them: numbered in id order.
     doc_numbers = {doc_id: i for i, doc_id in enumerate(sorted(set(collection_ids)))}
@@ -85,13 +84,16 @@ def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
         first = np.sort(first)[:DEPTH]
         return Ranking(docs[first], np.asarray(positions, dtype=np.int64)[first], np.asarray(scores, dtype=np.float64)[first])
 
-    dense_rankings, lexical_rankings = [], []
-    for query, query_vector in zip(queries, query_vectors):
-        scores = collection_vectors @ query_vector
-        top = np.argsort(-scores)[:4 * DEPTH]
-        dense_rankings.append(documents_of(top, scores[top]))
-        positions, lexical_scores = lexical.search(query, 4 * DEPTH)
-        lexical_rankings.append(documents_of(positions, lexical_scores))
+    dense_rankings = []
+    kept_rows = np.flatnonzero(kept)
+    for start in range(0, len(queries), QUERY_BATCH):  # a matrix product per batch: one pass over the vectors
+        batch = query_vectors[start:start + QUERY_BATCH]
+        scores = np.concatenate([(vectors @ batch.T)[kept_rows], shortened_vectors @ batch.T]).T
+        for row in scores:
+            top = np.arange(len(row)) if len(row) <= 4 * DEPTH else np.argpartition(-row, 4 * DEPTH)[:4 * DEPTH]
+            top = top[np.lexsort((top, -row[top]))]
+            dense_rankings.append(documents_of(top, row[top]))
+    lexical_rankings = [documents_of(*lexical.search_positions(query, 4 * DEPTH)) for query in queries]
 
     def ndcg_at_10(rankings) -> np.ndarray:
         """Each pair's nDCG@10 (one relevant document)."""
