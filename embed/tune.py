@@ -46,7 +46,6 @@ from pathlib import Path
 from common.console import info, warn
 from common.errors import PipelineError
 from common.heldout import is_held_out, sentences
-from common.lexical import LexicalIndex
 from common.models import embedding_text, ensure_pad_token
 from common.readers import Document, read_json_lines
 from common.workspace import Workspace, model_fingerprint, replace_directory
@@ -188,6 +187,8 @@ def hard_negatives(docs: list[Document], pairs: list[tuple[str, str, int | None]
     not the pair's own. It shares the anchor's words, so the model has to learn more than word overlap to
     tell them apart, which random in-batch negatives rarely ask of it. A pair with no such document (or a
     labelled pair, whose document may be any of them) gets a random other document."""
+    from common.lexical import LexicalIndex  # here: its scipy import is 0.2 s of every `pipeline embed` (it imports this module)
+
     rng = random.Random(settings.seed + 1)
     texts = [embedding_text(d.title, " ".join(d.text.split()))[:settings.max_chars] for d in docs]
     lexical = LexicalIndex.build([(i, d.title, d.text) for i, d in enumerate(docs)])
