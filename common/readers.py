@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import functools
+import hashlib
 import json
 import math
 import os
@@ -43,6 +44,19 @@ class Document:
     metadata: dict = field(default_factory=dict)
 
 
+@dataclass
+class JsonLinesRead:
+    """How far a JSON-lines file has been read: its first `offset` bytes, `lines` lines, the SHA-256 of
+    those bytes, and (for a read resumed from an earlier run's) the ids of their documents. read_documents
+    starts a file there and carries it on to the end, so a caller can keep it and next time read only what
+    was appended (embed/appended.py)."""
+    offset: int = 0
+    lines: int = 0
+    digest: "hashlib._Hash" = field(default_factory=hashlib.sha256)
+    ids: frozenset[str] = frozenset()
+    ends_with_newline: bool = True  # False: the last line may still be growing
+
+
 def list_files(paths: Iterable[Path]) -> list[tuple[Path, str]]:
     """Expand directories (recursively, sorted, hidden files skipped) into supported files, each with its
     name relative to the path given: its path inside a directory, its file name for a file."""
@@ -64,8 +78,13 @@ def list_files(paths: Iterable[Path]) -> list[tuple[Path, str]]:
     return files
 
 
-def read_documents(paths: Iterable[Path], text_field: str | None = None) -> Iterator[Document]:
-    """Yield every non-empty document under `paths`. Raises PipelineError if none is found."""
+def read_documents(paths: Iterable[Path], text_field: str | None = None,
+                   json_lines: dict[str, JsonLinesRead] | None = None) -> Iterator[Document]:
+    """Yield every non-empty document under `paths`. Raises PipelineError if none is found.
+
+    json_lines (absolute path -> JsonLinesRead): where to start each JSON-lines file it names (the
+    documents before that point count as read: for duplicate ids and the empty-corpus check); it is
+    filled in for every JSON-lines file as read to its end."""
     paths = [Path(p) for p in paths]
     files = list_files(paths)
     if not files:
@@ -77,7 +96,10 @@ def read_documents(paths: Iterable[Path], text_field: str | None = None) -> Iter
         if suffix in TEXT_SUFFIXES:
             docs = _read_text_file(file, name)
         elif suffix == ".jsonl":
-            docs = _read_jsonl(file, text_field)
+            read = JsonLinesRead() if json_lines is None else json_lines.setdefault(os.path.abspath(file), JsonLinesRead())
+            seen.update(dict.fromkeys(read.ids, f"{file} (before line {read.lines + 1})"))
+            count += len(read.ids)
+            docs = _read_jsonl(file, text_field, read)
         else:
             docs = _read_with_duckdb(file, text_field)
         for doc, where in docs:
@@ -167,12 +189,19 @@ def _kind(value: object) -> str:
     return names.get(type(value), f"a value of type {type(value).__name__}")
 
 
-def read_json_lines(path: Path) -> Iterator[tuple[int, dict]]:
+def read_json_lines(path: Path, read: JsonLinesRead | None = None) -> Iterator[tuple[int, dict]]:
     """Each non-blank line of a JSON-lines file as (line number, object): the one reader of every `.jsonl`
     input (documents, eval's queries, tune's labelled pairs). A line that is not UTF-8, not JSON or not a
-    JSON object is an error naming file:line."""
+    JSON object is an error naming file:line. With `read`, from where it says, and carried on to each
+    line's end."""
+    read = read or JsonLinesRead()
     with open(path, "rb") as f:
-        for line_no, raw in enumerate(f, start=1):
+        f.seek(read.offset)
+        for line_no, raw in enumerate(f, start=read.lines + 1):
+            read.offset += len(raw)
+            read.lines = line_no
+            read.digest.update(raw)
+            read.ends_with_newline = raw.endswith(b"\n")
             where = f"{path}:{line_no}"
             try:
                 line = raw.decode("utf-8")
@@ -189,8 +218,8 @@ def read_json_lines(path: Path) -> Iterator[tuple[int, dict]]:
             yield line_no, row
 
 
-def _read_jsonl(file: Path, text_field: str | None) -> Iterator[tuple[Document, str]]:
-    for line_no, row in read_json_lines(file):
+def _read_jsonl(file: Path, text_field: str | None, read: JsonLinesRead) -> Iterator[tuple[Document, str]]:
+    for line_no, row in read_json_lines(file, read):
         where = f"{file}:{line_no}"
         doc = _row_to_document(row, file, where, f"{file.name}:{line_no}", text_field)
         if doc is not None:

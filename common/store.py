@@ -46,6 +46,9 @@ CREATE TABLE IF NOT EXISTS chunks {CHUNK_COLUMNS};
 CREATE TABLE IF NOT EXISTS staged_documents {DOCUMENT_COLUMNS};
 CREATE TABLE IF NOT EXISTS staged_chunks {CHUNK_COLUMNS};
 CREATE TABLE IF NOT EXISTS store_meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+-- how far the last embed read each JSON-lines file (embed/appended.py)
+CREATE TABLE IF NOT EXISTS source_files (source VARCHAR PRIMARY KEY, text_field VARCHAR, bytes BIGINT, lines BIGINT,
+    sha256 VARCHAR, documents_sha256 VARCHAR);
 -- stores written before documents had metadata
 ALTER TABLE documents ADD COLUMN IF NOT EXISTS metadata JSON;
 ALTER TABLE staged_documents ADD COLUMN IF NOT EXISTS metadata JSON;
@@ -281,6 +284,30 @@ class Store:
         only, parameters = self._only(ids)
         return self.con.execute(f"SELECT c.chunk_id, c.doc_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) {only} "
                                 "ORDER BY c.chunk_id", parameters).fetchall()
+
+    def source_files(self) -> dict[str, tuple[str | None, int, int, str, str]]:
+        """source -> (text_field, bytes, lines, sha256, documents_sha256): how far the last embed read each
+        JSON-lines file (embed/appended.py); empty for a store from before it was recorded."""
+        if "source_files" not in self._tables():
+            return {}
+        return {row[0]: row[1:] for row in self.con.execute("SELECT * FROM source_files").fetchall()}
+
+    def record_source_files(self, sources: list[str], rows: list[tuple[str, str | None, int, int, str, str]]) -> None:
+        """Replace what is recorded of these sources by these (source, text_field, bytes, lines, sha256,
+        documents_sha256) rows (none for a source that is not to be resumed)."""
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            self.con.execute("DELETE FROM source_files WHERE source IN (SELECT unnest(?::VARCHAR[]))", [sources])
+            if rows:
+                self.con.executemany("INSERT INTO source_files VALUES (?, ?, ?, ?, ?, ?)", rows)
+            self.con.execute("COMMIT")
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+
+    def documents_from(self, source: str) -> list[tuple[str, str]]:
+        """(doc_id, content_hash) of the stored documents whose source is `source`, by doc_id."""
+        return self.con.execute("SELECT doc_id, content_hash FROM documents WHERE source = ? ORDER BY doc_id", [source]).fetchall()
 
     def chunk_documents(self) -> list[tuple[int, str]]:
         """(chunk_id, doc_id) of every chunk, in chunk_id order."""

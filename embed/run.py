@@ -7,6 +7,7 @@ documents once they are all written, in one transaction (common/store.py).
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +20,10 @@ from common.default_corpus import DEFAULT_CORPUS_SOURCE, stdlib_documents
 from common.errors import PipelineError
 from common.ingest import chunk_and_embed, content_hash, document_rows
 from common.models import fed_token_ids, is_static, load_embedder, text_tokenizer, token_limit
-from common.readers import Document, read_documents
+from common.readers import Document, JsonLinesRead, list_files, read_documents
 from common.store import Store, embedder_key
 from common.workspace import Workspace, model_fingerprint
+from embed import appended
 from embed.tune import default_model_dir
 
 
@@ -43,18 +45,40 @@ TITLE_TOKENS = 32
 TORCH_MEAN_DOCUMENTS = 20_000
 
 
-def source_documents(ws: Workspace, data: list[Path], text_field: str | None) -> Iterable[Document]:
-    """The user's --data, or else the sources pretraining used (the built-in corpus included)."""
+def source_paths(ws: Workspace, data: list[Path]) -> list[Path] | None:
+    """The user's --data, or else the files pretraining read; None for the built-in corpus."""
     if data:
-        return read_documents(data, text_field)
+        return data
     sources = ws.read_manifest().get("tokenizer", {}).get("sources")
     if not sources:
         raise PipelineError("no --data given and the workspace records no pretraining data to reuse")
     if sources == [DEFAULT_CORPUS_SOURCE]:  # the same built-in corpus pretrain used
         info("no --data given: reading the built-in corpus pretraining used")
-        return stdlib_documents()
+        return None
     info(f"no --data given: reading the pretraining data ({', '.join(sources)})")
-    return read_documents([Path(s) for s in sources], text_field)
+    return [Path(s) for s in sources]
+
+
+def source_documents(ws: Workspace, data: list[Path], text_field: str | None) -> Iterable[Document]:
+    """The user's --data, or else the sources pretraining used (the built-in corpus included)."""
+    paths = source_paths(ws, data)
+    return stdlib_documents() if paths is None else read_documents(paths, text_field)
+
+
+def read_source(ws: Workspace, paths: list[Path] | None, text_field: str | None,
+                resume: bool = True) -> tuple[list[Document], dict[str, JsonLinesRead], dict[str, str]]:
+    """The documents to look at: (those read, how far each JSON-lines file was read, the stored documents
+    (doc_id -> content hash) of the lines of JSON-lines files read by earlier runs (embed/appended.py),
+    which are read again only without `resume`)."""
+    if paths is None:
+        return list(stdlib_documents()), {}, {}
+    starts, before = {}, {}
+    if resume and ws.db_path.exists():
+        with Store(ws.db_path, read_only=True) as store:
+            json_lines = [Path(os.path.abspath(f)) for f, _ in list_files(paths) if f.suffix.lower() == ".jsonl"]
+            starts, before = appended.resume_points(store, json_lines, text_field)
+    documents = list(read_documents(paths, text_field, starts))
+    return documents, starts, before
 
 
 def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings: EmbedSettings) -> dict:
@@ -63,7 +87,8 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
         raise PipelineError(f"no model in {model_dir}: run `pipeline pretrain` first, or pass --model DIR")
     if not model_dir.exists():
         raise PipelineError(f"--model {model_dir}: no such directory")
-    documents = list(source_documents(ws, data, text_field))
+    paths = source_paths(ws, data)
+    documents, json_lines, read_before = read_source(ws, paths, text_field)  # bad input fails before the model loads
     model = load_embedder(model_dir)
     if settings.chunk_tokens is None:
         settings.chunk_tokens = max(32, token_limit(model) - TITLE_TOKENS)
@@ -71,6 +96,7 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
         raise PipelineError(f"--chunk-tokens {settings.chunk_tokens} / --overlap {settings.overlap}: need chunk-tokens >= 8 and 0 <= overlap < chunk-tokens")
     tokenizer = text_tokenizer(model)
     fingerprint = model_fingerprint(model_dir)
+    key = embedder_key(fingerprint, settings.chunk_tokens, settings.overlap)
     dim = model.get_embedding_dimension()
     embed_inputs = None  # here, unless on Ray
     if settings.ray:
@@ -84,10 +110,11 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
         embed_inputs = ray_encoder  # the actors take a group's chunks at once
 
     with Store(ws.db_path, bulk=True) as store:
-        key = embedder_key(fingerprint, settings.chunk_tokens, settings.overlap)
-        stored = store.document_hashes()
-        gone = sorted(set(stored) - {d.id for d in documents})
         rebuild = store.get_meta("embedder") != key
+        if rebuild and read_before:  # every document is embedded again: the lines read before too
+            documents, json_lines, read_before = read_source(ws, paths, text_field, resume=False)
+        stored = store.document_hashes()
+        gone = sorted(set(stored) - {d.id for d in documents} - set(read_before))
         if rebuild:  # new vectors for every document: the source's and, unless pruned, the stored ones
             kept = [] if settings.prune else [Document(*row) for row in store.stored_documents(gone)]
             todo = documents + kept
@@ -98,7 +125,9 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
         else:
             digests = {d.id: content_hash(d) for d in documents}
             todo = [d for d in documents if stored.get(d.id) != digests[d.id]]
-            info(f"{len(documents)} documents: {len(todo)} new or changed, {len(documents) - len(todo)} unchanged")
+            unchanged = len(documents) - len(todo) + len(read_before)
+            info(f"{len(documents) + len(read_before)} documents: {len(todo)} new or changed, {unchanged} unchanged"
+                 + (f" ({len(read_before)} of them in lines read before)" if read_before else ""))
         if gone:
             info(f"pruning {len(gone)} stored documents no longer in the source" if settings.prune
                  else f"{len(gone)} stored documents are not in the source (kept; --prune removes them)")
@@ -130,6 +159,7 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
                 advance(g + len(group))
         if rebuild or todo or (settings.prune and gone):
             store.publish(replace_all=rebuild, remove=gone if settings.prune else [])
+        appended.record(store, json_lines, text_field, documents, digests, read_before)
         elapsed = time.perf_counter() - start
         counts = store.counts()
         generation = store.generation()
@@ -137,7 +167,7 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
     summary = {"model_path": ws.recorded_path(model_dir), "fingerprint": fingerprint, "dim": dim,
                "chunk_tokens": settings.chunk_tokens, "overlap": settings.overlap,
                "documents": counts["documents"], "chunks": counts["chunks"], "embedded_documents": len(to_embed),
-               "embedded_chunks": n_chunks, "store_generation": generation, "seconds": elapsed, "docs_per_s": len(to_embed) / elapsed if elapsed else None}
+               "embedded_chunks": n_chunks, "documents_read_before": len(read_before), "store_generation": generation, "seconds": elapsed, "docs_per_s": len(to_embed) / elapsed if elapsed else None}
     ws.update_manifest("embedder", summary)
     rate = f", {summary['docs_per_s']:.1f} docs/s" if to_embed else ""
     info(f"embedded {len(to_embed)} documents ({n_chunks} chunks) in {elapsed:.1f}s{rate}; store holds "
