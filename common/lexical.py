@@ -145,21 +145,14 @@ class LexicalIndex:
                 self.vocabulary[term] = len(self.vocabulary)
         n = len(chunk_ids)
         # Each segment row's position among the live chunks, or n (a bin that is dropped) when deleted.
-        positions, live_rows, entry_terms = [], [], []
-        document_frequency = np.zeros(len(self.vocabulary))
-        total_length = 0
+        self._positions, self._live_rows = [], []
         for segment in segments:
             at = np.minimum(np.searchsorted(chunk_ids, segment.chunk_ids), max(n - 1, 0))
             live = (chunk_ids[at] == segment.chunk_ids) if n else np.zeros(len(segment.chunk_ids), bool)
-            terms = np.repeat(np.arange(len(segment.indptr) - 1), np.diff(segment.indptr))
-            document_frequency += np.bincount(terms, weights=live[segment.rows], minlength=len(self.vocabulary))
-            total_length += int(segment.lengths[live].sum(dtype=np.int64))
-            positions.append(np.where(live, at, n).astype(np.int32))
-            live_rows.append(live)
-            entry_terms.append(terms)
-        if sum(int(live.sum()) for live in live_rows) != n:
+            self._positions.append(np.where(live, at, n).astype(np.int32))
+            self._live_rows.append(live)
+        if sum(int(live.sum()) for live in self._live_rows) != n:
             raise PipelineError("the BM25 index does not hold the stored chunks: run `pipeline index`")
-        self._statistics = (positions, live_rows, entry_terms, document_frequency, max(total_length / n, 1.0) if n else 1.0)
         self._scored: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
         self._scoring = threading.Lock()  # scored once, should two threads search an unscored index at once
 
@@ -173,15 +166,21 @@ class LexicalIndex:
         return self._scored
 
     def _score(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        positions, live_rows, entry_terms, document_frequency, average_length = self._statistics
+        """postings(), computed: BM25 with the document frequencies and average length of the live chunks."""
         n = len(self.chunk_ids)
+        entry_terms = [np.repeat(np.arange(len(segment.indptr) - 1), np.diff(segment.indptr)) for segment in self.segments]
+        document_frequency = np.zeros(len(self.vocabulary))
+        total_length = 0
+        for segment, live, terms in zip(self.segments, self._live_rows, entry_terms):
+            document_frequency += np.bincount(terms, weights=live[segment.rows], minlength=len(self.vocabulary))
+            total_length += int(segment.lengths[live].sum(dtype=np.int64))
+        average_length = max(total_length / n, 1.0) if n else 1.0
         idf = np.log(1 + (n - document_frequency + 0.5) / (document_frequency + 0.5)).astype(np.float32)
         scored = []
-        for segment, position, live, terms in zip(self.segments, positions, live_rows, entry_terms):
+        for segment, position, live, terms in zip(self.segments, self._positions, self._live_rows, entry_terms):
             norm = (K1 * ((1 - B) + B * segment.lengths / average_length)).astype(np.float32)
             scores = idf[terms] * segment.counts / (segment.counts + norm[segment.rows])
             scored.append((segment.indptr, position[segment.rows], np.where(live[segment.rows], scores, 0).astype(np.float32)))
-        self._statistics = None
         return scored
 
     @classmethod
