@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -147,16 +148,23 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
             def advance(documents_done: float) -> None:
                 bar.update(task, completed=documents_done, rate=f"{documents_done / (time.perf_counter() - start):.1f} docs/s")
 
-            for g in range(0, len(to_embed), settings.group_size):
-                group = to_embed[g:g + settings.group_size]
-                # The bar moves with every encoded batch: by the share of the group's chunks encoded so far.
-                rows, vectors = chunk_and_embed(
-                    group, model, tokenizer, settings.chunk_tokens, settings.overlap, next_id, embed_inputs,
-                    lambda share: advance(g + len(group) * share), settings.batch_size)
-                next_id += len(rows)
-                store.write_documents(document_rows(group, digests), rows, vectors)
-                n_chunks += len(rows)
-                advance(g + len(group))
+            # Each group is written while the next one is embedded: DuckDB lets go of the GIL as it inserts.
+            with ThreadPoolExecutor(1) as writer:
+                written = None
+                for g in range(0, len(to_embed), settings.group_size):
+                    group = to_embed[g:g + settings.group_size]
+                    # The bar moves with every encoded batch: by the share of the group's chunks encoded so far.
+                    rows, vectors = chunk_and_embed(
+                        group, model, tokenizer, settings.chunk_tokens, settings.overlap, next_id, embed_inputs,
+                        lambda share: advance(g + len(group) * share), settings.batch_size)
+                    next_id += len(rows)
+                    if written is not None:
+                        written.result()  # one group in writing at a time; its error is raised here
+                    written = writer.submit(store.write_documents, document_rows(group, digests), rows, vectors)
+                    n_chunks += len(rows)
+                    advance(g + len(group))
+                if written is not None:
+                    written.result()
         if rebuild or todo or (settings.prune and gone):
             store.publish(replace_all=rebuild, remove=gone if settings.prune else [])
         appended.record(store, json_lines, text_field, documents, digests, read_before)
