@@ -38,7 +38,9 @@ class RayEncoder:
         self.workers = workers or max(1, int(self.ray.cluster_resources().get("CPU", 1)))
         context = self.ray.data.DataContext.get_current()
         context.enable_progress_bars = False
-        logging.getLogger("ray.data").setLevel(logging.WARNING)  # its INFO lines (execution plans, log paths) are not the user's
+        # Its INFO lines (execution plans, log paths) and its warning that progress bars are off (ours are on)
+        # are not the user's.
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
 
     def __call__(self, inputs: list[list[int]]) -> np.ndarray:
         rows = [{"row": i, "ids": ids} for i, ids in enumerate(inputs)]

@@ -39,6 +39,9 @@ class EmbedSettings:
     ray: str | None = None  # embed on a Ray cluster: local, auto or an address
 
 
+# Documents per group on Ray: each group is one Ray Data pipeline, which starts its own actor pool (every
+# actor loads the model: ~2 s a group on SciFact), so groups there are larger.
+RAY_GROUP_SIZE = 16_384
 # Room left in each model input for the document title that precedes the chunk.
 TITLE_TOKENS = 32
 # From this many documents a static model averages with torch (its import, ~2 s, then pays for itself:
@@ -151,8 +154,9 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
             # Each group is written while the next one is embedded: DuckDB lets go of the GIL as it inserts.
             with ThreadPoolExecutor(1) as writer:
                 written = None
-                for g in range(0, len(to_embed), settings.group_size):
-                    group = to_embed[g:g + settings.group_size]
+                group_size = max(settings.group_size, RAY_GROUP_SIZE) if settings.ray else settings.group_size
+                for g in range(0, len(to_embed), group_size):
+                    group = to_embed[g:g + group_size]
                     # The bar moves with every encoded batch: by the share of the group's chunks encoded so far.
                     rows, vectors = chunk_and_embed(
                         group, model, tokenizer, settings.chunk_tokens, settings.overlap, next_id, embed_inputs,
