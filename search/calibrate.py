@@ -42,9 +42,9 @@ INCONCLUSIVE_NDCG = 0.05
 
 def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
     """nDCG@10 of lexical, dense and hybrid (per dense weight) on held-out pairs of the stored corpus,
-    searched in the whole collection: the indexes `pipeline index` just built in full, with the measured
-    documents' chunks left out and their shortened texts added (BM25 as an update adds them:
-    common/indexes.py; its statistics are those of that collection)."""
+    searched in the whole collection with the measured documents' chunks left out and their shortened texts
+    added: dense by exact scores, BM25 as an update of the index `pipeline index` just built in full (its
+    base segment and a delta: common/indexes.py; statistics of that collection, as a full build's)."""
     rng = random.Random(seed)
     with Store(ws.db_path, read_only=True) as store:
         documents = store.document_texts()
