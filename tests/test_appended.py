@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from common.errors import PipelineError
-from common.store import Store
+from common.store import Store, embedder_key
 from common.workspace import Workspace
 from conftest import SCIFACT
 from embed.run import EmbedSettings, run_embed
@@ -116,3 +116,23 @@ def test_new_chunking_reads_every_line_again(workspace, tmp_path):
         f.write(lines(rows(12, 2)))
     summary = embed(workspace, data, chunking=dict(chunk_tokens=48, overlap=8))
     assert summary["documents_read_before"] == 0 and summary["embedded_documents"] == summary["documents"] == 14
+
+
+def test_a_document_deleted_outside_embed_makes_the_whole_file_read(workspace, tmp_path):
+    """As the document API deletes (stage, then publish with `remove`): the file's lines read before no
+    longer give what the store holds, so they are read again and the document comes back from its line,
+    as a whole read of the file always brought it back."""
+    data = tmp_path / "docs.jsonl"
+    docs = rows(0, 12)
+    data.write_text(lines(docs))
+    embed(workspace, data, prune=True)
+    embedder = workspace.read_manifest()["embedder"]
+    with Store(workspace.db_path) as store:
+        store.stage(embedder["dim"], embedder_key(embedder["fingerprint"], embedder["chunk_tokens"], embedder["overlap"]), {})
+        store.publish(replace_all=False, remove=[docs[4]["_id"]])
+    assert docs[4]["_id"] not in stored(workspace)
+    with data.open("a") as f:
+        f.write(lines(rows(12, 1)))
+    summary = embed(workspace, data)
+    assert summary["documents_read_before"] == 0 and summary["embedded_documents"] == 2
+    assert docs[4]["_id"] in stored(workspace)
