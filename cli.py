@@ -256,13 +256,15 @@ def embed(
     ray: Annotated[Optional[str], typer.Option(help="Embed on a Ray cluster: local, auto, or the head's address (needs the ray extra).")] = None,
     json_output: JsonOption = False,
 ):
-    """Chunk and embed documents into the workspace's DuckDB store (only new or changed ones).
+    """Chunk and embed documents into the workspace's DuckDB store (only new or changed ones; of a JSON-lines
+    file that only grew since the last run, only the lines added).
 
     Examples:
 
     \b
         pipeline embed                                   # the documents pretraining used
         pipeline embed --data docs/ --prune              # sync with a folder
+        pipeline embed --data tickets.jsonl              # again after appending: reads the new lines only
         pipeline embed --data corpus.jsonl --model ~/models/all-MiniLM-L6-v2
         pipeline embed --data corpus.jsonl --ray auto    # model actors on every node of a Ray cluster
     """
