@@ -56,6 +56,13 @@ class JsonLinesRead:
     ids: frozenset[str] = frozenset()
     ends_with_newline: bool = True  # False: the last line may still be growing
 
+    def advance(self, raw: bytes, line_no: int) -> None:
+        """Carry the read on over one more line (its raw bytes)."""
+        self.offset += len(raw)
+        self.lines = line_no
+        self.digest.update(raw)
+        self.ends_with_newline = raw.endswith(b"\n")
+
 
 def list_files(paths: Iterable[Path]) -> list[tuple[Path, str]]:
     """Expand directories (recursively, sorted, hidden files skipped) into supported files, each with its
@@ -96,9 +103,10 @@ def read_documents(paths: Iterable[Path], text_field: str | None = None,
         if suffix in TEXT_SUFFIXES:
             docs = _read_text_file(file, name)
         elif suffix == ".jsonl":
-            read = JsonLinesRead() if json_lines is None else json_lines.setdefault(os.path.abspath(file), JsonLinesRead())
-            seen.update(dict.fromkeys(read.ids, f"{file} (before line {read.lines + 1})"))
-            count += len(read.ids)
+            read = None if json_lines is None else json_lines.setdefault(os.path.abspath(file), JsonLinesRead())
+            if read is not None:  # the documents before where it starts count as read
+                seen.update(dict.fromkeys(read.ids, f"{file} (before line {read.lines + 1})"))
+                count += len(read.ids)
             docs = _read_jsonl(file, text_field, read)
         else:
             docs = _read_with_duckdb(file, text_field)
@@ -193,15 +201,13 @@ def read_json_lines(path: Path, read: JsonLinesRead | None = None) -> Iterator[t
     """Each non-blank line of a JSON-lines file as (line number, object): the one reader of every `.jsonl`
     input (documents, eval's queries, tune's labelled pairs). A line that is not UTF-8, not JSON or not a
     JSON object is an error naming file:line. With `read`, from where it says, and carried on to each
-    line's end."""
-    read = read or JsonLinesRead()
+    line's end (hashing the lines read: 0.1 of 0.5 s for 100,000 lines, so only when asked)."""
     with open(path, "rb") as f:
-        f.seek(read.offset)
-        for line_no, raw in enumerate(f, start=read.lines + 1):
-            read.offset += len(raw)
-            read.lines = line_no
-            read.digest.update(raw)
-            read.ends_with_newline = raw.endswith(b"\n")
+        if read is not None:
+            f.seek(read.offset)
+        for line_no, raw in enumerate(f, start=1 if read is None else read.lines + 1):
+            if read is not None:
+                read.advance(raw, line_no)
             where = f"{path}:{line_no}"
             try:
                 line = raw.decode("utf-8")
@@ -218,7 +224,7 @@ def read_json_lines(path: Path, read: JsonLinesRead | None = None) -> Iterator[t
             yield line_no, row
 
 
-def _read_jsonl(file: Path, text_field: str | None, read: JsonLinesRead) -> Iterator[tuple[Document, str]]:
+def _read_jsonl(file: Path, text_field: str | None, read: JsonLinesRead | None) -> Iterator[tuple[Document, str]]:
     for line_no, row in read_json_lines(file, read):
         where = f"{file}:{line_no}"
         doc = _row_to_document(row, file, where, f"{file.name}:{line_no}", text_field)
