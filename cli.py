@@ -437,7 +437,7 @@ def tune(
     pooling: Annotated[Pooling, typer.Option(help="With --architecture transformer: mean, weightedmean (position-weighted, SGPT) or lasttoken.")] = "mean",
     dimensions: Annotated[int, typer.Option(help="With --architecture static: the width of its token vectors (the pretrained model's, then random ones).")] = 1024,
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 500,
-    batch_size: Annotated[int, typer.Option(help="Pairs per batch; the other pairs are each one's negatives.")] = 128,
+    batch_size: Annotated[int, typer.Option(help="Pairs per batch; the other pairs are each one's negatives. A batch holds each document once, so at most a third as many pairs as there are documents.")] = 1024,
     mini_batch: Annotated[Optional[int], typer.Option(help="Use CachedMultipleNegativesRankingLoss with this many texts per pass (large batches, little memory).")] = None,
     lr: Annotated[Optional[float], typer.Option(help="Peak learning rate [default: 5e-2 static, 3e-4 transformer].")] = None,
     max_seq_length: Annotated[int, typer.Option(help="Tokens per training text (longer ones are truncated).")] = 128,

@@ -12,11 +12,11 @@ in one of two shapes:
                  last token). Far more compute per step.
 
 On SciFact (benchmarks/bench_search_quality.py, 300 test queries) the static shape is the better
-embedder for models pretrained on a CPU: dense nDCG@10 0.549 with 1,024 dimensions after 500 steps with
-hard negatives (~5 minutes on 2 cores), while the transformer after 150 steps reached only 0.087 (train
-queries); static is the default. Its quality comes from the tuning pairs, not from pretraining: from a
-randomly initialised model it scored 0.549 as well, and on the train queries a table of random columns
-only (0.585) did slightly better than one holding the pretrained embeddings (0.576).
+embedder for models pretrained on a CPU: dense nDCG@10 0.593 with 1,024 dimensions after 500 steps of
+1,024 pairs with hard negatives (~14 minutes on 2 cores), while the transformer after 150 steps reached
+only 0.087 (train queries); static is the default. Its quality comes from the tuning pairs, not from
+pretraining: from a randomly initialised model it scored 0.590, and on the train queries a table of random
+columns only did as well as one holding the pretrained embeddings.
 
 The pairs come from the user's own, unlabelled corpus:
 
@@ -30,17 +30,21 @@ plus, optionally, labelled (query, relevant document) pairs the user has. Docume
 common/heldout.py give no pairs: `pipeline index` measures the search modes on them. Training uses
 sentence-transformers' SentenceTransformerTrainer with MultipleNegativesRankingLoss: every other
 positive in the batch is a negative, and so is each pair's BM25-mined hard negative
-(CachedMultipleNegativesRankingLoss with --mini-batch for large batches on little memory). The tuned model is saved as a sentence-transformers directory in the
+(CachedMultipleNegativesRankingLoss with --mini-batch for large batches on little memory). A batch holds
+each document once (DistinctDocumentsBatchSampler): SciFact's train queries, dense nDCG@10, 500 steps:
+0.570 with random batches of 128, 0.587 of 512, 0.576 of 1,024 (more of a pair's own documents among the
+negatives), and with each document once 0.594 of 512, 0.605 of 1,024. The tuned model is saved as a sentence-transformers directory in the
 workspace (tuned/) and recorded in the manifest; embed uses it by default afterwards.
 """
 from __future__ import annotations
 
+import collections
 import json
 import random
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from common.console import info, warn
@@ -58,6 +62,9 @@ PAIR_KINDS = ("title", "ict", "neighbours", "dropout")
 TUNED_DIR = "tuned"
 SIF_A = 1e-3  # the smoothing of SIF weights a / (a + p(token)), as Arora et al. chose
 HARD_NEGATIVE_DEPTH = 8  # a hard negative is drawn from the anchor's top BM25 documents, its own excluded
+# A batch holds each document once (DistinctDocumentsBatchSampler) and a pair brings two (its own and its hard
+# negative's): batches of at most a third as many pairs as there are documents stay easy to fill.
+DOCUMENTS_PER_BATCH_PAIR = 3
 
 
 @dataclass
@@ -69,7 +76,7 @@ class TuneSettings:
     hard_negatives: bool = True  # each pair also gets a BM25-mined negative
     pairs_file: Path | None = None  # labelled (query, document) pairs, JSON lines
     steps: int = 500
-    batch_size: int = 128
+    batch_size: int = 1024
     mini_batch: int | None = None  # with a value: CachedMultipleNegativesRankingLoss, this many texts per forward pass
     lr: float | None = None  # None: DEFAULT_LR of the architecture
     max_seq_length: int = 128
@@ -182,26 +189,81 @@ def make_pairs(docs: list[Document], settings: TuneSettings, labelled: list[tupl
     return pairs, counts
 
 
-def hard_negatives(docs: list[Document], pairs: list[tuple[str, str, int | None]], settings: TuneSettings) -> list[str]:
+def hard_negatives(docs: list[Document], pairs: list[tuple[str, str, int | None]], settings: TuneSettings) -> list[int]:
     """One negative per pair: a document BM25 ranks among the top HARD_NEGATIVE_DEPTH for the anchor that is
     not the pair's own. It shares the anchor's words, so the model has to learn more than word overlap to
     tell them apart, which random in-batch negatives rarely ask of it. A pair with no such document (or a
-    labelled pair, whose document may be any of them) gets a random other document."""
+    labelled pair, whose document may be any of them) gets a random other document. Returns each pair's
+    negative as an index into docs."""
     from common.lexical import LexicalIndex  # here: its scipy import is 0.2 s of every `pipeline embed` (it imports this module)
 
     rng = random.Random(settings.seed + 1)
-    texts = [embedding_text(d.title, " ".join(d.text.split()))[:settings.max_chars] for d in docs]
     lexical = LexicalIndex.build([(i, d.title, d.text) for i, d in enumerate(docs)])
     ranked = lexical.top_many([anchor for anchor, _, _ in pairs], HARD_NEGATIVE_DEPTH + 1)
     negatives = []
     for (_, _, source), candidates in zip(pairs, ranked):
         others = [int(c) for c in candidates if int(c) != source][:HARD_NEGATIVE_DEPTH] if source is not None else []
         if others:
-            negatives.append(texts[rng.choice(others)])
+            negatives.append(rng.choice(others))
         else:  # any document but the pair's own (the caller ensures there are at least two)
             j = rng.randrange(len(docs) - (source is not None))
-            negatives.append(texts[j + (source is not None and j >= source)])
+            negatives.append(j + (source is not None and j >= source))
     return negatives
+
+
+def document_text(doc: Document, settings: TuneSettings) -> str:
+    """A document as a training text: its title and text, cut to what the model reads."""
+    return embedding_text(doc.title, " ".join(doc.text.split()))[:settings.max_chars]
+
+
+def batch_keys(pairs: list[tuple[str, str, int | None]], negatives: list[int] | None) -> list[frozenset]:
+    """What each pair brings into a batch that no other pair there may bring: its two texts, its source
+    document and its hard negative's (indices into the documents)."""
+    keys = []
+    for i, (anchor, positive, source) in enumerate(pairs):
+        documents = {source, None if negatives is None else negatives[i]} - {None}
+        keys.append(frozenset({("text", anchor), ("text", positive), *(("document", d) for d in documents)}))
+    return keys
+
+
+class DistinctDocumentsBatchSampler:
+    """Batches in which no document is there twice: each pair brings its source document and its hard
+    negative's, and a batch takes a pair only if neither is already in it (nor its anchor or positive text,
+    as sentence-transformers' NO_DUPLICATES sampler asks). Every text in a batch is a negative for every
+    other pair's anchor, so two pairs from one document, or one pair's source among the hard negatives,
+    would teach the model to push a text away from its own document. With random batches that is common:
+    a batch of 512 pairs holds 512 hard-negative documents, a tenth of a 5,000-document corpus. Pairs that
+    do not fit a batch wait for the next, and the epoch ends with what still fits one batch; the order is
+    shuffled with seed + epoch, as the library's samplers."""
+
+    def __init__(self, keys: list[frozenset], batch_size: int, seed: int):
+        self.keys, self.batch_size, self.seed, self.epoch = keys, batch_size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.keys) // self.batch_size
+
+    def __iter__(self):
+        order = list(range(len(self.keys)))
+        random.Random(self.seed + self.epoch).shuffle(order)
+        pending = collections.deque(order)
+        while pending:
+            batch, taken, skipped = [], set(), []
+            while pending and len(batch) < self.batch_size:
+                i = pending.popleft()
+                if taken.isdisjoint(self.keys[i]):
+                    batch.append(i)
+                    taken.update(self.keys[i])
+                else:
+                    skipped.append(i)
+            pending.extendleft(reversed(skipped))
+            if len(batch) < self.batch_size:  # the end of the epoch: what is left makes no full batch
+                if len(batch) > 1:
+                    yield batch
+                return
+            yield batch
 
 
 # ---- training
@@ -232,12 +294,16 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings) -> dic
     from datasets import Dataset
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
-    from sentence_transformers.sentence_transformer.training_args import BatchSamplers
     from transformers import TrainerCallback
 
     labelled = read_labelled_pairs(settings.pairs_file, {d.id: d for d in docs}) if settings.pairs_file else []
     # Documents held out here are where `pipeline index` measures which search mode works best.
     training_docs = [d for d in docs if not is_held_out(d.id)] or docs
+    largest_batch = max(2, len(training_docs) // DOCUMENTS_PER_BATCH_PAIR)
+    if settings.batch_size > largest_batch:
+        info(f"batches of {largest_batch} pairs instead of {settings.batch_size}: a batch holds each document once, "
+             f"and {len(training_docs):,} documents fill batches of up to {largest_batch}")
+        settings = replace(settings, batch_size=largest_batch)
     pairs, counts = make_pairs(training_docs, settings, labelled)
     info(f"{len(pairs):,} training pairs from {len(training_docs):,} documents "
          f"({len(docs) - len(training_docs):,} held out to measure search on): "
@@ -254,10 +320,13 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings) -> dic
         loss = MultipleNegativesRankingLoss(model)
 
     columns = {"anchor": [a for a, _, _ in pairs], "positive": [p for _, p, _ in pairs]}
+    negatives = None
     if settings.hard_negatives and len(training_docs) > 1:
         start = time.perf_counter()
-        columns["negative"] = hard_negatives(training_docs, pairs, settings)
+        negatives = hard_negatives(training_docs, pairs, settings)
+        columns["negative"] = [document_text(training_docs[j], settings) for j in negatives]
         info(f"mined a BM25 hard negative for each pair in {time.perf_counter() - start:.0f}s")
+    keys = batch_keys(pairs, negatives)
     dataset = Dataset.from_dict(columns)
     scratch = Path(tempfile.mkdtemp(dir=ws.root, prefix=".tune."))
     start = time.perf_counter()
@@ -273,7 +342,7 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings) -> dic
     args = SentenceTransformerTrainingArguments(
         output_dir=str(scratch), max_steps=settings.steps, per_device_train_batch_size=settings.batch_size,
         learning_rate=settings.lr, warmup_steps=max(1, settings.steps // 10), lr_scheduler_type="linear", weight_decay=0.01,
-        batch_sampler=BatchSamplers.NO_DUPLICATES,  # an identical text twice in a batch would be its own negative
+        batch_sampler=lambda dataset, batch_size, seed, **_: DistinctDocumentsBatchSampler(keys, batch_size, seed),
         logging_steps=settings.log_every, save_strategy="no", report_to="none", disable_tqdm=True,
         seed=settings.seed, data_seed=settings.seed, dataloader_drop_last=True, use_cpu=device == "cpu",
     )

@@ -12,7 +12,7 @@ from common.readers import Document, read_documents
 from common.workspace import Workspace
 from conftest import run_cli, scifact_slice
 from common.heldout import sentences
-from embed.tune import TuneSettings, hard_negatives, make_pairs, pair_for, read_labelled_pairs
+from embed.tune import DistinctDocumentsBatchSampler, TuneSettings, batch_keys, document_text, hard_negatives, make_pairs, pair_for, read_labelled_pairs
 
 ABSTRACT = ("Vitamin D is made in the skin. Sunlight drives its synthesis. Older people make less of it. "
             "Supplements raise blood levels. Bone density depends on it. Deficiency is common in winter.")
@@ -47,17 +47,34 @@ def test_make_pairs_covers_the_steps_one_pair_per_document_per_round(corpus_file
 
 def test_hard_negatives_share_the_anchors_words_and_are_never_its_own_document(corpus_file):
     from common.lexical import tokenize
-    from common.models import embedding_text
 
     docs = list(read_documents([corpus_file]))
     settings = TuneSettings(steps=4, batch_size=32)
     pairs, _ = make_pairs(docs, settings, [])
     negatives = hard_negatives(docs, pairs, settings)
     assert len(negatives) == len(pairs)
-    own = [embedding_text(docs[source].title, " ".join(docs[source].text.split())) for _, _, source in pairs]
-    assert not any(negative == text[:len(negative)] for negative, text in zip(negatives, own))
-    shared = [bool(set(tokenize([anchor])[0]) & set(tokenize([negative])[0])) for (anchor, _, _), negative in zip(pairs, negatives)]
+    assert not any(negative == source for negative, (_, _, source) in zip(negatives, pairs))
+    shared = [bool(set(tokenize([anchor])[0]) & set(tokenize([document_text(docs[negative], settings)])[0]))
+              for (anchor, _, _), negative in zip(pairs, negatives)]
     assert sum(shared) >= 0.9 * len(pairs)  # BM25 ranked them for the anchor's words (a few fall back to random)
+
+
+def test_a_batch_holds_each_document_once(corpus_file):
+    """No pair in a batch comes from another's document or from another's hard negative (they would be
+    negatives of their own document), and batches are full but the epoch's last."""
+    docs = list(read_documents([corpus_file]))
+    settings = TuneSettings(steps=20, batch_size=len(docs) // 3)
+    pairs, _ = make_pairs(docs, settings, [])
+    negatives = hard_negatives(docs, pairs, settings)
+    sampler = DistinctDocumentsBatchSampler(batch_keys(pairs, negatives), settings.batch_size, seed=0)
+    batches = list(sampler)
+    assert len(batches) >= 0.9 * len(sampler) and all(len(b) == settings.batch_size for b in batches[:-1])
+    for batch in batches:
+        documents = [d for i in batch for d in (pairs[i][2], negatives[i])]
+        assert len(set(documents)) == len(documents)
+    assert len({i for b in batches for i in b}) == sum(map(len, batches))  # no pair twice in an epoch
+    sampler.set_epoch(1)
+    assert list(sampler)[0] != batches[0]  # each epoch its own order
 
 
 def test_labelled_pairs_file(tmp_path):
