@@ -193,7 +193,7 @@ def pretrain(
     cluster: Annotated[Optional[Path], typer.Option(help="With --strategy auto: cluster TOML file (needed for several nodes; default: measure this machine).")] = None,
     ray: Annotated[Optional[str], typer.Option(help="Train on a Ray cluster (Ray Train): local, auto, or the head's address; --nproc is then the number of workers.")] = None,
     max_failures: Annotated[int, typer.Option(help="With --ray: dead workers replaced (resuming from the latest checkpoint) up to N times.")] = 0,
-    adapt: Annotated[bool, typer.Option("--adapt/--no-adapt", help="After pretraining, adapt the model to retrieval on the same documents (`pipeline tune` with its defaults), so `pipeline embed` uses it.")] = True,
+    adapt: Annotated[bool, typer.Option("--adapt/--no-adapt", help="After pretraining, adapt the model to retrieval on the same documents (`pipeline tune` with its defaults, its steps in proportion to --time-budget: 500 at 12m), so `pipeline embed` uses it.")] = True,
     json_output: JsonOption = False,
 ):
     """Train a tokenizer and a GPT-2 on your documents, export it in Hugging Face format, and adapt it to retrieval.
@@ -234,10 +234,12 @@ def pretrain(
     summary = run_pretrain(ws, settings)
     if adapt and node_rank == 0:  # the other nodes only trained
         from embed.run import source_documents
-        from embed.tune import TuneSettings, run_tune
+        from embed.tune import TuneSettings, adaptation_steps, run_tune
+        from pretrain.sizing import parse_duration
 
         info("adapting the pretrained model to retrieval on the same documents (--no-adapt skips this)")
-        summary["adaptation"] = run_tune(ws, list(source_documents(ws, settings.data, text_field)), TuneSettings())
+        tune_settings = TuneSettings(steps=adaptation_steps(parse_duration(settings.time_budget)))
+        summary["adaptation"] = run_tune(ws, list(source_documents(ws, settings.data, text_field)), tune_settings)
     if json_output:
         out.print_json(json.dumps(summary))
 

@@ -12,7 +12,7 @@ from common.readers import Document, read_documents
 from common.workspace import Workspace
 from conftest import run_cli, scifact_slice
 from common.heldout import sentences
-from embed.tune import DistinctDocumentsBatchSampler, TuneSettings, batch_keys, document_text, hard_negatives, make_pairs, pair_for, read_labelled_pairs
+from embed.tune import DistinctDocumentsBatchSampler, TuneSettings, adaptation_steps, batch_keys, document_text, hard_negatives, make_pairs, pair_for, read_labelled_pairs
 
 ABSTRACT = ("Vitamin D is made in the skin. Sunlight drives its synthesis. Older people make less of it. "
             "Supplements raise blood levels. Bone density depends on it. Deficiency is common in winter.")
@@ -75,6 +75,14 @@ def test_a_batch_holds_each_document_once(corpus_file):
     assert len({i for b in batches for i in b}) == sum(map(len, batches))  # no pair twice in an epoch
     sampler.set_epoch(1)
     assert list(sampler)[0] != batches[0]  # each epoch its own order
+
+
+def test_the_chained_adaptation_is_sized_to_the_pretraining_budget():
+    from pretrain.sizing import parse_duration
+
+    steps = [adaptation_steps(parse_duration(budget)) for budget in ("1m", "3m", "12m", "1h")]
+    assert steps == sorted(steps) and steps[2] == steps[3] == TuneSettings().steps  # the default at 12m, no more later
+    assert steps[0] == TuneSettings().steps // 5 < steps[1]  # a quick run tunes briefly, but not for nothing
 
 
 def test_labelled_pairs_file(tmp_path):
