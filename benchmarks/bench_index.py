@@ -25,10 +25,7 @@ def measure(kind: str, ids: np.ndarray, vectors: np.ndarray, queries: np.ndarray
     from index.build import exact_neighbours, recall_at_10
 
     start = time.perf_counter()
-    index = make_index(kind, vectors.shape[1], len(ids))
-    if not index.is_trained:
-        index.train(vectors)
-    index.add_with_ids(vectors, ids)
+    index = make_index(kind, vectors, ids)
     build_s = time.perf_counter() - start
     latencies = []
     for q in queries:  # one query at a time, as a user's searches arrive

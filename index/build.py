@@ -125,10 +125,7 @@ def build_faiss(kind: str, ids: np.ndarray, vectors: np.ndarray, why: str) -> di
         raise PipelineError(f"--type {kind} needs at least 39 vectors to train, the store has {len(ids)}")
     info(f"{why}: a {kind} index over {len(ids):,} vectors of dimension {vectors.shape[1]} ({reason})")
     start = time.perf_counter()
-    index = make_index(kind, vectors.shape[1], len(ids))
-    if not index.is_trained:
-        index.train(vectors)
-    index.add_with_ids(vectors, ids)
+    index = make_index(kind, vectors, ids)
     build_seconds = time.perf_counter() - start
     recall, search_setting = None, None
     if kind != "flat":

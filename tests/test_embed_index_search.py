@@ -365,9 +365,7 @@ def test_an_approximate_index_is_searched_wide_enough_to_find_the_target_recall(
     vectors = rng.standard_normal((3000, 32)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     ids = np.arange(1000, 4000, dtype=np.int64)
-    index = make_index(kind, 32, len(ids))
-    index.train(vectors)
-    index.add_with_ids(vectors, ids)
+    index = make_index(kind, vectors, ids)
     inner = faiss.downcast_index(faiss.downcast_index(index).index)
     holder = inner.hnsw if kind == "hnsw" else inner
     setattr(holder, parameter, 1)
@@ -378,3 +376,28 @@ def test_an_approximate_index_is_searched_wide_enough_to_find_the_target_recall(
     loaded = load_index(write_faiss(index, tmp_path, "faiss"))  # owns the inner index: kept alive with it
     reloaded = faiss.downcast_index(faiss.downcast_index(loaded).index)
     assert getattr(reloaded.hnsw if kind == "hnsw" else reloaded, parameter) == setting[parameter]
+
+
+def test_hnsw_over_wide_vectors_builds_its_graph_on_their_principal_components_and_searches_them_whole(tmp_path):
+    """Vectors wider than GRAPH_DIMENSIONS: the graph comes from their leading principal components, but
+    the index holds the full vectors (float16), finds each stored vector as its own nearest neighbour,
+    reaches the recall target once tuned, and survives writing and reading."""
+    from common.indexes import GRAPH_DIMENSIONS, load_index, make_index, write_faiss
+    from index.build import TARGET_RECALL, tune_search
+
+    rng = np.random.default_rng(0)
+    dim = 2 * GRAPH_DIMENSIONS + 64
+    # Embedding-like: most of the variance in a few dozen directions, plus noise in all of them.
+    vectors = (rng.standard_normal((4000, 48)) @ rng.standard_normal((48, dim)) + 0.3 * rng.standard_normal((4000, dim))).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    ids = np.arange(4000, dtype=np.int64) * 7 + 5
+    index = make_index("hnsw", vectors, ids)
+    inner = faiss.downcast_index(faiss.downcast_index(index).index)
+    assert index.ntotal == inner.ntotal == inner.storage.ntotal == 4000 and inner.d == dim
+    assert np.abs(inner.reconstruct(123) - vectors[123]).max() < 1e-3  # the full vector, in float16
+    scores, found = index.search(vectors[:50], 1)
+    assert (found[:, 0] == ids[:50]).all() and np.allclose(scores[:, 0], 1.0, atol=1e-3)
+    recall, _ = tune_search(index, "hnsw", ids, vectors)
+    assert recall >= TARGET_RECALL
+    reloaded = load_index(write_faiss(index, tmp_path, "faiss"))
+    assert (reloaded.search(vectors[:50], 1)[1][:, 0] == ids[:50]).all()

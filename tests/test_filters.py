@@ -102,10 +102,7 @@ def test_dense_filters_return_k_hits_on_a_large_approximate_index():
                     np.arange(n, dtype=np.int32), np.zeros(n, bool), [""] * n)
     queries = vectors[:5] + 0.2 * rng.standard_normal((5, dim)).astype(np.float32)
     for kind in ("hnsw", "ivf"):
-        index = make_index(kind, dim, n)
-        if not index.is_trained:
-            index.train(vectors)
-        index.add_with_ids(vectors, ids)
+        index = make_index(kind, vectors, ids)
         dense = DenseIndex(index, corpus)
         for share in (0.01, 0.1, 0.9):
             kept = np.sort(rng.choice(n, int(share * n), replace=False))
