@@ -239,7 +239,7 @@ class DistinctDocumentsBatchSampler:
     as sentence-transformers' NO_DUPLICATES sampler asks). Every text in a batch is a negative for every
     other pair's anchor, so two pairs from one document, or one pair's source among the hard negatives,
     would teach the model to push a text away from its own document. With random batches that is common:
-    a batch of 512 pairs holds 512 hard-negative documents, a tenth of a 5,000-document corpus. Pairs that
+    a batch of 1,024 pairs holds 1,024 hard-negative documents, a fifth of a 5,000-document corpus. Pairs that
     do not fit a batch wait for the next, and the epoch ends with what still fits one batch; the order is
     shuffled with seed + epoch, as the library's samplers."""
 
