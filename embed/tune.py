@@ -118,6 +118,11 @@ def default_model_dir(ws: Workspace) -> Path:
 
 
 # ---- pairs
+def document_text(doc: Document, max_chars: int) -> str:
+    """A whole document as a training text: its title and text, cut to what the model reads."""
+    return embedding_text(doc.title, " ".join(doc.text.split()))[:max_chars]
+
+
 def pair_for(doc: Document, kind: str, rng: random.Random, max_chars: int) -> tuple[str, str] | None:
     """One (anchor, positive) pair of this kind from a document, or None if the document cannot give one."""
     text = " ".join(doc.text.split())
@@ -126,7 +131,7 @@ def pair_for(doc: Document, kind: str, rng: random.Random, max_chars: int) -> tu
             return None
         return doc.title.strip(), text[:max_chars]
     if kind == "dropout":
-        passage = embedding_text(doc.title, text)[:max_chars]
+        passage = document_text(doc, max_chars)
         return passage, passage
     parts = sentences(text)
     if kind == "ict":
@@ -216,11 +221,6 @@ def hard_negatives(docs: list[Document], pairs: list[tuple[str, str, int | None]
             j = rng.randrange(len(docs) - (source is not None))
             negatives.append(j + (source is not None and j >= source))
     return negatives
-
-
-def document_text(doc: Document, settings: TuneSettings) -> str:
-    """A document as a training text: its title and text, cut to what the model reads."""
-    return embedding_text(doc.title, " ".join(doc.text.split()))[:settings.max_chars]
 
 
 def batch_keys(pairs: list[tuple[str, str, int | None]], negatives: list[int] | None) -> list[frozenset]:
@@ -331,7 +331,8 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings) -> dic
     if settings.hard_negatives and len(training_docs) > 1:
         start = time.perf_counter()
         negatives = hard_negatives(training_docs, pairs, settings)
-        columns["negative"] = [document_text(training_docs[j], settings) for j in negatives]
+        texts = [document_text(d, settings.max_chars) for d in training_docs]  # once per document, not per pair
+        columns["negative"] = [texts[j] for j in negatives]
         info(f"mined a BM25 hard negative for each pair in {time.perf_counter() - start:.0f}s")
     keys = batch_keys(pairs, negatives)
     dataset = Dataset.from_dict(columns)
