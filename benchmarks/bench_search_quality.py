@@ -67,10 +67,11 @@ def chain(ws: Path, pretrain_args: list[str], model: Path | None = None, tune_ar
     chained adaptation when given) -> embed -> index, each timed; skipped when already done."""
     seconds = {}
     if model is None and "index" not in (manifest(ws) if (ws / "manifest.json").exists() else {}):
+        pretrain = ["pretrain", "-w", str(ws), "--data", str(CORPUS), *pretrain_args]
         if tune_args is None:
-            seconds["pretrain_and_adapt_s"] = timed(f"pretrain {ws.name}", "pretrain", "-w", str(ws), "--data", str(CORPUS), *pretrain_args)
+            seconds["pretrain_and_adapt_s"] = timed(f"pretrain {ws.name}", *pretrain)
         else:
-            seconds["pretrain_s"] = timed(f"pretrain {ws.name}", "pretrain", "-w", str(ws), "--data", str(CORPUS), *pretrain_args, "--no-adapt")
+            seconds["pretrain_s"] = timed(f"pretrain {ws.name}", *pretrain, "--no-adapt")
             seconds["adapt_s"] = timed(f"tune {ws.name}", "tune", "-w", str(ws), "--data", str(CORPUS), *tune_args)
     if "index" not in (manifest(ws) if (ws / "manifest.json").exists() else {}):
         seconds["embed_s"] = timed(f"embed {ws.name}", "embed", "-w", str(ws), "--data", str(CORPUS),

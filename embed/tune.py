@@ -35,8 +35,9 @@ positive in the batch is a negative, and so is each pair's BM25-mined hard negat
 (CachedMultipleNegativesRankingLoss with --mini-batch for large batches on little memory). A batch holds
 each document once (DistinctDocumentsBatchSampler): SciFact's train queries, dense nDCG@10, 500 steps:
 0.570 with random batches of 128, 0.587 of 512, 0.576 of 1,024 (more of a pair's own documents among the
-negatives), and with each document once 0.594 of 512, 0.605 of 1,024. The tuned model is saved as a sentence-transformers directory in the
-workspace (tuned/) and recorded in the manifest; embed uses it by default afterwards.
+negatives), and with each document once 0.594 of 512, 0.605 of 1,024. The tuned model is saved as a
+sentence-transformers directory in the workspace (tuned/) and recorded in the manifest; embed uses it by
+default afterwards.
 """
 from __future__ import annotations
 
