@@ -286,6 +286,7 @@ def index(
     workspace: WorkspaceOption = Path("workspace"),
     index_type: Annotated[IndexType, typer.Option("--type", help="FAISS index type: flat is exact; auto is flat below 50,000 vectors, HNSW above.")] = "auto",
     rebuild: Annotated[bool, typer.Option("--rebuild", help="Build in full even when the last build could be updated.")] = False,
+    language: Annotated[str, typer.Option(metavar="CODE", help="BM25's analyzer: auto (the collection's language, detected), none (no stop words or stemming), or an ISO 639-1 code (en, de, ru, ja, ...); another than the last build's builds in full.")] = "auto",
     json_output: JsonOption = False,
 ):
     """Build the FAISS and BM25 indexes over the stored chunks, or update the last build with what changed.
@@ -295,14 +296,18 @@ def index(
     embedder makes a full build, which then chooses the default search mode.
 
     The default mode (dense, lexical or hybrid, and the hybrid's dense weight) is measured on pairs the
-    corpus provides: a sentence taken out of a held-out document is the query, that document the answer.
-    `pipeline eval --set-default` on judged queries overrides it.
+    corpus provides: a sentence (or, in text without sentences, a span) taken out of a held-out document
+    is the query, that document the answer. `pipeline eval --set-default` on judged queries overrides it.
+
+    BM25 analyses text by the collection's language, detected at a full build: its stop words and
+    Snowball stemmer, and Chinese, Japanese and Korean as character bigrams.
 
     Examples:
 
     \b
         pipeline index                 # exact below 50k vectors, HNSW above
         pipeline index --type ivfpq    # compressed; prints recall@10 against exact search
+        pipeline index --language de   # German stop words and stemmer, whatever was detected
     """
     from common.models import load_embedder
     from index.build import build_index
@@ -310,7 +315,7 @@ def index(
 
     ws = Workspace(workspace)
     with ws.writing():
-        summary = build_index(ws, index_type, rebuild)
+        summary = build_index(ws, index_type, rebuild, language)
         if summary["update"] == "full":  # an update changes too little to measure again
             embedder = ws.require("embedder", "run `pipeline embed` first")
             summary["search"] = choose_default_mode(ws, load_embedder(ws.embedder_model_dir(embedder)), summary["embedder_fingerprint"])

@@ -172,7 +172,7 @@ def base_segment_dir(ws: Workspace, previous: dict) -> Path:
 
 
 def update_plan(ws: Workspace, previous: dict | None, embedder: dict, kind: str, live: np.ndarray,
-                rebuild: bool) -> tuple[Segment | None, str]:
+                rebuild: bool, language: str = "auto") -> tuple[Segment | None, str]:
     """Whether the last build can be updated to hold the chunks `live`: (its lexical base segment, why),
     or (None, why a full build). An update keeps the base (FAISS index and BM25 segment) as it is, skips
     its chunks that were deleted since, and puts every chunk added since the base into a delta. Deltas
@@ -184,6 +184,9 @@ def update_plan(ws: Workspace, previous: dict | None, embedder: dict, kind: str,
         return None, "full build (no index of this version yet)"
     if previous.get("embedder_fingerprint") != embedder["fingerprint"] or previous.get("embedder_chunking") != [embedder["chunk_tokens"], embedder["overlap"]]:
         return None, "full build (new embedder or chunking)"
+    built_language = previous.get("analyzer", {}).get("language", "en")
+    if language not in ("auto", built_language):
+        return None, f"full build (BM25 for --language {language}, the last build's is {built_language})"
     wanted = choose_type(len(live))[0] if kind == "auto" else kind
     if wanted != previous["type"]:
         return None, f"full build ({wanted} index wanted, the last build is {previous['type']})"
@@ -215,7 +218,7 @@ def update(ws: Workspace, previous: dict, base: Segment, ids: np.ndarray, vector
     lexical_seconds = time.perf_counter() - start
     info(f"delta of {len(ids):,} chunks: FAISS {build_seconds:.2f}s, BM25 {lexical_seconds:.2f}s")
     deleted = len(base.chunk_ids) - (len(live) - len(ids))
-    kept = ("path", "type", "reason", "dim", "base_vectors", "recall_at_10", "search_setting")  # the base's
+    kept = ("path", "type", "reason", "dim", "base_vectors", "recall_at_10", "search_setting", "analyzer")  # the base's
     return {**{key: previous.get(key) for key in kept},
             "update": "incremental", "update_reason": update_reason,
             "delta_path": str(delta_path.relative_to(ws.root)) if delta_path else None, "delta_vectors": int(len(ids)),

@@ -1,4 +1,4 @@
-"""The lexical (BM25) index over the stored chunks: bm25s's tokens, BM25 scores computed on loading.
+"""The lexical (BM25) index over the stored chunks: analysed by the collection's language, BM25 scores computed on loading.
 
 Shared by the stages that rank text lexically: `pipeline index` builds it and writes it into the
 workspace (index/build.py names and swaps its versioned directory), search and the default-mode
@@ -7,8 +7,13 @@ in common/ because three stages use it and no stage imports another; what only `
 (where the files go, when older versions are removed) is in index/build.py.
 
 Each chunk is indexed as its document's title followed by the chunk text (what the dense side embeds
-too), lower-cased, English stop words removed, Snowball-stemmed: the tokens of bm25s's tokenizer (its word
-pattern and stop words), made without its per-call set-up, which was most of a query's tokenizing (50 us of 56).
+too), analysed by the collection's Analyzer: lower-cased, split into words (bm25s's word pattern) and
+runs of Chinese, Japanese or Korean characters into overlapping bigrams (as Lucene's CJK analyzer does),
+the language's stop words removed and its Snowball stemmer applied. The language is detected by
+`pipeline index` on the collection (common/language.py) or given by the user (`--language`), and written
+with the index, so queries are analysed exactly as the chunks were. For English these are bm25s's tokens
+(its word pattern and stop words), made without its per-call set-up, which was most of a query's
+tokenizing (50 us of 56).
 
 Why the scores are not bm25s's own index: bm25s stores every (term, chunk) score computed with the
 collection's statistics (the number of chunks, each term's document frequency, the average length), so
@@ -22,62 +27,125 @@ index scores every chunk exactly as one built from scratch over the same chunks.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
 import re
 import shutil
 import threading
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse
 import Stemmer
-from bm25s.stopwords import STOPWORDS_EN
+from bm25s.stopwords import (STOPWORDS_DANISH, STOPWORDS_DUTCH, STOPWORDS_EN, STOPWORDS_FRENCH, STOPWORDS_GERMAN, STOPWORDS_ITALIAN,
+                             STOPWORDS_NORWEGIAN, STOPWORDS_PORTUGUESE, STOPWORDS_RUSSIAN, STOPWORDS_SPANISH, STOPWORDS_SWEDISH,
+                             STOPWORDS_TURKISH)
 
 from common.errors import PipelineError
+from common.language import LanguageMix, cjk_tokens, detect_languages, has_cjk
 from common.models import embedding_text
 
-LANGUAGE = "english"
 K1, B = 1.5, 0.75
 TOKENIZE_BATCH = 10_000  # chunks tokenized at once: bounds the memory the token strings take
 SEGMENT_FILES = ("chunk_ids.npy", "lengths.npy", "indptr.npy", "rows.npy", "counts.npy", "new_terms.json")
-_stemmer = Stemmer.Stemmer(LANGUAGE)
+ANALYZER_FILE = "tokenizer.json"
 
+# Snowball stemmers (PyStemmer) by ISO 639-1 code; a language without one is not stemmed.
+SNOWBALL = {"ar": "arabic", "hy": "armenian", "eu": "basque", "ca": "catalan", "cs": "czech", "da": "danish", "nl": "dutch",
+            "en": "english", "eo": "esperanto", "et": "estonian", "fi": "finnish", "fr": "french", "de": "german", "el": "greek",
+            "hi": "hindi", "hu": "hungarian", "id": "indonesian", "ga": "irish", "it": "italian", "lt": "lithuanian",
+            "ne": "nepali", "no": "norwegian", "nb": "norwegian", "nn": "norwegian", "fa": "persian", "pl": "polish",
+            "pt": "portuguese", "ro": "romanian", "ru": "russian", "sr": "serbian", "es": "spanish", "sv": "swedish",
+            "ta": "tamil", "tr": "turkish", "yi": "yiddish"}
+# bm25s's stop-word lists by ISO 639-1 code; a language without one keeps every word.
+STOPWORDS = {"en": STOPWORDS_EN, "da": STOPWORDS_DANISH, "nl": STOPWORDS_DUTCH, "fr": STOPWORDS_FRENCH, "de": STOPWORDS_GERMAN,
+             "it": STOPWORDS_ITALIAN, "no": STOPWORDS_NORWEGIAN, "nb": STOPWORDS_NORWEGIAN, "pt": STOPWORDS_PORTUGUESE,
+             "ru": STOPWORDS_RUSSIAN, "es": STOPWORDS_SPANISH, "sv": STOPWORDS_SWEDISH, "tr": STOPWORDS_TURKISH}
+LANGUAGE_CHOICES = "auto (detected), none (no stop words or stemming), or an ISO 639-1 code (en, de, ru, ja, ...)"
 
 # bm25s's (and scikit-learn's) token pattern, r"\b\w\w+\b", as it matches: each run of two or more word
 # characters (20% faster without the boundary tests)
 _WORDS = re.compile(r"\w{2,}").findall
-_STOPWORDS = frozenset(STOPWORDS_EN)
 
 
-def tokenize(texts: list[str]) -> list[list[str]]:
-    """Lower-cased word tokens without English stop words, stemmed: the same for chunks and queries."""
-    words = _words(texts)
-    stem = _stems(words).__getitem__
-    return [list(map(stem, text_words)) for text_words in words]
+@functools.cache
+def _stemmer(name: str) -> Stemmer.Stemmer:
+    return Stemmer.Stemmer(name)
 
 
-def _words(texts: list[str]) -> list[list[str]]:
-    """Each text's lower-cased words, stop words left out (not yet stemmed)."""
-    return [list(itertools.filterfalse(_STOPWORDS.__contains__, _WORDS(text.lower()))) for text in texts]
+@dataclass(frozen=True)
+class Analyzer:
+    """How text becomes BM25 terms, the same for chunks and queries: lower-cased words of two or more
+    characters (runs of CJK characters as bigrams, NFKC-normalised), without the language's stop words,
+    stemmed by its Snowball stemmer. A language without a stemmer or list goes without."""
+    language: str = "en"  # ISO 639-1, or "none"
+
+    @property
+    def stemmer(self) -> str | None:
+        return SNOWBALL.get(self.language)
+
+    @functools.cached_property
+    def stopwords(self) -> frozenset[str]:
+        return frozenset(STOPWORDS.get(self.language, ()))
+
+    def describe(self) -> str:
+        return (f"{self.language} ({f'{self.stemmer} stemmer' if self.stemmer else 'no stemmer'}, "
+                f"{'stop words' if self.stopwords else 'no stop words'}, CJK as bigrams)")
+
+    def to_json(self) -> dict:
+        return {"language": self.language, "stemmer": self.stemmer, "stopwords": self.language if self.stopwords else None,
+                "cjk": "bigrams", "k1": K1, "b": B}
+
+    @classmethod
+    def load(cls, directory: Path) -> "Analyzer":
+        """The analyzer an index directory was written with (English for one written before languages were)."""
+        path = directory / ANALYZER_FILE
+        return cls(json.loads(path.read_text()).get("language", "en")) if path.exists() else cls()
+
+    def tokenize(self, texts: list[str]) -> list[list[str]]:
+        words = self.words(texts)
+        stem = self.stems(words).__getitem__
+        return [list(map(stem, text_words)) for text_words in words]
+
+    def words(self, texts: list[str]) -> list[list[str]]:
+        """Each text's lower-cased words (CJK bigrams), stop words left out (not yet stemmed)."""
+        tokens = (cjk_tokens(unicodedata.normalize("NFKC", lowered)) if has_cjk(lowered) else _WORDS(lowered)
+                  for lowered in map(str.lower, texts))
+        if not self.stopwords:
+            return [list(text_tokens) for text_tokens in tokens]
+        return [list(itertools.filterfalse(self.stopwords.__contains__, text_tokens)) for text_tokens in tokens]
+
+    def stems(self, words: list[list[str]]) -> dict[str, str]:
+        """Word -> stem for every distinct word of the lists (each stemmed once)."""
+        distinct = list(set().union(*words))
+        return dict(zip(distinct, self.stem_words(distinct)))
+
+    def stem_words(self, words: list[str]) -> list[str]:
+        """Lower-cased words stemmed as the index stems them."""
+        return _stemmer(self.stemmer).stemWords(words) if self.stemmer else list(words)
+
+    def query_terms(self, query: str) -> list[str]:
+        """The terms BM25 matches for a query."""
+        return self.tokenize([query])[0]
 
 
-def _stems(words: list[list[str]]) -> dict[str, str]:
-    """Word -> stem for every distinct word of the lists (each stemmed once)."""
-    distinct = list(set().union(*words))
-    return dict(zip(distinct, _stemmer.stemWords(distinct)))
+def choose_analyzer(texts: list[str], language: str = "auto") -> tuple[Analyzer, LanguageMix | None]:
+    """The collection's analyzer: that of the language detected in its texts (`auto`), or of the one given
+    (then no mix is returned)."""
+    if language == "auto":
+        mix = detect_languages(texts)
+        return Analyzer(mix.language), mix
+    check_language(language)
+    return Analyzer(language), None
 
 
-def query_terms(query: str) -> list[str]:
-    """The stemmed terms BM25 matches for a query."""
-    return tokenize([query])[0]
-
-
-def stem_words(words: list[str]) -> list[str]:
-    """Lower-cased words stemmed as the index stems them."""
-    return _stemmer.stemWords(words)
+def check_language(language: str) -> None:
+    if language not in ("auto", "none") and not re.fullmatch(r"[a-z]{2}", language):
+        raise PipelineError(f"--language: '{language}' is not {LANGUAGE_CHOICES}")
 
 
 @dataclass
@@ -93,13 +161,13 @@ class Segment:
     source: Path | None = None  # the directory it was loaded from (a new index version links its files)
 
     @classmethod
-    def build(cls, rows: list[tuple[int, str, str]], vocabulary: dict[str, int]) -> "Segment":
+    def build(cls, rows: list[tuple[int, str, str]], vocabulary: dict[str, int], analyzer: Analyzer) -> "Segment":
         """rows: (chunk_id, document title, chunk text). New terms are added to `vocabulary`."""
         known = len(vocabulary)
         term_ids, lengths = [], []
         for start in range(0, len(rows), TOKENIZE_BATCH):
-            words = _words([embedding_text(title or "", text or "") for _, title, text in rows[start:start + TOKENIZE_BATCH]])
-            stems = _stems(words)
+            words = analyzer.words([embedding_text(title or "", text or "") for _, title, text in rows[start:start + TOKENIZE_BATCH]])
+            stems = analyzer.stems(words)
             # Each distinct word's term id (new terms numbered in order of first use), then every word's in
             # one pass in C: a Python step per word was half of building the index (18M words at 100k chunks).
             all_words = list(itertools.chain.from_iterable(words))
@@ -136,8 +204,9 @@ class Segment:
 class LexicalIndex:
     """BM25 over the live chunks (`chunk_ids`, sorted) held by one or more segments."""
 
-    def __init__(self, segments: list[Segment], chunk_ids: np.ndarray):
+    def __init__(self, segments: list[Segment], chunk_ids: np.ndarray, analyzer: Analyzer):
         self.segments = segments
+        self.analyzer = analyzer
         self.chunk_ids = chunk_ids  # position -> chunk id, ascending: the order of the store's chunks
         self.vocabulary: dict[str, int] = {}
         for segment in segments:
@@ -184,19 +253,20 @@ class LexicalIndex:
         return scored
 
     @classmethod
-    def build(cls, rows: list[tuple[int, str, str]]) -> "LexicalIndex":
+    def build(cls, rows: list[tuple[int, str, str]], analyzer: Analyzer) -> "LexicalIndex":
         """rows: (chunk_id, document title, chunk text), in chunk_id order."""
-        segment = Segment.build(rows, {})
-        return cls([segment], segment.chunk_ids)
+        segment = Segment.build(rows, {}, analyzer)
+        return cls([segment], segment.chunk_ids, analyzer)
 
     @classmethod
     def with_delta(cls, base: Segment, delta_rows: list[tuple[int, str, str]], chunk_ids: np.ndarray) -> "LexicalIndex":
         """The index over `chunk_ids` (the live chunks, sorted): those of `base` that are live, and
-        `delta_rows` (the chunks added since the base; chunk_id order), a new segment."""
+        `delta_rows` (the chunks added since the base; chunk_id order), a new segment analysed as the base was."""
         vocabulary = {}
         for term in base.new_terms:
             vocabulary[term] = len(vocabulary)
-        return cls([base, Segment.build(delta_rows, vocabulary)], chunk_ids)
+        analyzer = Analyzer.load(base.source.parent)  # the index directory the base segment is in
+        return cls([base, Segment.build(delta_rows, vocabulary, analyzer)], chunk_ids, analyzer)
 
     @property
     def base(self) -> Segment:
@@ -209,7 +279,7 @@ class LexicalIndex:
         """Write the index's files into an existing, empty directory (a segment loaded from disk is linked)."""
         for i, segment in enumerate(self.segments):
             segment.write(directory / f"segment-{i}")
-        (directory / "tokenizer.json").write_text(json.dumps({"stopwords": "en", "stemmer": LANGUAGE, "k1": K1, "b": B}))
+        (directory / ANALYZER_FILE).write_text(json.dumps(self.analyzer.to_json()))
         np.save(directory / "chunk_ids.npy", self.chunk_ids)
 
     @classmethod
@@ -217,7 +287,7 @@ class LexicalIndex:
         segments = sorted(path.glob("segment-*"), key=lambda p: int(p.name.split("-")[1]))
         if not (path / "chunk_ids.npy").exists() or not segments:
             raise PipelineError(f"{path}: lexical index missing or from an older version; run `pipeline index`")
-        index = cls([Segment.load(s) for s in segments], np.load(path / "chunk_ids.npy"))
+        index = cls([Segment.load(s) for s in segments], np.load(path / "chunk_ids.npy"), Analyzer.load(path))
         index.postings()  # scored now: a search pays nothing for it
         return index
 
@@ -233,7 +303,7 @@ class LexicalIndex:
         position); only chunks sharing a word with the query, and only where weight_mask (1.0 per allowed
         position) is set."""
         total = len(self.chunk_ids)
-        terms = [self.vocabulary[t] for t in query_terms(query) if t in self.vocabulary]
+        terms = [self.vocabulary[t] for t in self.analyzer.query_terms(query) if t in self.vocabulary]
         if min(n, total) == 0 or not terms:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
         positions, scores = [], []

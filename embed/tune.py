@@ -52,7 +52,8 @@ from pathlib import Path
 
 from common.console import info, warn
 from common.errors import PipelineError
-from common.heldout import is_held_out, sentences
+from common.heldout import is_held_out, starts_with
+from common.language import detect_languages, passages
 from common.models import embedding_text, ensure_pad_token
 from common.readers import Document, read_json_lines
 from common.workspace import Workspace, model_fingerprint, replace_directory
@@ -68,6 +69,7 @@ HARD_NEGATIVE_DEPTH = 8  # a hard negative is drawn from the anchor's top BM25 d
 # A batch holds each document once (DistinctDocumentsBatchSampler) and a pair brings two (its own and its hard
 # negative's): batches of at most a third as many pairs as there are documents stay easy to fill.
 DOCUMENTS_PER_BATCH_PAIR = 3
+MAX_PAIR_REPEATS = 3  # times one (anchor, positive) pair may be trained on: more teaches the pair, not the task
 
 
 @dataclass
@@ -121,32 +123,63 @@ def default_model_dir(ws: Workspace) -> Path:
 
 
 # ---- pairs
+@dataclass
+class PairSource:
+    """A training document as pairs are drawn from it: its title when the title is a query of its own (not
+    the text's first words, not shared with other documents), and its text cut into parts (sentences, or
+    spans where it has too few: common/language.py)."""
+    doc: Document
+    title: str
+    text: str
+    parts: list[str]
+    unit: str  # "sentences" or "spans"
+
+
+def pair_sources(docs: list[Document], language: str) -> list[PairSource]:
+    title_counts = collections.Counter(" ".join(d.title.split()).lower() for d in docs)
+    sources = []
+    for doc in docs:
+        text = " ".join(doc.text.split())
+        title = " ".join(doc.title.split())
+        if title_counts[title.lower()] > 1:  # a title many documents share (an article's sections) names none of them
+            title = ""
+        elif title and starts_with(text, title):  # a title repeating the text's start: the rest of the text is its positive
+            text = text[len(title):].lstrip(" .:;-–—")  # noqa: RUF001 (dashes)
+        parts, unit = passages(text, language)
+        sources.append(PairSource(doc, title, text, parts, unit))
+    return sources
+
+
 def document_text(doc: Document, max_chars: int) -> str:
     """A whole document as a training text: its title and text, cut to what the model reads."""
     return embedding_text(doc.title, " ".join(doc.text.split()))[:max_chars]
 
 
-def pair_for(doc: Document, kind: str, rng: random.Random, max_chars: int) -> tuple[str, str] | None:
-    """One (anchor, positive) pair of this kind from a document, or None if the document cannot give one."""
-    text = " ".join(doc.text.split())
+def pair_for(source: PairSource, kind: str, rng: random.Random, max_chars: int) -> tuple[str, str] | None:
+    """One (anchor, positive) pair of this kind from a document, or None if the document cannot give one.
+    Each kind draws a part or a window of parts at random, so a document gives many distinct pairs."""
+    parts, text = source.parts, source.text
     if kind == "title":
-        if not doc.title.strip() or len(text) < 20:
+        if not source.title or len(text) < 20:
             return None
-        return doc.title.strip(), text[:max_chars]
+        if len(parts) < 3 or rng.random() < 0.5:  # the whole text, or a window of at least half of its parts
+            return source.title, text[:max_chars]
+        size = rng.randint((len(parts) + 1) // 2, len(parts) - 1)
+        lo = rng.randint(0, len(parts) - size)
+        return source.title, " ".join(parts[lo:lo + size])[:max_chars]
     if kind == "dropout":
-        passage = document_text(doc, max_chars)
+        passage = document_text(source.doc, max_chars)
         return passage, passage
-    parts = sentences(text)
     if kind == "ict":
         if len(parts) < 3:
             return None
-        # A window of sentences around the anchor keeps the context within the model's input length.
+        # A window of parts around the anchor keeps the context within the model's input length.
         i = rng.randrange(len(parts))
         lo = max(0, i - rng.randint(2, 6))
         window = parts[lo:i] + parts[i + 1:i + 1 + rng.randint(2, 6)]
         if rng.random() < 0.1:  # as in the ICT paper: sometimes keep the sentence, so lexical overlap still counts
             window = parts[lo:i + 1 + rng.randint(2, 6)]
-        return parts[i], embedding_text(doc.title, " ".join(window))[:max_chars]
+        return parts[i], embedding_text(source.title, " ".join(window))[:max_chars]
     if kind == "neighbours":
         if len(parts) < 4:
             return None
@@ -179,41 +212,62 @@ def read_labelled_pairs(path: Path, documents: dict[str, Document]) -> list[tupl
     return pairs
 
 
-def make_pairs(docs: list[Document], settings: TuneSettings, labelled: list[tuple[str, str]]) -> tuple[list[tuple[str, str, int | None]], dict]:
-    """Enough (anchor, positive, source document's index) triples for settings.steps batches: rounds over
-    the corpus, one pair per document per round, of a kind drawn at random among those the document can
-    give; labelled pairs have no source document (None)."""
+def make_pairs(docs: list[Document], settings: TuneSettings, labelled: list[tuple[str, str]],
+               language: str = "en") -> tuple[list[tuple[str, str, int | None]], dict]:
+    """(anchor, positive, source document's index) triples for up to settings.steps batches, and what they
+    are: rounds over the corpus, one pair per document per round, of a kind drawn at random among those the
+    document can give; labelled pairs have no source document (None). No (anchor, positive) pair is made
+    more than MAX_PAIR_REPEATS times: a corpus that offers fewer distinct pairs than the steps need gives
+    fewer pairs (and tune then fewer steps) rather than the same pairs over and over. When the kinds asked
+    for give no pair at all, dropout pairs (each document with itself) are used, and the report says so."""
     rng = random.Random(settings.seed)
     needed = settings.steps * settings.batch_size
+    sources = pair_sources(docs, language)
+    kinds = settings.pair_kinds
+    made: collections.Counter = collections.Counter()
     pairs: list[tuple[str, str, int | None]] = []
-    counts = {kind: 0 for kind in (*settings.pair_kinds, "labelled")}
+    counts = {kind: 0 for kind in (*kinds, "labelled")}
+    fallback = None
     while len(pairs) < needed:
         before = len(pairs)
-        for i in rng.sample(range(len(docs)), len(docs)):
-            for kind in rng.sample(settings.pair_kinds, len(settings.pair_kinds)):
-                pair = pair_for(docs[i], kind, rng, settings.max_chars)
-                if pair is not None:
+        for i in rng.sample(range(len(sources)), len(sources)):
+            for kind in rng.sample(kinds, len(kinds)):
+                pair = pair_for(sources[i], kind, rng, settings.max_chars)
+                if pair is not None and made[pair] < MAX_PAIR_REPEATS:
+                    made[pair] += 1
                     pairs.append((*pair, i))
-                    counts[kind] += 1
+                    counts[kind] = counts.get(kind, 0) + 1
                     break
-        pairs.extend((query, document, None) for query, document in labelled)
-        counts["labelled"] += len(labelled)
-        if len(pairs) == before:
-            raise PipelineError(f"no document gives a training pair of kind {', '.join(settings.pair_kinds)} "
-                                "(titles need text, ict needs 3+ sentences); try --pairs-from dropout")
-    return pairs, counts
+        for pair in labelled:
+            if made[pair] < MAX_PAIR_REPEATS:
+                made[pair] += 1
+                pairs.append((*pair, None))
+                counts["labelled"] += 1
+        if len(pairs) == 0 and "dropout" not in kinds:
+            fallback = f"no document gives a pair of kind {', '.join(kinds)}: dropout pairs (each document with itself) instead"
+            kinds = ("dropout",)
+            continue
+        if len(pairs) - before < max(1, len(sources) // 100):  # the corpus has no more distinct pairs to give
+            break
+    if not pairs:
+        raise PipelineError("no document has text to make a training pair from")
+    units = collections.Counter(source.unit for source in sources)
+    report = {"pairs": {kind: n for kind, n in counts.items() if n}, "distinct_pairs": len(made), "max_repeats": MAX_PAIR_REPEATS,
+              "documents_split_into": dict(units), "titles_used": sum(bool(s.title) for s in sources), "language": language,
+              "fallback": fallback}
+    return pairs, report
 
 
-def hard_negatives(docs: list[Document], pairs: list[tuple[str, str, int | None]], settings: TuneSettings) -> list[int]:
+def hard_negatives(docs: list[Document], pairs: list[tuple[str, str, int | None]], settings: TuneSettings, language: str = "en") -> list[int]:
     """One negative per pair: a document BM25 ranks among the top HARD_NEGATIVE_DEPTH for the anchor that is
     not the pair's own. It shares the anchor's words, so the model has to learn more than word overlap to
     tell them apart, which random in-batch negatives rarely ask of it. A pair with no such document (or a
     labelled pair, whose document may be any of them) gets a random other document. Returns each pair's
     negative as an index into docs."""
-    from common.lexical import LexicalIndex  # here: its scipy import is 0.2 s of every `pipeline embed` (it imports this module)
+    from common.lexical import Analyzer, LexicalIndex  # here: its scipy import is 0.2 s of every `pipeline embed` (it imports this module)
 
     rng = random.Random(settings.seed + 1)
-    lexical = LexicalIndex.build([(i, d.title, d.text) for i, d in enumerate(docs)])
+    lexical = LexicalIndex.build([(i, d.title, d.text) for i, d in enumerate(docs)], Analyzer(language))
     ranked = lexical.top_many([anchor for anchor, _, _ in pairs], HARD_NEGATIVE_DEPTH + 1)
     negatives = []
     for (_, _, source), candidates in zip(pairs, ranked):
@@ -243,22 +297,34 @@ class DistinctDocumentsBatchSampler:
     other pair's anchor, so two pairs from one document, or one pair's source among the hard negatives,
     would teach the model to push a text away from its own document. With random batches that is common:
     a batch of 1,024 pairs holds 1,024 hard-negative documents, a fifth of a 5,000-document corpus. Pairs that
-    do not fit a batch wait for the next, and the epoch ends with what still fits one batch; the order is
-    shuffled with seed + epoch, as the library's samplers."""
+    do not fit a batch wait for the next; a batch that cannot be filled from what is left is kept if at least
+    half full, and ends the epoch otherwise. An epoch's batches are made before it starts, so the trainer is
+    told how many there are (it stopped after 3 steps when it was told a number the epoch did not reach);
+    the order is shuffled with seed + epoch, as the library's samplers."""
 
     def __init__(self, keys: list[frozenset], batch_size: int, seed: int):
         self.keys, self.batch_size, self.seed, self.epoch = keys, batch_size, seed, 0
+        self._made: tuple[int, list[list[int]]] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return len(self.keys) // self.batch_size
+        return len(self.batches())
 
     def __iter__(self):
+        yield from self.batches()
+
+    def batches(self) -> list[list[int]]:
+        if self._made is None or self._made[0] != self.epoch:
+            self._made = (self.epoch, self._make_batches())
+        return self._made[1]
+
+    def _make_batches(self) -> list[list[int]]:
         order = list(range(len(self.keys)))
         random.Random(self.seed + self.epoch).shuffle(order)
         pending = collections.deque(order)
+        batches = []
         while pending:
             batch, taken, skipped = [], set(), []
             while pending and len(batch) < self.batch_size:
@@ -269,11 +335,10 @@ class DistinctDocumentsBatchSampler:
                 else:
                     skipped.append(i)
             pending.extendleft(reversed(skipped))
-            if len(batch) < self.batch_size:  # the end of the epoch: what is left makes no full batch
-                if len(batch) > 1:
-                    yield batch
-                return
-            yield batch
+            if len(batch) < max(2, self.batch_size // 2):  # what is left makes no batch worth a step
+                break
+            batches.append(batch)
+        return batches
 
 
 # ---- training
@@ -314,10 +379,16 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings) -> dic
         info(f"batches of {largest_batch} pairs instead of {settings.batch_size}: a batch holds each document once, "
              f"and {len(training_docs):,} documents fill batches of up to {largest_batch}")
         settings = replace(settings, batch_size=largest_batch)
-    pairs, counts = make_pairs(training_docs, settings, labelled)
-    info(f"{len(pairs):,} training pairs from {len(training_docs):,} documents "
-         f"({len(docs) - len(training_docs):,} held out to measure search on): "
-         + ", ".join(f"{n:,} {kind}" for kind, n in counts.items() if n))
+    language = detect_languages([d.text for d in training_docs]).language
+    pairs, report = make_pairs(training_docs, settings, labelled, language)
+    if report["fallback"]:
+        warn(report["fallback"])
+    split = report["documents_split_into"]
+    info(f"{len(pairs):,} training pairs ({report['distinct_pairs']:,} distinct, none more than {MAX_PAIR_REPEATS} times) "
+         f"from {len(training_docs):,} documents ({len(docs) - len(training_docs):,} held out to measure search on): "
+         + ", ".join(f"{n:,} {kind}" for kind, n in report["pairs"].items())
+         + f"; language {language}, {split.get('sentences', 0):,} documents cut into sentences and {split.get('spans', 0):,} "
+         f"into spans; {report['titles_used']:,} titles used")
 
     torch.manual_seed(settings.seed)
     base_fingerprint = model_fingerprint(ws.model_dir)
@@ -333,11 +404,15 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings) -> dic
     negatives = None
     if settings.hard_negatives and len(training_docs) > 1:
         start = time.perf_counter()
-        negatives = hard_negatives(training_docs, pairs, settings)
+        negatives = hard_negatives(training_docs, pairs, settings, language)
         texts = [document_text(d, settings.max_chars) for d in training_docs]  # once per document, not per pair
         columns["negative"] = [texts[j] for j in negatives]
         info(f"mined a BM25 hard negative for each pair in {time.perf_counter() - start:.0f}s")
-    keys = batch_keys(pairs, negatives)
+    sampler = DistinctDocumentsBatchSampler(batch_keys(pairs, negatives), settings.batch_size, settings.seed)
+    if len(sampler) < settings.steps:  # each pair at most once more in training: fewer steps, not repeated pairs
+        info(f"{len(sampler)} steps instead of {settings.steps}: the corpus gives {len(pairs):,} pairs, "
+             f"{len(sampler)} batches of {settings.batch_size}")
+        settings = replace(settings, steps=max(1, len(sampler)))
     dataset = Dataset.from_dict(columns)
     scratch = Path(tempfile.mkdtemp(dir=ws.root, prefix=".tune."))
     start = time.perf_counter()
@@ -353,8 +428,8 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings) -> dic
     args = SentenceTransformerTrainingArguments(
         output_dir=str(scratch), max_steps=settings.steps, per_device_train_batch_size=settings.batch_size,
         learning_rate=settings.lr, warmup_steps=max(1, settings.steps // 10), lr_scheduler_type="linear", weight_decay=0.01,
-        batch_sampler=lambda dataset, batch_size, seed, **_: DistinctDocumentsBatchSampler(keys, batch_size, seed),
-        logging_steps=settings.log_every, save_strategy="no", report_to="none", disable_tqdm=True,
+        batch_sampler=lambda dataset, batch_size, seed, **_: sampler,
+        logging_steps=min(settings.log_every, settings.steps), save_strategy="no", report_to="none", disable_tqdm=True,
         seed=settings.seed, data_seed=settings.seed, dataloader_drop_last=True, use_cpu=device == "cpu",
     )
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss, callbacks=[Progress()])
@@ -372,13 +447,13 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings) -> dic
 
     summary = {"path": TUNED_DIR, "fingerprint": model_fingerprint(out_dir), "base_fingerprint": base_fingerprint,
                "architecture": settings.architecture, "pooling": settings.pooling,
-               "dimensions": settings.dimensions if settings.architecture == "static" else None, "pairs": counts, "hard_negatives": "negative" in columns, "steps": settings.steps, "batch_size": settings.batch_size,
+               "dimensions": settings.dimensions if settings.architecture == "static" else None, "pairs": report, "hard_negatives": "negative" in columns, "steps": settings.steps, "batch_size": settings.batch_size,
                "loss": "cached_mnrl" if settings.mini_batch else "mnrl", "lr": settings.lr,
                "max_seq_length": settings.max_seq_length, "dropout": settings.dropout,
                "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else result.training_loss,
                "seconds": seconds}
     ws.update_manifest("tuned", summary)
-    info(f"tuned in {seconds:.0f}s (loss {summary['first_loss'] or 0:.3f} -> {summary['final_loss']:.3f}); saved to {out_dir}; "
+    info(f"tuned in {seconds:.0f}s, {result.global_step} steps (loss {summary['first_loss'] or 0:.3f} -> {summary['final_loss']:.3f}); saved to {out_dir}; "
          "`pipeline embed` now uses it")
     return summary
 

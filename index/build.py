@@ -18,7 +18,7 @@ import numpy as np
 from common.console import info
 from common.errors import PipelineError
 from common.indexes import chunks_to_index, check_store, choose_type, make_index, record, save_lexical, update, update_plan, write_faiss
-from common.lexical import LexicalIndex
+from common.lexical import LexicalIndex, check_language, choose_analyzer
 from common.store import Store
 from common.workspace import Workspace
 
@@ -72,11 +72,13 @@ def tune_search(index: faiss.Index, kind: str, ids: np.ndarray, vectors: np.ndar
     return recall, {name: int(getattr(holder, name))}
 
 
-def build_index(ws: Workspace, kind: str = "auto", rebuild: bool = False) -> dict:
+def build_index(ws: Workspace, kind: str = "auto", rebuild: bool = False, language: str = "auto") -> dict:
     """Bring the indexes up to the store: an update of the last build when that is cheap and sound,
-    else a full build (common/indexes.py's `update_plan` says which)."""
+    else a full build (common/indexes.py's `update_plan` says which). `language` chooses BM25's analyzer
+    (common/lexical.py): auto detects it at a full build, and an update keeps the last build's."""
     if kind not in INDEX_TYPES:
         raise PipelineError(f"--type: unknown index type '{kind}' (choose from {', '.join(INDEX_TYPES)})")
+    check_language(language)
     embedder = ws.require("embedder", "run `pipeline embed` first")
     with Store(ws.db_path, read_only=True) as store:
         check_store(store, embedder, ws)
@@ -85,22 +87,25 @@ def build_index(ws: Workspace, kind: str = "auto", rebuild: bool = False) -> dic
         if len(live) == 0:
             raise PipelineError(f"{ws.db_path}: no vectors stored; run `pipeline embed` first")
         previous = ws.read_manifest().get("index")
-        base, reason = update_plan(ws, previous, embedder, kind, live, rebuild)
+        base, reason = update_plan(ws, previous, embedder, kind, live, rebuild, language)
         ids, vectors, chunk_rows = chunks_to_index(store, live, base)
     if base is None:
-        summary = full_build(ws, kind, ids, vectors, chunk_rows, reason)
+        summary = full_build(ws, kind, ids, vectors, chunk_rows, reason, language)
     else:
         summary = update(ws, previous, base, ids, vectors, chunk_rows, live, reason)
     return record(ws, summary, embedder, live, generation)
 
 
-def full_build(ws: Workspace, kind: str, ids: np.ndarray, vectors: np.ndarray, chunk_rows: list, update_reason: str) -> dict:
+def full_build(ws: Workspace, kind: str, ids: np.ndarray, vectors: np.ndarray, chunk_rows: list, update_reason: str,
+               language: str = "auto") -> dict:
+    analyzer, mix = choose_analyzer([text for _, _, text in chunk_rows], language)
+    info(f"BM25 analyzer: {analyzer.describe()}; " + (f"languages detected: {mix.describe()}" if mix else "as --language chose"))
     # BM25 is built while FAISS builds in a thread beside it: FAISS lets go of the GIL and BM25's
     # tokenizing fills the gaps in its use of the cores (100k chunks, HNSW: 39 -> 35 s for both).
     with ThreadPoolExecutor(1) as pool:
         building = pool.submit(build_faiss, kind, ids, vectors, update_reason)
         start = time.perf_counter()
-        lexical = LexicalIndex.build(chunk_rows)
+        lexical = LexicalIndex.build(chunk_rows, analyzer)
         lexical_seconds = time.perf_counter() - start
         faiss_index = building.result()
     index, build_seconds = faiss_index["index"], faiss_index["build_seconds"]
@@ -111,7 +116,9 @@ def full_build(ws: Workspace, kind: str, ids: np.ndarray, vectors: np.ndarray, c
     return {"path": str(path.relative_to(ws.root)), **{key: faiss_index[key] for key in ("type", "reason", "recall_at_10", "search_setting")},
             "dim": int(vectors.shape[1]), "update": "full", "update_reason": update_reason, "base_vectors": int(len(ids)),
             "delta_path": None, "delta_vectors": 0, "deleted_in_base": 0, "build_seconds": build_seconds,
-            "lexical_path": str(lexical_dir.relative_to(ws.root)), "lexical_seconds": lexical_seconds}
+            "lexical_path": str(lexical_dir.relative_to(ws.root)), "lexical_seconds": lexical_seconds,
+            "analyzer": {**analyzer.to_json(), "chosen_by": "detected" if mix else "--language",
+                         "languages_detected": mix.shares if mix else None}}
 
 
 def build_faiss(kind: str, ids: np.ndarray, vectors: np.ndarray, why: str) -> dict:

@@ -2,9 +2,11 @@
 
 Whether dense, lexical or hybrid search ranks best depends on the collection and the model, and a
 user's documents come without relevance judgements. So `pipeline index` measures it: in a sample of
-the documents adaptation held out from training (common/heldout.py), one sentence is taken out to be
-the query and its document, without that sentence, is the one relevant answer (the inverse cloze
-task). Both retrievers search the stored collection with those documents replaced by their shortened
+the documents adaptation held out from training (common/heldout.py), one sentence (a span, in text
+without sentences; the title, in a text too short for either) is taken out to be the query and its
+document, without that sentence, is the one relevant answer (the inverse cloze task). Sentences are
+found by the rules of the language the BM25 index was built for. A collection whose held-out documents
+give no pair is measured on pairs of all its documents, so any collection with text is measured. Both retrievers search the stored collection with those documents replaced by their shortened
 text, so neither can match the query verbatim. The mode with the best nDCG@10 becomes the workspace's
 default; `pipeline eval --set-default` on judged queries overrides it.
 
@@ -16,6 +18,7 @@ difference) of the best is on the plateau, and the median of those weights is ch
 """
 from __future__ import annotations
 
+import collections
 import math
 import random
 
@@ -46,28 +49,36 @@ def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
     added: dense by exact scores, BM25 as an update of the index `pipeline index` just built in full (its
     base segment and a delta: common/indexes.py; statistics of that collection, as a full build's)."""
     rng = random.Random(seed)
+    index_entry = ws.require("index", "run `pipeline index` first")
+    language = index_entry.get("analyzer", {}).get("language", "en")
     with Store(ws.db_path, read_only=True) as store:
         documents = store.document_texts()
-        held = [d for d in documents if is_held_out(d[0])] or documents
         pairs = {}  # doc_id -> (query, shortened text)
-        for doc_id, _, text in rng.sample(held, len(held)):
-            pair = held_out_pair(text or "", rng)
-            if pair is not None:
-                pairs[doc_id] = pair
-            if len(pairs) == MAX_PAIRS:
+        kinds = collections.Counter()
+        for sample in ([d for d in documents if is_held_out(d[0])], documents):  # all of them if the held-out give none
+            for doc_id, title, text in rng.sample(sample, len(sample)):
+                pair = held_out_pair(title or "", text or "", rng, language)
+                if pair is not None:
+                    pairs[doc_id] = pair
+                    kinds[pair[2]] += 1
+                if len(pairs) == MAX_PAIRS:
+                    break
+            if pairs:
                 break
         if not pairs:
             return {}
         chunk_ids, vectors = store.load_vectors()
         chunk_docs = [doc_id for _, doc_id in store.chunk_documents()]  # both in chunk id order
+    # A measured document keeps its title unless the title is the query.
     titles = {d[0]: d[1] or "" for d in documents}
+    titles.update({doc_id: "" for doc_id, (_, _, kind) in pairs.items() if kind == "title"})
     doc_ids = list(pairs)
     queries = [pairs[d][0] for d in doc_ids]
     # The collection, in chunk id order: every other document's chunks, then each measured document as one
     # shortened text (embedded here), numbered after the stored chunks.
     kept = np.array([d not in pairs for d in chunk_docs])
     shortened_ids = int(chunk_ids[-1]) + 1 + np.arange(len(doc_ids), dtype=np.int64)
-    lexical = LexicalIndex.with_delta(Segment.load(base_segment_dir(ws, ws.require("index", "run `pipeline index` first"))),
+    lexical = LexicalIndex.with_delta(Segment.load(base_segment_dir(ws, index_entry)),
                                       [(i, titles[d], pairs[d][1]) for i, d in zip(shortened_ids.tolist(), doc_ids)],
                                       np.concatenate([chunk_ids[kept], shortened_ids]))
     shortened_vectors = encode(model, [embedding_text(titles[d], pairs[d][1]) for d in doc_ids])
@@ -106,7 +117,7 @@ def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
     hybrid = {w: ndcg_at_10([fuse(d, l, w) for d, l in zip(dense_rankings, lexical_rankings)]) for w in HYBRID_WEIGHTS}
     weight = plateau_weight(hybrid)
     measured = {"lexical": ndcg_at_10(lexical_rankings).mean(), "dense": ndcg_at_10(dense_rankings).mean(), "hybrid": hybrid[weight].mean()}
-    return {"pairs": len(pairs), "collection_documents": len(set(collection_ids)), "dense_weight": weight,
+    return {"pairs": len(pairs), "pair_kinds": dict(kinds), "collection_documents": len(set(collection_ids)), "dense_weight": weight,
             "ndcg@10": {mode: float(v) for mode, v in measured.items()},
             "hybrid_ndcg@10": {str(w): float(g.mean()) for w, g in hybrid.items()}}
 
@@ -132,15 +143,17 @@ def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> dict
         return None
     result = measure_modes(ws, model)
     if not result:
-        info("default search mode: lexical (no document has a sentence to measure search on)")
+        info("default search mode: lexical (no document has enough text to measure search on)")
         return None
     best_weight, scores = result["dense_weight"], result["ndcg@10"]
     mode, inconclusive = best_mode(scores)
     section = {"default_mode": mode, "dense_weight": best_weight, "embedder_fingerprint": embedder_fingerprint,
                "chosen_by": CHOSEN_BY, "ndcg@10": scores, "hybrid_ndcg@10": result["hybrid_ndcg@10"],
-               "pairs": result["pairs"], "collection_documents": result["collection_documents"], "inconclusive": inconclusive}
+               "pairs": result["pairs"], "pair_kinds": result["pair_kinds"], "collection_documents": result["collection_documents"],
+               "inconclusive": inconclusive}
     ws.update_manifest("search", section)
-    measured = (f"nDCG@10 on {result['pairs']} held-out corpus pairs: lexical {scores['lexical']:.3f}, "
+    kinds = ", ".join(f"{n} {kind}" for kind, n in result["pair_kinds"].items())
+    measured = (f"nDCG@10 on {result['pairs']} held-out corpus pairs ({kinds}): lexical {scores['lexical']:.3f}, "
                 f"dense {scores['dense']:.3f}, hybrid {scores['hybrid']:.3f} at dense weight {best_weight}")
     if inconclusive:
         info(f"default search mode: lexical, as the measurement was inconclusive ({measured}: the held-out documents are "

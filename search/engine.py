@@ -37,7 +37,7 @@ from common.errors import PipelineError
 from common.filters import DocumentFilter, DocumentFilters
 from common.indexes import load_index
 from common.ingest import chunk_and_embed
-from common.lexical import LexicalIndex
+from common.lexical import Analyzer, LexicalIndex
 from common.models import encode, is_static, load_embedder, text_tokenizer, token_limit, truncate_to_model
 from common.readers import Document
 from common.store import ChunkRow, Corpus, Store, stale_index_message
@@ -369,7 +369,7 @@ class SearchEngine:
             n = min(total, n * 4)
 
     def hits(self, query: str, ranking: Ranking) -> list[Hit]:
-        corpus, terms = self.corpus, snippet_terms(query)
+        corpus, terms = self.corpus, snippet_terms(query, self.lexical.analyzer if self.lexical is not None else Analyzer())
         hits = []
         for rank, (doc, chunk, score) in enumerate(zip(ranking.docs.tolist(), ranking.chunks.tolist(), ranking.scores.tolist()), start=1):
             text, marks = make_snippet(corpus.chunk_texts[chunk], terms, bool(corpus.chunk_starts_mid_text[chunk]))

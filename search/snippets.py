@@ -1,9 +1,9 @@
 """The snippet shown with a hit: the passage of its best chunk that best matches the query, and where the
 query's terms are in it.
 
-Terms are matched as BM25 matches them (common/lexical.py: lower-cased words of two or more letters, no
-stop words, Snowball stems), so "tumours" in a query marks "tumour" and "Tumours" in the text, whatever
-the mode that found the hit. The passage is the window of at most `limit` characters, starting at a word,
+Terms are matched as BM25 matches them (common/lexical.py's Analyzer of the index: lower-cased words of
+two or more letters, no stop words, the language's Snowball stems; CJK bigrams), so "tumours" in a query
+marks "tumour" and "Tumours" in the text, whatever the mode that found the hit. The passage is the window of at most `limit` characters, starting at a word,
 holding the most distinct query terms (then the most matches, then the earliest); with no term in the
 chunk, its beginning. Offsets are character offsets into the snippet text: [start, end) pairs.
 """
@@ -13,19 +13,20 @@ import functools
 import re
 from dataclasses import dataclass
 
-from common.lexical import query_terms, stem_words
+from common.language import has_cjk
+from common.lexical import Analyzer
 
 LIMIT = 240
 
 
-_STEMS: dict[str, str] = {}  # lower-cased word -> its stem; grows to the corpus's vocabulary at most
+_STEMS: dict[tuple[str, str], str] = {}  # (language, lower-cased word) -> its stem; grows to the corpus's vocabulary at most
 
 
-def _stem(lowered: str) -> str:
+def _stem(analyzer: Analyzer, lowered: str) -> str:
     """The stem of a lower-cased word."""
-    stem = _STEMS.get(lowered)
+    stem = _STEMS.get((analyzer.language, lowered))
     if stem is None:
-        stem = _STEMS[lowered] = stem_words([lowered])[0]
+        stem = _STEMS[analyzer.language, lowered] = analyzer.stem_words([lowered])[0]
     return stem
 
 
@@ -36,11 +37,27 @@ class QueryTerms:
     density -> densiti), so only the few words of a chunk that start with a prefix are stemmed."""
     stems: frozenset[str]
     prefixes: tuple[str, ...]
+    cjk: tuple[str, ...]  # CJK bigrams: matched where they are, inside a run of characters without spaces
+    analyzer: Analyzer
 
 
-def snippet_terms(query: str) -> QueryTerms:
-    stems = frozenset(query_terms(query))
-    return QueryTerms(stems, tuple(sorted({stem[:-1] if len(stem) > 2 else stem for stem in stems})))
+def snippet_terms(query: str, analyzer: Analyzer = Analyzer()) -> QueryTerms:
+    stems = frozenset(analyzer.query_terms(query))
+    words = {stem for stem in stems if not has_cjk(stem)}
+    return QueryTerms(stems, tuple(sorted({stem[:-1] if len(stem) > 2 else stem for stem in words})),
+                      tuple(sorted(stems - words)), analyzer)
+
+
+def _cjk_matches(text: str, bigrams: tuple[str, ...]) -> list[tuple[int, int, str]]:
+    """(start, end, bigram) of each place a query's CJK bigram is in the text."""
+    lowered = text.lower()
+    found = []
+    for bigram in bigrams:
+        at = lowered.find(bigram)
+        while at >= 0:
+            found.append((at, at + len(bigram), bigram))
+            at = lowered.find(bigram, at + 1)
+    return found
 
 
 _WORD_REST = re.compile(r"\w*")
@@ -81,9 +98,11 @@ def make_snippet(text: str, terms: QueryTerms, starts_mid_text: bool = False, li
     matched = []  # (start, end, stem) of each word that is a query term
     if terms.prefixes:
         for start, end, word in _candidate_words(text, terms.prefixes):
-            stem = _stem(word)
+            stem = _stem(terms.analyzer, word)
             if stem in terms.stems and end - start >= 2:
                 matched.append((start, end, stem))
+    if terms.cjk and len(text) == len(text.lower()):
+        matched = sorted(matched + _cjk_matches(text, terms.cjk))
     if matched:
         start = _best_window_start(text, matched, limit)
     else:
@@ -94,7 +113,13 @@ def make_snippet(text: str, terms: QueryTerms, starts_mid_text: bool = False, li
     prefix = "… " if start > 0 else ""
     suffix = " …" if end < len(text) else ""
     shift = len(prefix) - start
-    marks = [(s + shift, e + shift) for s, e, _ in matched if start <= s and e <= end]
+    marks: list[tuple[int, int]] = []
+    for s, e, _ in matched:
+        if start <= s and e <= end:
+            if marks and s + shift <= marks[-1][1]:  # overlapping CJK bigrams mark one run
+                marks[-1] = (marks[-1][0], max(marks[-1][1], e + shift))
+            else:
+                marks.append((s + shift, e + shift))
     return prefix + text[start:end] + suffix, marks
 
 

@@ -46,11 +46,26 @@ def test_bm25_tokens_are_bm25s_tokens(corpus_file):
     indexes written with bm25s's tokenizer stay valid."""
     import bm25s
 
-    from common.lexical import _stemmer, tokenize
+    import Stemmer
+
+    from common.lexical import Analyzer
 
     texts = [f"{row['title']}\n{row['text']}" for row in corpus_rows(corpus_file)]
-    texts += ["naïve café 東京 it's x_y __ a1 1a ½ ²³ THE The the", "a b cc ddd e-f g_h", ""]
-    assert tokenize(texts) == bm25s.tokenize(texts, stopwords="en", stemmer=_stemmer, return_ids=False, show_progress=False)
+    texts += ["naïve café it's x_y __ a1 1a ½ ²³ THE The the", "a b cc ddd e-f g_h", ""]
+    english = Stemmer.Stemmer("english")
+    assert Analyzer("en").tokenize(texts) == bm25s.tokenize(texts, stopwords="en", stemmer=english, return_ids=False, show_progress=False)
+
+
+def test_bm25_analyzes_by_language_and_cjk_by_bigrams():
+    from common.lexical import Analyzer, choose_analyzer
+
+    assert Analyzer("ru").tokenize(["Яблоки падают на землю."]) == [["яблок", "пада", "земл"]]  # "на": a stop word
+    assert Analyzer("ja").tokenize(["東京都に住む ＡＢＣ"]) == [["東京", "京都", "都に", "に住", "住む", "abc"]]
+    assert Analyzer("en").tokenize(["東 the runs"]) == [["東", "run"]]  # a CJK character alone is a token too
+    assert choose_analyzer(["Это русский текст о яблоках и грушах, который растёт."] * 5)[0] == Analyzer("ru")
+    assert choose_analyzer(["anything"], "none")[0].tokenize(["The running"]) == [["the", "running"]]
+    with pytest.raises(PipelineError, match="--language: 'english' is not"):
+        choose_analyzer([], "english")
 
 
 def test_lexical_search_finds_a_document_by_its_title_words(engine, corpus_file):

@@ -1,4 +1,5 @@
 """`pipeline tune`: pairs from the corpus, contrastive training, and the tuned model becoming embed's default."""
+import collections
 import json
 import random
 import shutil
@@ -11,33 +12,76 @@ from common.models import encode, load_embedder
 from common.readers import Document, read_documents
 from common.workspace import Workspace
 from conftest import run_cli, scifact_slice
-from common.heldout import sentences
-from embed.tune import DistinctDocumentsBatchSampler, TuneSettings, adaptation_steps, batch_keys, document_text, hard_negatives, make_pairs, pair_for, read_labelled_pairs
+from common.language import sentences
+from common.lexical import Analyzer
+from embed.tune import (MAX_PAIR_REPEATS, DistinctDocumentsBatchSampler, TuneSettings, adaptation_steps, batch_keys, document_text,
+                        hard_negatives, make_pairs, pair_for, pair_sources, read_labelled_pairs)
 
 ABSTRACT = ("Vitamin D is made in the skin. Sunlight drives its synthesis. Older people make less of it. "
             "Supplements raise blood levels. Bone density depends on it. Deficiency is common in winter.")
 
 
+def source(doc: Document, language: str = "en"):
+    return pair_sources([doc], language)[0]
+
+
 def test_pairs_the_corpus_provides():
-    doc = Document("d1", "Vitamin D and bone", "src", ABSTRACT)
-    assert len(sentences(ABSTRACT)) == 6
-    assert pair_for(doc, "title", random.Random(0), 1000) == ("Vitamin D and bone", ABSTRACT)
+    doc = source(Document("d1", "Vitamin D and bone", "src", ABSTRACT))
+    parts = sentences(ABSTRACT)
+    assert len(parts) == 6 and doc.parts == parts and doc.unit == "sentences"
+    titles = {pair_for(doc, "title", random.Random(seed), 1000) for seed in range(40)}
+    assert ("Vitamin D and bone", ABSTRACT) in titles and len(titles) > 5  # the whole text, or windows of it
+    assert all(anchor == "Vitamin D and bone" and positive in ABSTRACT for anchor, positive in titles)
     for seed in range(20):
         anchor, positive = pair_for(doc, "ict", random.Random(seed), 1000)
-        assert anchor in sentences(ABSTRACT) and positive.startswith("Vitamin D and bone\n")
+        assert anchor in parts and positive.startswith("Vitamin D and bone\n")
     removed = sum(pair_for(doc, "ict", random.Random(s), 1000)[0] not in pair_for(doc, "ict", random.Random(s), 1000)[1]
                   for s in range(200))
     assert 150 < removed < 200  # the anchor sentence is taken out of its context about 90% of the time
     first, second = pair_for(doc, "neighbours", random.Random(1), 1000)
     assert ABSTRACT.index(first) < ABSTRACT.index(second)
     assert pair_for(doc, "dropout", random.Random(0), 1000)[0] == pair_for(doc, "dropout", random.Random(0), 1000)[1]
-    assert pair_for(Document("d2", "", "src", "One sentence only."), "title", random.Random(0), 1000) is None
-    assert pair_for(Document("d2", "", "src", "One sentence only."), "ict", random.Random(0), 1000) is None
+    short = source(Document("d2", "", "src", "One sentence only."))
+    assert pair_for(short, "title", random.Random(0), 1000) is None and pair_for(short, "ict", random.Random(0), 1000) is None
+
+
+def test_sentences_in_lower_case_and_other_scripts_and_spans_where_there_are_none():
+    lower = "the boundary layer was measured at mach 2. results show that the flow separates early. this is new."
+    assert len(source(Document("a", "", "s", lower)).parts) == 3
+    russian = "Это первое предложение текста. Ёлки растут в лесу! Яблоко упало на землю."
+    assert source(Document("b", "", "s", russian), "ru").parts == ["Это первое предложение текста.", "Ёлки растут в лесу!", "Яблоко упало на землю."]
+    japanese = "東京は日本の首都である。人口は約千四百万人である。経済の中心でもある。"
+    assert len(source(Document("c", "", "s", japanese), "ja").parts) == 3
+    # One long sentence: spans of about 16 words, so it still gives ict pairs
+    one = source(Document("d", "", "s", " ".join(f"word{i}" for i in range(60))))
+    assert one.unit == "spans" and len(one.parts) == 4 and pair_for(one, "ict", random.Random(0), 1000) is not None
+
+
+def test_a_title_repeating_the_text_is_taken_off_its_positive_and_a_shared_title_is_not_used():
+    text = "flow over a flat plate at high speed. the boundary layer thickens. heat transfer rises with it. we measured it."
+    repeated = source(Document("a", "Flow over a flat plate at high speed", "s", text))
+    anchor, positive = pair_for(repeated, "title", random.Random(0), 1000)
+    assert anchor == "Flow over a flat plate at high speed" and not positive.lower().startswith("flow over")
+    shared = pair_sources([Document(str(i), "Tokyo", "s", ABSTRACT) for i in range(3)], "en")
+    assert all(pair_for(s, "title", random.Random(0), 1000) is None for s in shared)
+
+
+def test_no_pair_is_repeated_more_than_a_few_times_and_a_poor_corpus_gives_fewer_pairs():
+    docs = [Document(str(i), f"Title number {i}", "s", f"Only one sentence in document {i} with some words.") for i in range(30)]
+    pairs, report = make_pairs(docs, TuneSettings(steps=100, batch_size=32), [])
+    assert len(pairs) < 100 * 32  # the corpus cannot give that many distinct pairs
+    assert max(collections.Counter((a, p) for a, p, _ in pairs).values()) <= MAX_PAIR_REPEATS
+    assert report["distinct_pairs"] == len({(a, p) for a, p, _ in pairs}) and report["pairs"]["title"] > 0
+    # Nothing of the kinds asked for: dropout pairs, said so, rather than a failure
+    untitled = [Document(str(i), "", "s", f"tiny text {i}") for i in range(30)]
+    pairs, report = make_pairs(untitled, TuneSettings(steps=10, batch_size=8, pair_kinds=("title", "ict")), [])
+    assert pairs and report["fallback"] and set(report["pairs"]) == {"dropout"}
 
 
 def test_make_pairs_covers_the_steps_one_pair_per_document_per_round(corpus_file):
     docs = list(read_documents([corpus_file]))
-    pairs, counts = make_pairs(docs, TuneSettings(steps=10, batch_size=32), [("a query", "its document")])
+    pairs, report = make_pairs(docs, TuneSettings(steps=10, batch_size=32), [("a query", "its document")])
+    counts = report["pairs"]
     assert len(pairs) >= 320 and counts["title"] > 0 and counts["ict"] > 0
     rounds = -(-320 // (len(docs) + 1))
     assert counts["labelled"] == rounds and sum(counts.values()) == len(pairs)
@@ -46,8 +90,7 @@ def test_make_pairs_covers_the_steps_one_pair_per_document_per_round(corpus_file
 
 
 def test_hard_negatives_share_the_anchors_words_and_are_never_its_own_document(corpus_file):
-    from common.lexical import tokenize
-
+    tokenize = Analyzer("en").tokenize
     docs = list(read_documents([corpus_file]))
     settings = TuneSettings(steps=4, batch_size=32)
     pairs, _ = make_pairs(docs, settings, [])
@@ -61,14 +104,16 @@ def test_hard_negatives_share_the_anchors_words_and_are_never_its_own_document(c
 
 def test_a_batch_holds_each_document_once(corpus_file):
     """No pair in a batch comes from another's document or from another's hard negative (they would be
-    negatives of their own document), and batches are full but the epoch's last."""
+    negatives of their own document), and batches are full but a few (never under half full)."""
     docs = list(read_documents([corpus_file]))
     settings = TuneSettings(steps=20, batch_size=len(docs) // 3)
     pairs, _ = make_pairs(docs, settings, [])
     negatives = hard_negatives(docs, pairs, settings)
     sampler = DistinctDocumentsBatchSampler(batch_keys(pairs, negatives), settings.batch_size, seed=0)
     batches = list(sampler)
-    assert len(batches) >= 0.9 * len(sampler) and all(len(b) == settings.batch_size for b in batches[:-1])
+    assert len(batches) == len(sampler)  # the trainer is told how many batches the epoch has
+    assert all(len(b) >= settings.batch_size // 2 for b in batches)
+    assert sum(len(b) == settings.batch_size for b in batches) >= 0.8 * len(batches)
     for batch in batches:
         documents = [d for i in batch for d in (pairs[i][2], negatives[i])]
         assert len(set(documents)) == len(documents)

@@ -1,0 +1,116 @@
+"""What language a collection is in, and its text cut into sentences or spans, for any language or script.
+
+Three stages read text this way: `pipeline tune` makes training pairs from sentences, `pipeline index`
+chooses the BM25 analyzer by language and measures the search modes on held-out sentences, and search
+tokenizes queries as the index did. Each detects the language from the same documents with the same
+function, so they agree without talking to each other.
+
+- Language: py3langid (langid.py's model, 97 languages) on an evenly spread sample of the documents; the
+  collection's language is the most common one, and the shares of the others are reported.
+- Sentences: sentencex (Wikimedia's rule-based segmenter, ~300 languages, abbreviations per language),
+  which finds sentences in lower-case text, in text whose sentences start with "É" or "Я", and in Chinese
+  and Japanese ("。" with no space after it), where a pattern of "[.!?], a space, a capital" finds none.
+- Spans: a text with too few sentences (one long sentence, a list, a title and a line) is cut into spans
+  of about SPAN_WORDS words instead, so it still gives pairs and held-out queries. Scripts written
+  without spaces (Chinese, Japanese, Thai) are counted in characters: CJK_CHARS_PER_WORD make a word.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import re
+from dataclasses import dataclass
+
+LANGUAGE_SAMPLE = 300  # documents the language is detected on
+DETECT_CHARS = 1_000  # characters of each sampled document
+SPAN_WORDS = 16  # a span's length when a text has too few sentences
+CJK_CHARS_PER_WORD = 2  # Chinese and Japanese words are mostly one to three characters
+
+# Han, Hiragana, Katakana (with its long-vowel mark) and Hangul: the scripts Lucene's CJK analyzer bigrams.
+CJK_RANGES = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af\uff66-\uff9f"
+_CJK_CHAR = re.compile(f"[{CJK_RANGES}]")
+_NON_CJK_WORD = re.compile(f"[^\\W{CJK_RANGES}]+")
+
+
+@dataclass(frozen=True)
+class LanguageMix:
+    """The collection's language (ISO 639-1, as langid reports it) and the share of each language found
+    in the sample, most common first."""
+    language: str
+    shares: dict[str, float]
+
+    def describe(self) -> str:
+        return ", ".join(f"{code} {share:.0%}" for code, share in list(self.shares.items())[:3])
+
+
+def detect_languages(texts: list[str]) -> LanguageMix:
+    """The languages of an evenly spread sample of the texts (empty ones skipped): English if none has text."""
+    texts = [t for t in texts if t and t.strip()]
+    if not texts:
+        return LanguageMix("en", {"en": 1.0})
+    step = max(1, len(texts) // LANGUAGE_SAMPLE)
+    sample = texts[::step][:LANGUAGE_SAMPLE]
+    identify = _identifier()
+    counts = collections.Counter(identify(text[:DETECT_CHARS])[0] for text in sample)
+    shares = {code: n / len(sample) for code, n in counts.most_common()}
+    return LanguageMix(next(iter(shares)), shares)
+
+
+@functools.lru_cache(maxsize=1)
+def _identifier():
+    import py3langid  # loads its model (~0.2 s): only where a language is detected
+
+    return py3langid.classify
+
+
+def sentences(text: str, language: str = "en") -> list[str]:
+    """The text's sentences, whitespace made single spaces, by the language's rules."""
+    from sentencex import segment
+
+    text = " ".join(text.split())
+    return [s.strip() for s in segment(language, text) if s.strip()]
+
+
+def word_count(text: str) -> int:
+    """Words of a text, counting CJK_CHARS_PER_WORD characters of Chinese or Japanese as one."""
+    cjk = len(_CJK_CHAR.findall(text))
+    if not cjk:
+        return len(text.split())
+    return len(_NON_CJK_WORD.findall(text)) + cjk // CJK_CHARS_PER_WORD
+
+
+def spans(text: str, words: int = SPAN_WORDS) -> list[str]:
+    """The text cut into consecutive spans of about `words` words (of characters, in a script without spaces)."""
+    text = " ".join(text.split())
+    tokens = text.split(" ")
+    if len(tokens) * 3 >= word_count(text):  # spaced text: cut between words
+        return [" ".join(tokens[i:i + words]) for i in range(0, len(tokens), words)]
+    size = words * CJK_CHARS_PER_WORD
+    return [text[i:i + size].strip() for i in range(0, len(text), size) if text[i:i + size].strip()]
+
+
+def passages(text: str, language: str = "en", minimum: int = 3, span_words: int = SPAN_WORDS) -> tuple[list[str], str]:
+    """(parts, "sentences" or "spans"): the text's sentences when it has at least `minimum` and none is
+    more than three spans long, else its spans of `span_words` words."""
+    parts = sentences(text, language)
+    if len(parts) >= minimum and max(map(word_count, parts)) <= 3 * SPAN_WORDS:
+        return parts, "sentences"
+    return spans(text, span_words), "spans"
+
+
+def has_cjk(text: str) -> bool:
+    return _CJK_CHAR.search(text) is not None
+
+
+def cjk_tokens(lowered: str) -> list[str]:
+    """Words of two or more characters and, for each run of CJK characters, its overlapping bigrams (a run
+    of one character is itself), in text order: Lucene's CJK analyzer's tokens, as the BM25 index needs them
+    where no space separates words."""
+    tokens = []
+    for match in re.finditer(f"[{CJK_RANGES}]+|[^\\W{CJK_RANGES}]{{2,}}", lowered):
+        run = match.group()
+        if _CJK_CHAR.match(run):
+            tokens.extend([run] if len(run) == 1 else [run[i:i + 2] for i in range(len(run) - 1)])
+        else:
+            tokens.append(run)
+    return tokens
