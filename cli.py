@@ -77,7 +77,7 @@ PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "z
 IndexType = Literal["auto", "flat", "hnsw", "ivf", "ivfpq"]
 SearchMode = Literal["dense", "lexical", "hybrid"]
 EvalMode = Literal["dense", "lexical", "hybrid", "all"]
-Architecture = Literal["static", "transformer"]
+Architecture = Literal["auto", "static", "transformer"]
 Pooling = Literal["mean", "weightedmean", "lasttoken"]
 PAIR_KINDS = ("title", "ict", "neighbours", "dropout")
 
@@ -233,13 +233,15 @@ def pretrain(
     ws = Workspace(workspace)
     summary = run_pretrain(ws, settings)
     if adapt and node_rank == 0:  # the other nodes only trained
+        from embed.choose import adapt
         from embed.run import source_documents
-        from embed.tune import TuneSettings, adaptation_steps, run_tune
+        from embed.tune import TuneSettings, adaptation_steps
         from pretrain.sizing import parse_duration
 
         info("adapting the pretrained model to retrieval on the same documents (--no-adapt skips this)")
-        tune_settings = TuneSettings(steps=adaptation_steps(parse_duration(settings.time_budget)))
-        summary["adaptation"] = run_tune(ws, list(source_documents(ws, settings.data, text_field)), tune_settings)
+        budget = parse_duration(settings.time_budget)
+        summary["adaptation"] = adapt(ws, list(source_documents(ws, settings.data, text_field)), budget,
+                                      TuneSettings(steps=adaptation_steps(budget)))
     if json_output:
         out.print_json(json.dumps(summary))
 
@@ -440,7 +442,8 @@ def tune(
                                             help="Pairs the corpus gives, comma-separated kinds: title, ict, neighbours, dropout.")] = "title,ict,neighbours",
     hard_negatives: Annotated[bool, typer.Option("--hard-negatives/--no-hard-negatives", help="Give each pair a negative mined with BM25 (a document sharing the anchor's words that is not its own).")] = True,
     pairs: Annotated[Optional[Path], typer.Option(help="Labelled pairs, JSON lines: {\"query\": ..., \"document\": text} or {\"query\": ..., \"doc_id\": ...}.")] = None,
-    architecture: Annotated[Architecture, typer.Option(help="static (the GPT-2's token embeddings, mean of a text's tokens; fast, best on CPU) or transformer (the whole GPT-2 plus pooling).")] = "static",
+    architecture: Annotated[Architecture, typer.Option(help="static (the GPT-2's token embeddings, mean of a text's tokens; fast, best on CPU), transformer (the whole GPT-2 plus pooling), or auto: static, and the transformer too if its steps fit --time-budget here, the better on held-out documents kept.")] = "auto",
+    time_budget: Annotated[str, typer.Option(metavar="DURATION", help="With --architecture auto: the time the transformer's tuning may take (e.g. 90s, 15m, 1h).")] = "12m",
     pooling: Annotated[Pooling, typer.Option(help="With --architecture transformer: mean, weightedmean (position-weighted, SGPT) or lasttoken.")] = "mean",
     dimensions: Annotated[int, typer.Option(help="With --architecture static: the width of its token vectors (the pretrained model's, then random ones).")] = 1024,
     steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 500,
@@ -453,18 +456,21 @@ def tune(
 ):
     """Contrastive tuning of the pretrained model into a sentence embedder, from your unlabelled documents.
 
-    Pairs the corpus provides (title <-> text, a sentence <-> its passage, neighbouring spans, dropout
-    views) are trained with in-batch negatives and a BM25-mined hard negative each
-    (MultipleNegativesRankingLoss). The default embedder is static: a table of token vectors, the
-    pretrained model's token embeddings widened with random columns to --dimensions, a text being the
-    mean of its tokens' vectors (it measured far better than the tuned transformer for small models
-    trained on a CPU). The result goes
-    to the workspace's tuned/ directory; `pipeline embed` uses it from then on.
+    Pairs the corpus provides (title <-> text, a sentence <-> its passage, neighbouring parts, dropout
+    views; sentences found in any language, spans where a text has none; no pair more than 3 times) are
+    trained with in-batch negatives and a BM25-mined hard negative each (MultipleNegativesRankingLoss).
+    The static embedder is a table of token vectors, the pretrained model's token embeddings widened
+    with random columns to --dimensions, a text being the mean of its tokens' vectors (it measured far
+    better than the tuned transformer for small models trained on a CPU). With --architecture auto (the
+    default) the transformer is tuned too when a measured step says it fits --time-budget, and the
+    better of the two on held-out documents is kept. The result goes to the workspace's tuned/
+    directory; `pipeline embed` uses it from then on.
 
     Examples:
 
     \b
-        pipeline tune                                    # the documents pretraining used
+        pipeline tune                                    # the documents pretraining used; static or transformer, measured
+        pipeline tune --architecture static --steps 200  # the static embedder only
         pipeline tune --architecture transformer --data docs/ --steps 1000 --pooling weightedmean
         pipeline tune --pairs labelled.jsonl --batch-size 256 --mini-batch 32
         pipeline tune && pipeline embed && pipeline index
@@ -476,8 +482,20 @@ def tune(
     settings = TuneSettings(architecture=architecture, pooling=pooling, dimensions=dimensions, pair_kinds=tuple(k.strip() for k in pairs_from.split(",") if k.strip()),
                             pairs_file=pairs, hard_negatives=hard_negatives, steps=steps, batch_size=batch_size, mini_batch=mini_batch, lr=lr,
                             max_seq_length=max_seq_length, seed=seed)
-    docs = list(source_documents(ws, list(data or []), text_field))
-    summary = run_tune(ws, docs, settings)
+    if architecture == "auto":
+        from dataclasses import replace
+
+        from embed.choose import adapt
+        from pretrain.sizing import parse_duration
+
+        try:
+            budget = parse_duration(time_budget)
+        except ValueError as e:
+            raise PipelineError(f"--time-budget: {e}") from None
+        docs = list(source_documents(ws, list(data or []), text_field))
+        summary = adapt(ws, docs, budget, replace(settings, architecture="static", pooling="mean"), transformer_pooling=pooling)
+    else:
+        summary = run_tune(ws, list(source_documents(ws, list(data or []), text_field)), settings)
     if json_output:
         out.print_json(json.dumps(summary))
 

@@ -1,4 +1,5 @@
-"""Search quality on BEIR SciFact (5,183 documents, 300 test queries): the pipeline's own chain at defaults.
+"""Search quality on a BEIR-format collection (SciFact by default: 5,183 documents, 300 test queries): the
+pipeline's own chain at defaults.
 
 Every number comes from the pipeline's own commands on workspaces they make, with no judged queries used
 to choose anything (the default mode is chosen by `pipeline index` on held-out corpus pairs):
@@ -19,8 +20,15 @@ to choose anything (the default mode is chosen by `pipeline index` on held-out c
 
 Wall time of each stage is recorded. Workspaces are kept in --workdir and reused when already complete.
 
-    python benchmarks/bench_search_quality.py [--workdir DIR] [--time-budget 12m] [--curve 0,500,1000,2000]
-                                              [--model DIR] [--requests N] [--adaptation transformer --tune-steps N]
+    python benchmarks/bench_search_quality.py [--data BEIR_DIR] [--split test] [--workdir DIR] [--time-budget 12m]
+                                              [--curve 0,500,1000,2000] [--model DIR] [--requests N]
+                                              [--adaptation transformer --tune-steps N]
+
+--data takes any BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv); benchmarks/collections/ holds
+three of other kinds (lower-case English, Russian, Japanese), with reference BM25 scores of the analyzer
+each language needs (reference_bm25.json), which the run's lexical row is compared with. The JSON also
+records what the chain chose: the BM25 analyzer and languages detected, how documents were cut for the
+training pairs and the held-out pairs, the pair mix, and the default mode.
 
 Results (2 CPU cores): see the closing notes of the search-quality issue; benchmarks/results/ is not committed.
 """
@@ -34,15 +42,13 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks_common import REPO, SCIFACT, pipeline, running_server, write_result  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 
-CORPUS = SCIFACT / "corpus.jsonl"
-QUERIES = SCIFACT / "queries.jsonl"
-TEST = SCIFACT / "qrels" / "test.tsv"
 REFERENCES = {"our BM25 (earlier run)": 0.689, "all-MiniLM-L6-v2 dense / hybrid / its lexical (earlier run)": [0.662, 0.728, 0.679],
               "best published static embedding model": 0.594, "unsupervised Contriever": 0.649}
 
@@ -62,29 +68,57 @@ def manifest(ws: Path) -> dict:
     return json.loads((ws / "manifest.json").read_text())
 
 
+@dataclass(frozen=True)
+class Collection:
+    """A BEIR folder and the split of its qrels that is measured."""
+    root: Path
+    split: str = "test"
+
+    @property
+    def corpus(self) -> Path:
+        return self.root / "corpus.jsonl"
+
+    @property
+    def queries(self) -> Path:
+        return self.root / "queries.jsonl"
+
+    @property
+    def qrels(self) -> Path:
+        return self.root / "qrels" / f"{self.split}.tsv"
+
+    def reference_bm25(self) -> dict | None:
+        """The hand-built BM25 of the right analyzer for this collection, if benchmarks/collections has one."""
+        path = self.root.parent / "reference_bm25.json"
+        entry = json.loads(path.read_text()).get(self.root.name) if path.exists() else None
+        return {"analyzer": entry["analyzer"], "ndcg@10": entry[self.split]} if entry and self.split in entry else None
+
+
+DATA = Collection(SCIFACT.resolve())
+
+
 def chain(ws: Path, pretrain_args: list[str], model: Path | None = None, tune_args: list[str] | None = None) -> dict:
     """pretrain (unless an external model is given; adapted by `pipeline tune TUNE_ARGS` instead of the
     chained adaptation when given) -> embed -> index, each timed; skipped when already done."""
     seconds = {}
     if model is None and "index" not in (manifest(ws) if (ws / "manifest.json").exists() else {}):
-        pretrain = ["pretrain", "-w", str(ws), "--data", str(CORPUS), *pretrain_args]
+        pretrain = ["pretrain", "-w", str(ws), "--data", str(DATA.corpus), *pretrain_args]
         if tune_args is None:
             seconds["pretrain_and_adapt_s"] = timed(f"pretrain {ws.name}", *pretrain)
         else:
             seconds["pretrain_s"] = timed(f"pretrain {ws.name}", *pretrain, "--no-adapt")
-            seconds["adapt_s"] = timed(f"tune {ws.name}", "tune", "-w", str(ws), "--data", str(CORPUS), *tune_args)
+            seconds["adapt_s"] = timed(f"tune {ws.name}", "tune", "-w", str(ws), "--data", str(DATA.corpus), *tune_args)
     if "index" not in (manifest(ws) if (ws / "manifest.json").exists() else {}):
-        seconds["embed_s"] = timed(f"embed {ws.name}", "embed", "-w", str(ws), "--data", str(CORPUS),
+        seconds["embed_s"] = timed(f"embed {ws.name}", "embed", "-w", str(ws), "--data", str(DATA.corpus),
                                    *(["--model", str(model)] if model else []))
         seconds["index_s"] = timed(f"index {ws.name}", "index", "-w", str(ws))
     return seconds
 
 
 def evaluate(ws: Path) -> dict[str, dict]:
-    """nDCG@10, Recall@100, MRR@10 on the test queries for every mode and for the default."""
-    rows = {r["mode"]: r for r in json.loads(pipeline("eval", "-w", str(ws), "--queries", str(QUERIES), "--qrels", str(TEST),
-                                                      "--mode", "all", "--json").stdout)}
-    default = json.loads(pipeline("eval", "-w", str(ws), "--queries", str(QUERIES), "--qrels", str(TEST), "--json").stdout)
+    """nDCG@10, Recall@100, MRR@10 on the measured queries for every mode and for the default."""
+    judged = ["--queries", str(DATA.queries), "--qrels", str(DATA.qrels)]
+    rows = {r["mode"]: r for r in json.loads(pipeline("eval", "-w", str(ws), *judged, "--mode", "all", "--json").stdout)}
+    default = json.loads(pipeline("eval", "-w", str(ws), *judged, "--json").stdout)
     rows["default"] = {**default, "default_mode": default["mode"]}
     keys = ("ndcg@10", "recall@100", "mrr@10", "queries_per_s", "dense_weight")
     return {mode: {k: r.get(k) for k in keys} | ({"is": r["default_mode"]} if mode == "default" else {}) for mode, r in rows.items()}
@@ -105,7 +139,7 @@ def load_test(ws: Path, requests: int, concurrency: int, mode: str | None) -> di
     from search.evaluate import read_queries
 
     with running_server(ws) as base:
-        texts = list(read_queries(QUERIES).values())
+        texts = list(read_queries(DATA.queries).values())
         latencies: list[float] = []
         errors = 0
         lock = threading.Lock()
@@ -136,22 +170,31 @@ def load_test(ws: Path, requests: int, concurrency: int, mode: str | None) -> di
             "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], "mean_ms": 1000 * statistics.fmean(ordered)}
 
 
-def targets(rows: dict) -> dict:
-    """The search-quality issue's targets against this run's own rows (lexical is the same-run baseline)."""
+def targets(rows: dict, reference: dict | None) -> dict:
+    """The search-quality issues' targets against this run's own rows (lexical is the same-run baseline):
+    on any collection, the default mode within 0.01 of the best single mode and lexical within 0.02 of the
+    reference BM25; on SciFact, the absolute figures too."""
     chain = rows["default chain"]
-    found = {"default >= 0.70": [chain["default"]["ndcg@10"], chain["default"]["ndcg@10"] >= 0.70],
-             "default >= lexical + 0.02": [chain["default"]["ndcg@10"] - chain["lexical"]["ndcg@10"],
-                                           chain["default"]["ndcg@10"] - chain["lexical"]["ndcg@10"] >= 0.02],
-             "dense >= 0.58": [chain["dense"]["ndcg@10"], chain["dense"]["ndcg@10"] >= 0.58]}
+    best = max(chain[mode]["ndcg@10"] for mode in ("lexical", "dense", "hybrid"))
+    found = {"default >= best mode - 0.01": [chain["default"]["ndcg@10"] - best, chain["default"]["ndcg@10"] >= best - 0.01]}
+    if reference:
+        gap = chain["lexical"]["ndcg@10"] - reference["ndcg@10"]
+        found["lexical within 0.02 of the reference BM25"] = [gap, abs(gap) <= 0.02 or gap > 0]
+    if DATA.root == SCIFACT.resolve():
+        found |= {"default >= 0.698": [chain["default"]["ndcg@10"], chain["default"]["ndcg@10"] >= 0.698],
+                  "dense >= 0.59": [chain["dense"]["ndcg@10"], chain["dense"]["ndcg@10"] >= 0.59]}
     random_init = rows.get("random init (--max-steps 0)")
-    if random_init:
+    if random_init and DATA.root == SCIFACT.resolve():
         gap = chain["dense"]["ndcg@10"] - random_init["dense"]["ndcg@10"]
         found["dense >= random init + 0.03"] = [gap, gap >= 0.03]
     return {name: {"value": value, "met": met} for name, (value, met) in found.items()}
 
 
 def main() -> None:
+    global DATA
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=SCIFACT, help="a BEIR folder (default: SciFact)")
+    parser.add_argument("--split", default="test", help="the qrels measured (qrels/SPLIT.tsv): settings are chosen on train, never test")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "bench-search-quality")
     parser.add_argument("--time-budget", default="12m", help="pretrain's --time-budget for the default chain")
     parser.add_argument("--curve", default="", help="comma-separated pretraining step counts for the budget curve, e.g. 0,500,1000,2000")
@@ -164,8 +207,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
+    DATA = Collection(args.data.resolve(), args.split)
+    for path in (DATA.corpus, DATA.queries, DATA.qrels):
+        if not path.is_file():
+            parser.error(f"--data {args.data}: no {path.relative_to(DATA.root)}")
 
-    result: dict = {"data": str(CORPUS), "queries": "test (300)", "references": REFERENCES, "timings_s": {}, "rows": {}}
+    result: dict = {"data": str(DATA.root), "queries": args.split, "references": REFERENCES if DATA.root == SCIFACT.resolve() else {},
+                    "reference_bm25": DATA.reference_bm25(), "timings_s": {}, "rows": {}}
     tune_args = None if args.adaptation == "chained" else ["--architecture", "transformer", "--steps", str(args.tune_steps), "--mini-batch", "256"]
     suffix = "" if tune_args is None else "-transformer"
     result["adaptation"] = args.adaptation if tune_args is None else " ".join(["pipeline tune", *tune_args])
@@ -175,7 +223,8 @@ def main() -> None:
     chosen = manifest(default_ws)
     result["default_chain"] = {"model": {k: chosen["model"].get(k) for k in ("preset", "steps", "parameters", "config", "seq_len", "batch_size",
                                                                          "lr", "final_val_loss")},
-                               "adaptation": chosen.get("tuned"), "search_default": chosen.get("search")}
+                               "adaptation": chosen.get("tuned"), "search_default": chosen.get("search"),
+                               "bm25_analyzer": chosen.get("index", {}).get("analyzer")}
     runs = [] if args.skip_random else [("random init (--max-steps 0)", 0)]
     runs += [(f"curve: {steps} pretraining steps", steps) for steps in (int(x) for x in args.curve.split(",") if x.strip())]
     for label, steps in runs:
@@ -189,8 +238,8 @@ def main() -> None:
     if args.requests:
         log("load test")
         result["server_load"] = load_test(default_ws, args.requests, args.concurrency, None)
-    result["targets"] = targets(result["rows"])
-    write_result("search_quality", result)
+    result["targets"] = targets(result["rows"], result["reference_bm25"])
+    write_result("search_quality" if DATA.root == SCIFACT.resolve() else f"search_quality-{DATA.root.name}-{args.split}", result)
     print("\n| run | lexical | dense | hybrid | default (mode) |\n|---|---|---|---|---|")
     for name, rows in result["rows"].items():
         print(f"| {name} | {rows['lexical']['ndcg@10']:.4f} | {rows['dense']['ndcg@10']:.4f} | {rows['hybrid']['ndcg@10']:.4f} "

@@ -342,7 +342,9 @@ class DistinctDocumentsBatchSampler:
 
 
 # ---- training
-def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings) -> dict:
+def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings, out_name: str = TUNED_DIR, record: bool = True) -> dict:
+    """Tune, save the model to the workspace's `out_name` directory and, with `record`, name it in the
+    manifest as the model embed uses; returns what was done (the manifest's "tuned" section)."""
     if settings.architecture not in ARCHITECTURES:
         raise PipelineError(f"--architecture: unknown '{settings.architecture}' (choose from {', '.join(ARCHITECTURES)})")
     if settings.pooling not in POOLING_MODES:
@@ -431,6 +433,7 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings) -> dic
         batch_sampler=lambda dataset, batch_size, seed, **_: sampler,
         logging_steps=min(settings.log_every, settings.steps), save_strategy="no", report_to="none", disable_tqdm=True,
         seed=settings.seed, data_seed=settings.seed, dataloader_drop_last=True, use_cpu=device == "cpu",
+        bf16=device == "cuda" and settings.architecture == "transformer" and torch.cuda.is_bf16_supported(),
     )
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss, callbacks=[Progress()])
     trainer.remove_callback(next(c for c in trainer.callback_handler.callbacks if type(c).__name__ == "PrinterCallback"))
@@ -440,21 +443,23 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings) -> dic
         losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
         model.eval()
         finish(model)
-        out_dir = ws.root / TUNED_DIR
+        out_dir = ws.root / out_name
         save_swapped(model, out_dir, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    summary = {"path": TUNED_DIR, "fingerprint": model_fingerprint(out_dir), "base_fingerprint": base_fingerprint,
+    summary = {"path": out_name, "fingerprint": model_fingerprint(out_dir), "base_fingerprint": base_fingerprint,
                "architecture": settings.architecture, "pooling": settings.pooling,
                "dimensions": settings.dimensions if settings.architecture == "static" else None, "pairs": report, "hard_negatives": "negative" in columns, "steps": settings.steps, "batch_size": settings.batch_size,
                "loss": "cached_mnrl" if settings.mini_batch else "mnrl", "lr": settings.lr,
                "max_seq_length": settings.max_seq_length, "dropout": settings.dropout,
                "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else result.training_loss,
                "seconds": seconds}
-    ws.update_manifest("tuned", summary)
-    info(f"tuned in {seconds:.0f}s, {result.global_step} steps (loss {summary['first_loss'] or 0:.3f} -> {summary['final_loss']:.3f}); saved to {out_dir}; "
-         "`pipeline embed` now uses it")
+    losses_said = f"loss {summary['first_loss']:.3f} -> {summary['final_loss']:.3f}" if losses else f"loss {summary['final_loss']:.3f}"
+    if record:
+        ws.update_manifest("tuned", summary)
+    info(f"tuned in {seconds:.0f}s, {result.global_step} steps ({losses_said}); saved to {out_dir}"
+         + ("; `pipeline embed` now uses it" if record else ""))
     return summary
 
 

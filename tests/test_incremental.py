@@ -31,15 +31,15 @@ def answers(engine: SearchEngine, queries: list[str], mode: str, k: int = 10) ->
     return [[(h.doc_id, h.score) for h in hits] for hits in engine.search_many(queries, k, mode, dense_weight=0.5)]
 
 
-def assert_same_ranking(got: list[tuple[str, float]], want: list[tuple[str, float]]) -> None:
+def assert_same_ranking(got: list[tuple[str, float]], want: list[tuple[str, float]], tolerance: float = 1e-4) -> None:
     """Same scores rank by rank, and the same document wherever its score is not tied with a neighbour's
     (two workspaces order tied chunks by their own chunk ids)."""
     assert len(got) == len(want)
     got_scores, want_scores = np.array([s for _, s in got]), np.array([s for _, s in want])
-    assert np.allclose(got_scores, want_scores, atol=1e-4)
+    assert np.allclose(got_scores, want_scores, atol=tolerance)
     for i, ((got_doc, _), (want_doc, score)) in enumerate(zip(got, want)):
         neighbours = [want[j][1] for j in (i - 1, i + 1) if 0 <= j < len(want)]
-        if all(abs(score - other) > 1e-4 for other in neighbours) and i < len(want) - 1:
+        if all(abs(score - other) > tolerance for other in neighbours) and i < len(want) - 1:
             assert got_doc == want_doc
 
 
@@ -102,8 +102,11 @@ def test_an_updated_index_answers_as_a_full_build_of_the_same_documents(updated)
     incremental, scratch = SearchEngine(updated["ws"]), SearchEngine(updated["scratch"])
     assert sorted(incremental.corpus.doc_ids) == sorted(scratch.corpus.doc_ids)
     for mode in MODES:
+        # A hybrid score divides by the deviation of the top 100 scores: cosines that differ by float rounding
+        # (~1e-6: a base and a delta are two matrix products, a full build one) differ by up to ~1e-3 there.
+        tolerance = 2e-3 if mode == "hybrid" else 1e-4
         for got, want in zip(answers(incremental, updated["queries"], mode), answers(scratch, updated["queries"], mode)):
-            assert_same_ranking(got, want)
+            assert_same_ranking(got, want, tolerance)
 
 
 def test_deleted_and_replaced_documents_never_come_back(updated):

@@ -106,7 +106,7 @@ def test_killed_tune_keeps_the_previous_embedder_until_its_model_is_in_place(kil
     run_embed(Workspace(ws), [], None, EmbedSettings(chunk_tokens=64, overlap=8))  # with the tuned model
     build_index(Workspace(ws))
     before, tuned_before = answers(ws), model_fingerprint(ws / "tuned")
-    args = ["tune", "-w", str(ws), "--steps", "2", "--batch-size", "8", "--no-hard-negatives", "--seed", "1"]
+    args = ["tune", "-w", str(ws), "--architecture", "static", "--steps", "2", "--batch-size", "8", "--no-hard-negatives", "--seed", "1"]
     killer.run("embed.tune:replace_directory", 1, *args)  # trained and saved aside, not swapped in
     assert model_fingerprint(ws / "tuned") == tuned_before and answers(ws) == before
     # Swapped in, not yet recorded: the embedder changed, as after a finished tune.

@@ -205,7 +205,7 @@ def test_static_tune_from_the_pretrained_token_embeddings_finds_documents_by_tit
     docs = list(read_documents([corpus_file]))
     ws = tmp_path / "static"
     shutil.copytree(trained_workspace, ws)
-    run_cli("tune", "-w", str(ws), "--steps", "150", "--batch-size", "32")
+    run_cli("tune", "-w", str(ws), "--architecture", "static", "--steps", "150", "--batch-size", "32")
     run_cli("embed", "-w", str(ws))
     run_cli("index", "-w", str(ws))
     rates = {"raw": title_hit_rate(trained_workspace, docs[:40]), "static": title_hit_rate(ws, docs[:40])}  # raw: the untuned model
@@ -222,14 +222,35 @@ def test_static_tune_from_the_pretrained_token_embeddings_finds_documents_by_tit
     assert rates["static"] >= 0.6 and rates["static"] > rates["raw"] + 0.3, rates
 
 
+def test_auto_tunes_both_embedders_within_the_budget_and_keeps_the_better_on_held_out_pairs(trained_workspace, tmp_path):
+    ws = tmp_path / "auto"
+    shutil.copytree(trained_workspace, ws)
+    run_cli("tune", "-w", str(ws), "--steps", "3", "--batch-size", "8", "--time-budget", "30m")
+    tuned = json.loads((ws / "manifest.json").read_text())["tuned"]
+    candidates = tuned["candidates"]
+    assert set(candidates) == {"static", "transformer"}
+    scores = {name: c["held_out_ndcg@10"] for name, c in candidates.items()}
+    assert all(0 <= score <= 1 for score in scores.values()) and candidates["static"]["held_out_pairs"] > 0
+    kept = "transformer" if scores["transformer"] > scores["static"] else "static"
+    assert tuned["architecture"] == kept and tuned["path"] == "tuned"
+    modules = [m["type"].rsplit(".", 1)[-1] for m in json.loads((ws / "tuned" / "modules.json").read_text())]
+    assert ("StaticEmbedding" in modules) == (kept == "static")
+    assert not list(ws.glob(".tuned-candidate-*"))  # the other candidate is gone
+    # A budget the transformer's measured steps do not fit: the static embedder only, and why
+    run_cli("tune", "-w", str(ws), "--steps", "3", "--batch-size", "8", "--time-budget", "0.001s")
+    tuned = json.loads((ws / "manifest.json").read_text())["tuned"]
+    assert tuned["architecture"] == "static" and "over the budget" in tuned["candidates"]["transformer"]["skipped"]
+
+
 def test_tune_bad_options_are_one_line(trained_workspace, tmp_path):
     # choices are checked by the CLI, each stage's own check stays for callers in Python
     for args, message in [(["--pooling", "max"], "error: --pooling: 'max' is not one of 'mean', 'weightedmean', 'lasttoken'; see `pipeline tune --help`"),
-                          (["--architecture", "rnn"], "error: --architecture: 'rnn' is not one of 'static', 'transformer'; see `pipeline tune --help`"),
-                          (["--pooling", "lasttoken"], "error: --pooling lasttoken: a static embedding is the mean of its token vectors; "
+                          (["--architecture", "rnn"], "error: --architecture: 'rnn' is not one of 'auto', 'static', 'transformer'; see `pipeline tune --help`"),
+                          (["--architecture", "static", "--pooling", "lasttoken"], "error: --pooling lasttoken: a static embedding is the mean of its token vectors; "
                                                        "pooling modes apply to --architecture transformer"),
                           (["--pairs-from", "title,magic"], "error: --pairs-from: unknown kind 'magic' (choose from title, ict, neighbours, dropout); see `pipeline tune --help`"),
-                          (["--batch-size", "1"], "error: --batch-size must be at least 2: the other pairs in a batch are the negatives")]:
+                          (["--batch-size", "1"], "error: --batch-size must be at least 2: the other pairs in a batch are the negatives"),
+                          (["--time-budget", "soon"], "error: --time-budget: 'soon' is not a duration (e.g. 90s, 15m, 1.5h)")]:
         result = run_cli("tune", "-w", str(trained_workspace), *args, check=False)
         assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == message
     result = run_cli("tune", "-w", str(tmp_path / "empty"), "--data", str(trained_workspace / "nope.jsonl"), check=False)
