@@ -213,7 +213,7 @@ def test_static_tune_from_the_pretrained_token_embeddings_finds_documents_by_tit
     assert tuned["architecture"] == "static" and tuned["lr"] == 5e-2 and tuned["final_loss"] < tuned["first_loss"]
     status = json.loads(run_cli("status", "-w", str(tmp_path / "static"), "--json").stdout)["parts"]
     assert status["tuned"]["state"] == "ok" and status["tuned"]["detail"].startswith("static embedder, 150 steps")
-    assert status["index"]["detail"].endswith("BM25 lexical index")
+    assert status["index"]["detail"].endswith("BM25 lexical index (en)")  # the language detected
     # pipeline index chose the default mode on held-out pairs of the corpus, for this model
     assert status["search"]["state"] == "ok" and status["search"]["detail"].endswith("(chosen on held-out corpus pairs)")
     modules = json.loads((tmp_path / "static" / "tuned" / "modules.json").read_text())
