@@ -10,8 +10,9 @@ function, so they agree without talking to each other.
 - Sentences: sentencex (Wikimedia's rule-based segmenter, ~300 languages, abbreviations per language),
   which finds sentences in lower-case text, in text whose sentences start with "É" or "Я", and in Chinese
   and Japanese ("。" with no space after it), where a pattern of "[.!?], a space, a capital" finds none.
-- Spans: a text with too few sentences (one long sentence, a list, a title and a line) is cut into spans
-  of about SPAN_WORDS words instead, so it still gives pairs and held-out queries. Scripts written
+- Spans: a text with too few sentences (one sentence, a title and a line) is cut into spans of about
+  SPAN_WORDS words instead, and so is a "sentence" too long to be one (a list, text without marks), so
+  every text gives pairs and held-out queries. Scripts written
   without spaces (Chinese, Japanese, Thai) are counted in characters: CJK_CHARS_PER_WORD make a word.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 LANGUAGE_SAMPLE = 300  # documents the language is detected on
 DETECT_CHARS = 1_000  # characters of each sampled document
 SPAN_WORDS = 16  # a span's length when a text has too few sentences
+LONGEST_SENTENCE = 100  # words: longer is no sentence (41 of SciFact's 5,183 abstracts have one)
 CJK_CHARS_PER_WORD = 2  # Chinese and Japanese words are mostly one to three characters
 
 # Han, Hiragana, Katakana (with its long-vowel mark) and Hangul: the scripts Lucene's CJK analyzer bigrams.
@@ -90,10 +92,13 @@ def spans(text: str, words: int = SPAN_WORDS) -> list[str]:
 
 
 def passages(text: str, language: str = "en", minimum: int = 3, span_words: int = SPAN_WORDS) -> tuple[list[str], str]:
-    """(parts, "sentences" or "spans"): the text's sentences when it has at least `minimum` and none is
-    more than three spans long, else its spans of `span_words` words."""
-    parts = sentences(text, language)
-    if len(parts) >= minimum and max(map(word_count, parts)) <= 3 * SPAN_WORDS:
+    """(parts, "sentences" or "spans"): the text's sentences when it has at least `minimum` (a "sentence"
+    of more than LONGEST_SENTENCE words, a list or text without marks, cut into spans), else its spans of
+    `span_words` words."""
+    parts = []
+    for sentence in sentences(text, language):
+        parts.extend(spans(sentence, span_words) if word_count(sentence) > LONGEST_SENTENCE else [sentence])
+    if len(parts) >= minimum:
         return parts, "sentences"
     return spans(text, span_words), "spans"
 
