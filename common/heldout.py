@@ -13,10 +13,11 @@ measured, whatever its language or punctuation.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import random
 
-from common.language import SPAN_WORDS, passages, word_count
+from common.language import SPAN_WORDS, has_cjk, passages, word_count
 
 HELD_OUT_PERCENT = 5  # share of documents kept out of training to measure search on
 MIN_QUERY_WORDS = 6  # shorter sentences ("Results.") make poor queries
@@ -25,6 +26,27 @@ MIN_QUERY_WORDS = 6  # shorter sentences ("Results.") make poor queries
 def is_held_out(doc_id: str) -> bool:
     digest = hashlib.blake2b(doc_id.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % 100 < HELD_OUT_PERCENT
+
+
+def held_out_pairs(documents: list[tuple[str, str, str]], rng: random.Random, language: str,
+                   limit: int) -> dict[str, tuple[str, str, str]]:
+    """Up to `limit` held-out pairs, doc_id -> (query, shortened text, kind), from (doc_id, title, text)
+    documents in random order: from the held-out documents, or from all of them when those give none, so
+    any collection with text is measured. A title several documents share is no query for one of them."""
+    title_counts = collections.Counter(" ".join((title or "").split()).lower() for _, title, _ in documents)
+    pairs = {}
+    for sample in ([d for d in documents if is_held_out(d[0])], documents):
+        for doc_id, title, text in rng.sample(sample, len(sample)):
+            title = title or ""
+            unique_title = title if title_counts[" ".join(title.split()).lower()] == 1 else ""
+            pair = held_out_pair(unique_title, text or "", rng, language)
+            if pair is not None:
+                pairs[doc_id] = pair
+            if len(pairs) == limit:
+                return pairs
+        if pairs:
+            break
+    return pairs
 
 
 def held_out_pair(title: str, text: str, rng: random.Random, language: str = "en") -> tuple[str, str, str] | None:
@@ -41,15 +63,24 @@ def held_out_pair(title: str, text: str, rng: random.Random, language: str = "en
         i = min(candidates, key=lambda k: word_count(parts[k]))
         return parts[i], parts[1 - i], unit.removesuffix("s")
     title = " ".join(title.split())
-    if word_count(title) >= 2 and text.strip() and not starts_with(text, title):
+    if (word_count(title) >= 2 or (has_cjk(title) and len(title) >= 2)) and text.strip() and after_title(text, title) is None:
         return title, " ".join(text.split()), "title"
     return None
 
 
-def starts_with(text: str, title: str) -> bool:
-    """Whether the text begins with the title (case, spacing and punctuation aside): such a title only
-    repeats the text's first words."""
-    def letters(s: str) -> str:
-        return "".join(ch for ch in s.lower() if ch.isalnum())
-    head = letters(title)
-    return bool(head) and letters(text[:len(title) * 2 + 20]).startswith(head)
+def after_title(text: str, title: str) -> str | None:
+    """The text after the title if the text begins with it (case, spacing and punctuation aside: such a
+    title only repeats the text's first words), else None."""
+    letters = [ch for ch in title.lower() if ch.isalnum()]
+    if not letters:
+        return None
+    matched = 0
+    for at, ch in enumerate(text):
+        if not ch.isalnum():
+            continue
+        if ch.lower() != letters[matched]:
+            return None
+        matched += 1
+        if matched == len(letters):
+            return text[at + 1:].lstrip(" .:;,-\u2013\u2014")
+    return None

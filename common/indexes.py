@@ -37,7 +37,7 @@ import numpy as np
 
 from common.console import info
 from common.errors import PipelineError
-from common.lexical import LexicalIndex, Segment
+from common.lexical import Analyzer, LexicalIndex, Segment
 from common.store import Store, embedder_key
 from common.workspace import Workspace, atomic_write_bytes
 
@@ -184,7 +184,7 @@ def update_plan(ws: Workspace, previous: dict | None, embedder: dict, kind: str,
         return None, "full build (no index of this version yet)"
     if previous.get("embedder_fingerprint") != embedder["fingerprint"] or previous.get("embedder_chunking") != [embedder["chunk_tokens"], embedder["overlap"]]:
         return None, "full build (new embedder or chunking)"
-    built_language = previous.get("analyzer", {}).get("language", "en")
+    built_language = (previous.get("analyzer") or {}).get("language", "en")  # an index from before languages: English
     if language not in ("auto", built_language):
         return None, f"full build (BM25 for --language {language}, the last build's is {built_language})"
     wanted = choose_type(len(live))[0] if kind == "auto" else kind
@@ -218,8 +218,9 @@ def update(ws: Workspace, previous: dict, base: Segment, ids: np.ndarray, vector
     lexical_seconds = time.perf_counter() - start
     info(f"delta of {len(ids):,} chunks: FAISS {build_seconds:.2f}s, BM25 {lexical_seconds:.2f}s")
     deleted = len(base.chunk_ids) - (len(live) - len(ids))
-    kept = ("path", "type", "reason", "dim", "base_vectors", "recall_at_10", "search_setting", "analyzer")  # the base's
+    kept = ("path", "type", "reason", "dim", "base_vectors", "recall_at_10", "search_setting")  # the base's
     return {**{key: previous.get(key) for key in kept},
+            "analyzer": previous.get("analyzer") or {**Analyzer.load(base.source.parent).to_json(), "chosen_by": "an index from before languages"},
             "update": "incremental", "update_reason": update_reason,
             "delta_path": str(delta_path.relative_to(ws.root)) if delta_path else None, "delta_vectors": int(len(ids)),
             "deleted_in_base": int(deleted), "build_seconds": build_seconds,

@@ -2,8 +2,9 @@
 
 Three stages read text this way: `pipeline tune` makes training pairs from sentences, `pipeline index`
 chooses the BM25 analyzer by language and measures the search modes on held-out sentences, and search
-tokenizes queries as the index did. Each detects the language from the same documents with the same
-function, so they agree without talking to each other.
+tokenizes queries as the index did. Tune detects the language of its documents and index that of the
+stored chunks with the same function; what the index chose is written with it, and calibration and search
+read it from there.
 
 - Language: py3langid (langid.py's model, 97 languages) on an evenly spread sample of the documents; the
   collection's language is the most common one, and the shares of the others are reported.
@@ -12,8 +13,8 @@ function, so they agree without talking to each other.
   and Japanese ("。" with no space after it), where a pattern of "[.!?], a space, a capital" finds none.
 - Spans: a text with too few sentences (one sentence, a title and a line) is cut into spans of about
   SPAN_WORDS words instead, and so is a "sentence" too long to be one (a list, text without marks), so
-  every text gives pairs and held-out queries. Scripts written
-  without spaces (Chinese, Japanese, Thai) are counted in characters: CJK_CHARS_PER_WORD make a word.
+  every text gives pairs and held-out queries. Chinese and Japanese, written without spaces, are counted in
+  characters: CJK_CHARS_PER_WORD make a word.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ CJK_CHARS_PER_WORD = 2  # Chinese and Japanese words are mostly one to three cha
 # Han, Hiragana, Katakana (with its long-vowel mark) and Hangul: the scripts Lucene's CJK analyzer bigrams.
 CJK_RANGES = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af\uff66-\uff9f"
 _CJK_CHAR = re.compile(f"[{CJK_RANGES}]")
+_CJK_OR_WIDE = re.compile(f"[{CJK_RANGES}\uff01-\uff5e]")  # with full-width Latin letters and digits (ＡＢＣ１２３)
 _NON_CJK_WORD = re.compile(f"[^\\W{CJK_RANGES}]+")
 
 
@@ -84,6 +86,8 @@ def word_count(text: str) -> int:
 def spans(text: str, words: int = SPAN_WORDS) -> list[str]:
     """The text cut into consecutive spans of about `words` words (of characters, in a script without spaces)."""
     text = " ".join(text.split())
+    if not text:
+        return []
     tokens = text.split(" ")
     if len(tokens) * 3 >= word_count(text):  # spaced text: cut between words
         return [" ".join(tokens[i:i + words]) for i in range(0, len(tokens), words)]
@@ -104,7 +108,8 @@ def passages(text: str, language: str = "en", minimum: int = 3, span_words: int 
 
 
 def has_cjk(text: str) -> bool:
-    return _CJK_CHAR.search(text) is not None
+    """Whether the text has CJK characters or full-width forms (which NFKC makes ordinary letters and digits)."""
+    return _CJK_OR_WIDE.search(text) is not None
 
 
 def cjk_tokens(lowered: str) -> list[str]:

@@ -45,6 +45,7 @@ from bm25s.stopwords import (STOPWORDS_DANISH, STOPWORDS_DUTCH, STOPWORDS_EN, ST
                              STOPWORDS_NORWEGIAN, STOPWORDS_PORTUGUESE, STOPWORDS_RUSSIAN, STOPWORDS_SPANISH, STOPWORDS_SWEDISH,
                              STOPWORDS_TURKISH)
 
+from common.console import warn
 from common.errors import PipelineError
 from common.language import LanguageMix, cjk_tokens, detect_languages, has_cjk
 from common.models import embedding_text
@@ -80,13 +81,16 @@ def _stemmer(name: str) -> Stemmer.Stemmer:
 @dataclass(frozen=True)
 class Analyzer:
     """How text becomes BM25 terms, the same for chunks and queries: lower-cased words of two or more
-    characters (runs of CJK characters as bigrams, NFKC-normalised), without the language's stop words,
-    stemmed by its Snowball stemmer. A language without a stemmer or list goes without."""
+    characters (runs of CJK characters as bigrams, a text with CJK or full-width characters NFKC-normalised
+    first), without the language's stop words, stemmed by its Snowball stemmer. A language without a
+    stemmer or list goes without. An index written before languages were analysed keeps CJK runs whole."""
     language: str = "en"  # ISO 639-1, or "none"
+    cjk_bigrams: bool = True
 
     @property
     def stemmer(self) -> str | None:
-        return SNOWBALL.get(self.language)
+        name = SNOWBALL.get(self.language)
+        return name if name in Stemmer.algorithms() else None  # an older PyStemmer lacks some
 
     @functools.cached_property
     def stopwords(self) -> frozenset[str]:
@@ -94,17 +98,19 @@ class Analyzer:
 
     def describe(self) -> str:
         return (f"{self.language} ({f'{self.stemmer} stemmer' if self.stemmer else 'no stemmer'}, "
-                f"{'stop words' if self.stopwords else 'no stop words'}, CJK as bigrams)")
+                f"{'stop words' if self.stopwords else 'no stop words'}, CJK {'as bigrams' if self.cjk_bigrams else 'runs whole'})")
 
     def to_json(self) -> dict:
         return {"language": self.language, "stemmer": self.stemmer, "stopwords": self.language if self.stopwords else None,
-                "cjk": "bigrams", "k1": K1, "b": B}
+                "cjk": "bigrams" if self.cjk_bigrams else None, "k1": K1, "b": B}
 
     @classmethod
     def load(cls, directory: Path) -> "Analyzer":
-        """The analyzer an index directory was written with (English for one written before languages were)."""
+        """The analyzer an index directory was written with: one written before languages were analysed
+        ({"stopwords": "en", "stemmer": "english"}) is English with CJK runs kept whole, as it was built."""
         path = directory / ANALYZER_FILE
-        return cls(json.loads(path.read_text()).get("language", "en")) if path.exists() else cls()
+        written = json.loads(path.read_text()) if path.exists() else {}
+        return cls(written.get("language", "en"), cjk_bigrams=written.get("cjk") == "bigrams")
 
     def tokenize(self, texts: list[str]) -> list[list[str]]:
         words = self.words(texts)
@@ -113,7 +119,7 @@ class Analyzer:
 
     def words(self, texts: list[str]) -> list[list[str]]:
         """Each text's lower-cased words (CJK bigrams), stop words left out (not yet stemmed)."""
-        tokens = (cjk_tokens(unicodedata.normalize("NFKC", lowered)) if has_cjk(lowered) else _WORDS(lowered)
+        tokens = (cjk_tokens(unicodedata.normalize("NFKC", lowered)) if self.cjk_bigrams and has_cjk(lowered) else _WORDS(lowered)
                   for lowered in map(str.lower, texts))
         if not self.stopwords:
             return [list(text_tokens) for text_tokens in tokens]
@@ -146,6 +152,8 @@ def choose_analyzer(texts: list[str], language: str = "auto") -> tuple[Analyzer,
 def check_language(language: str) -> None:
     if language not in ("auto", "none") and not re.fullmatch(r"[a-z]{2}", language):
         raise PipelineError(f"--language: '{language}' is not {LANGUAGE_CHOICES}")
+    if language not in ("auto", "none") and language not in SNOWBALL and language not in STOPWORDS:
+        warn(f"--language {language}: no stemmer or stop words for it; words are only lower-cased (CJK as bigrams)")
 
 
 @dataclass

@@ -78,7 +78,7 @@ def workspace_status(ws: Workspace) -> dict:
         elif idx.get("store_generation") != generation:
             state = "stale"
             problems.append(stale_index_message(idx.get("store_generation"), generation))
-        language = idx.get("analyzer", {}).get("language", "en")
+        language = (idx.get("analyzer") or {}).get("language", "en")
         lexical = f", BM25 lexical index ({language})" if idx.get("lexical_path") else ", no lexical index"
         delta = f" ({idx['delta_vectors']} in the delta, {idx['deleted_in_base']} deleted from the base)" if idx.get("delta_vectors") or idx.get("deleted_in_base") else ""
         parts["index"] = {"state": state, "detail": f"{idx['type']}, {idx['vectors']} vectors{delta}{lexical}"}

@@ -52,7 +52,7 @@ from pathlib import Path
 
 from common.console import info, warn
 from common.errors import PipelineError
-from common.heldout import is_held_out, starts_with
+from common.heldout import after_title, is_held_out
 from common.language import detect_languages, passages
 from common.models import embedding_text, ensure_pad_token
 from common.readers import Document, read_json_lines
@@ -143,8 +143,8 @@ def pair_sources(docs: list[Document], language: str) -> list[PairSource]:
         title = " ".join(doc.title.split())
         if title_counts[title.lower()] > 1:  # a title many documents share (an article's sections) names none of them
             title = ""
-        elif title and starts_with(text, title):  # a title repeating the text's start: the rest of the text is its positive
-            text = text[len(title):].lstrip(" .:;-–—")  # noqa: RUF001 (dashes)
+        elif title and (rest := after_title(text, title)) is not None:  # a title repeating the text's start:
+            text = rest  # the rest of the text is its positive
         parts, unit = passages(text, language)
         sources.append(PairSource(doc, title, text, parts, unit))
     return sources
@@ -411,6 +411,14 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings, out_na
         columns["negative"] = [texts[j] for j in negatives]
         info(f"mined a BM25 hard negative for each pair in {time.perf_counter() - start:.0f}s")
     sampler = DistinctDocumentsBatchSampler(batch_keys(pairs, negatives), settings.batch_size, settings.seed)
+    if len(sampler) == 0 and negatives is not None:  # a handful of documents: their hard negatives leave no batch
+        info("no batch holds each document once with hard negatives among so few documents: in-batch negatives only")
+        columns.pop("negative")
+        negatives = None
+        sampler = DistinctDocumentsBatchSampler(batch_keys(pairs, negatives), settings.batch_size, settings.seed)
+    if len(sampler) == 0:
+        raise PipelineError(f"{len(training_docs)} document(s) give no batch of two pairs from different documents: "
+                            "tuning needs at least 2 documents with text")
     if len(sampler) < settings.steps:  # each pair at most once more in training: fewer steps, not repeated pairs
         info(f"{len(sampler)} steps instead of {settings.steps}: the corpus gives {len(pairs):,} pairs, "
              f"{len(sampler)} batches of {settings.batch_size}")

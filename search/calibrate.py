@@ -25,7 +25,7 @@ import random
 import numpy as np
 
 from common.console import info
-from common.heldout import held_out_pair, is_held_out
+from common.heldout import held_out_pairs
 from common.indexes import base_segment_dir
 from common.lexical import LexicalIndex, Segment
 from common.models import embedding_text, encode
@@ -50,21 +50,11 @@ def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
     base segment and a delta: common/indexes.py; statistics of that collection, as a full build's)."""
     rng = random.Random(seed)
     index_entry = ws.require("index", "run `pipeline index` first")
-    language = index_entry.get("analyzer", {}).get("language", "en")
+    language = (index_entry.get("analyzer") or {}).get("language", "en")
     with Store(ws.db_path, read_only=True) as store:
         documents = store.document_texts()
-        pairs = {}  # doc_id -> (query, shortened text)
-        kinds = collections.Counter()
-        for sample in ([d for d in documents if is_held_out(d[0])], documents):  # all of them if the held-out give none
-            for doc_id, title, text in rng.sample(sample, len(sample)):
-                pair = held_out_pair(title or "", text or "", rng, language)
-                if pair is not None:
-                    pairs[doc_id] = pair
-                    kinds[pair[2]] += 1
-                if len(pairs) == MAX_PAIRS:
-                    break
-            if pairs:
-                break
+        pairs = held_out_pairs(documents, rng, language, MAX_PAIRS)  # doc_id -> (query, shortened text, kind)
+        kinds = collections.Counter(kind for _, _, kind in pairs.values())
         if not pairs:
             return {}
         chunk_ids, vectors = store.load_vectors()

@@ -1,6 +1,7 @@
 """Lexical and hybrid search, filters, and `pipeline eval` on the SciFact slice of the shared workspace."""
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -54,6 +55,11 @@ def test_bm25_tokens_are_bm25s_tokens(corpus_file):
     texts += ["naïve café it's x_y __ a1 1a ½ ²³ THE The the", "a b cc ddd e-f g_h", ""]
     english = Stemmer.Stemmer("english")
     assert Analyzer("en").tokenize(texts) == bm25s.tokenize(texts, stopwords="en", stemmer=english, return_ids=False, show_progress=False)
+    # An index written before languages were analysed keeps its tokens, CJK runs whole, as bm25s made them
+    texts.append("東京 the runs")
+    old = Analyzer.load(Path("no such index"))
+    assert old == Analyzer("en", cjk_bigrams=False)
+    assert old.tokenize(texts) == bm25s.tokenize(texts, stopwords="en", stemmer=english, return_ids=False, show_progress=False)
 
 
 def test_bm25_analyzes_by_language_and_cjk_by_bigrams():
@@ -62,6 +68,7 @@ def test_bm25_analyzes_by_language_and_cjk_by_bigrams():
     assert Analyzer("ru").tokenize(["Яблоки падают на землю."]) == [["яблок", "пада", "земл"]]  # "на": a stop word
     assert Analyzer("ja").tokenize(["東京都に住む ＡＢＣ"]) == [["東京", "京都", "都に", "に住", "住む", "abc"]]
     assert Analyzer("en").tokenize(["東 the runs"]) == [["東", "run"]]  # a CJK character alone is a token too
+    assert Analyzer("en").tokenize(["ＩＢＭ rocks"]) == Analyzer("en").tokenize(["IBM rocks"]) == [["ibm", "rock"]]  # full-width folded
     assert choose_analyzer(["Это русский текст о яблоках и грушах, который растёт."] * 5)[0] == Analyzer("ru")
     assert choose_analyzer(["anything"], "none")[0].tokenize(["The running"]) == [["the", "running"]]
     with pytest.raises(PipelineError, match="--language: 'english' is not"):
