@@ -17,7 +17,7 @@ import collections
 import hashlib
 import random
 
-from common.language import SPAN_WORDS, has_cjk, passages, word_count
+from common.language import has_cjk, passages, word_count
 
 HELD_OUT_PERCENT = 5  # share of documents kept out of training to measure search on
 MIN_QUERY_WORDS = 6  # shorter sentences ("Results.") make poor queries
@@ -53,8 +53,7 @@ def held_out_pair(title: str, text: str, rng: random.Random, language: str = "en
     """(query, shortened text, kind): one sentence (or span) of the text and the text without it, kind
     "sentence" or "span"; the title and the whole text (kind "title") when the text is too short to lose a
     part; None when the document has neither."""
-    # Spans short enough that a short text still has three, long enough to be a query.
-    parts, unit = passages(text, language, span_words=min(SPAN_WORDS, max(MIN_QUERY_WORDS, word_count(text) // 3)))
+    parts, unit = passages(text, language)
     candidates = [i for i, part in enumerate(parts) if word_count(part) >= MIN_QUERY_WORDS]
     if len(parts) >= 3 and candidates:
         i = rng.choice(candidates)

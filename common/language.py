@@ -26,6 +26,7 @@ from dataclasses import dataclass
 LANGUAGE_SAMPLE = 300  # documents the language is detected on
 DETECT_CHARS = 1_000  # characters of each sampled document
 SPAN_WORDS = 16  # a span's length when a text has too few sentences
+MIN_SPAN_WORDS = 6  # a short text's spans: no shorter (a query of fewer words says little)
 LONGEST_SENTENCE = 100  # words: longer is no sentence (41 of SciFact's 5,183 abstracts have one)
 CJK_CHARS_PER_WORD = 2  # Chinese and Japanese words are mostly one to three characters
 
@@ -95,16 +96,17 @@ def spans(text: str, words: int = SPAN_WORDS) -> list[str]:
     return [text[i:i + size].strip() for i in range(0, len(text), size) if text[i:i + size].strip()]
 
 
-def passages(text: str, language: str = "en", minimum: int = 3, span_words: int = SPAN_WORDS) -> tuple[list[str], str]:
+def passages(text: str, language: str = "en", minimum: int = 3) -> tuple[list[str], str]:
     """(parts, "sentences" or "spans"): the text's sentences when it has at least `minimum` (a "sentence"
-    of more than LONGEST_SENTENCE words, a list or text without marks, cut into spans), else its spans of
-    `span_words` words."""
+    of more than LONGEST_SENTENCE words, a list or text without marks, cut into spans), else its spans:
+    of SPAN_WORDS words, or shorter so that a short text still has `minimum` of them, but never shorter
+    than MIN_SPAN_WORDS."""
     parts = []
     for sentence in sentences(text, language):
-        parts.extend(spans(sentence, span_words) if word_count(sentence) > LONGEST_SENTENCE else [sentence])
+        parts.extend(spans(sentence) if word_count(sentence) > LONGEST_SENTENCE else [sentence])
     if len(parts) >= minimum:
         return parts, "sentences"
-    return spans(text, span_words), "spans"
+    return spans(text, min(SPAN_WORDS, max(MIN_SPAN_WORDS, word_count(text) // minimum))), "spans"
 
 
 def has_cjk(text: str) -> bool:

@@ -385,6 +385,13 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings, out_na
     pairs, report = make_pairs(training_docs, settings, labelled, language)
     if report["fallback"]:
         warn(report["fallback"])
+    # Only documents that gave pairs fill batches (with their hard negatives): in a corpus of short documents
+    # those may be far fewer than the documents.
+    sources = len({source for _, _, source in pairs if source is not None}) + len(set(labelled))
+    if settings.batch_size > max(2, sources // DOCUMENTS_PER_BATCH_PAIR):
+        info(f"batches of {max(2, sources // DOCUMENTS_PER_BATCH_PAIR)} pairs instead of {settings.batch_size}: "
+             f"{sources:,} documents gave pairs, and a batch holds each document once")
+        settings = replace(settings, batch_size=max(2, sources // DOCUMENTS_PER_BATCH_PAIR))
     split = report["documents_split_into"]
     info(f"{len(pairs):,} training pairs ({report['distinct_pairs']:,} distinct, none more than {MAX_PAIR_REPEATS} times) "
          f"from {len(training_docs):,} documents ({len(docs) - len(training_docs):,} held out to measure search on): "
