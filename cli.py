@@ -442,7 +442,7 @@ def tune(
                                             help="Pairs the corpus gives, comma-separated kinds: title, ict, neighbours, dropout.")] = "title,ict,neighbours",
     hard_negatives: Annotated[bool, typer.Option("--hard-negatives/--no-hard-negatives", help="Give each pair a negative mined with BM25 (a document sharing the anchor's words that is not its own).")] = True,
     pairs: Annotated[Optional[Path], typer.Option(help="Labelled pairs, JSON lines: {\"query\": ..., \"document\": text} or {\"query\": ..., \"doc_id\": ...}.")] = None,
-    architecture: Annotated[Architecture, typer.Option(help="static (the GPT-2's token embeddings, mean of a text's tokens; fast, best on CPU), transformer (the whole GPT-2 plus pooling), or auto: static, and the transformer too if its steps fit --time-budget here, the better on held-out documents kept.")] = "auto",
+    architecture: Annotated[Architecture, typer.Option(help="static (the GPT-2's token embeddings, mean of a text's tokens; fast, best on CPU), transformer (the whole GPT-2 plus pooling), or auto: static, and the transformer too if its steps fit --time-budget here (batches of up to 256, its own learning rate), the better on held-out documents kept.")] = "auto",
     time_budget: Annotated[str, typer.Option(metavar="DURATION", help="With --architecture auto: the time the transformer's tuning may take (e.g. 90s, 15m, 1h).")] = "12m",
     pooling: Annotated[Pooling, typer.Option(help="With --architecture transformer: mean, weightedmean (position-weighted, SGPT) or lasttoken.")] = "mean",
     dimensions: Annotated[int, typer.Option(help="With --architecture static: the width of its token vectors (the pretrained model's, then random ones).")] = 1024,

@@ -195,7 +195,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=SCIFACT, help="a BEIR folder (default: SciFact)")
     parser.add_argument("--split", default="test", help="the qrels measured (qrels/SPLIT.tsv): settings are chosen on train, never test")
-    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "bench-search-quality")
+    parser.add_argument("--workdir", type=Path, help="where the workspaces go (default: the temp dir's bench-search-quality/COLLECTION)")
     parser.add_argument("--time-budget", default="12m", help="pretrain's --time-budget for the default chain")
     parser.add_argument("--curve", default="", help="comma-separated pretraining step counts for the budget curve, e.g. 0,500,1000,2000")
     parser.add_argument("--skip-random", action="store_true", help="skip the random-init chain")
@@ -206,8 +206,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=0, help="server load test requests (0: none)")
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args()
-    args.workdir.mkdir(parents=True, exist_ok=True)
     DATA = Collection(args.data.resolve(), args.split)
+    args.workdir = args.workdir or Path(tempfile.gettempdir()) / "bench-search-quality" / DATA.root.name
+    args.workdir.mkdir(parents=True, exist_ok=True)
     for path in (DATA.corpus, DATA.queries, DATA.qrels):
         if not path.is_file():
             parser.error(f"--data {args.data}: no {path.relative_to(DATA.root)}")
@@ -239,7 +240,7 @@ def main() -> None:
         log("load test")
         result["server_load"] = load_test(default_ws, args.requests, args.concurrency, None)
     result["targets"] = targets(result["rows"], result["reference_bm25"])
-    write_result("search_quality" if DATA.root == SCIFACT.resolve() else f"search_quality-{DATA.root.name}-{args.split}", result)
+    write_result("search_quality" if DATA.root == SCIFACT.resolve() and args.split == "test" else f"search_quality-{DATA.root.name}-{args.split}", result)
     print("\n| run | lexical | dense | hybrid | default (mode) |\n|---|---|---|---|---|")
     for name, rows in result["rows"].items():
         print(f"| {name} | {rows['lexical']['ndcg@10']:.4f} | {rows['dense']['ndcg@10']:.4f} | {rows['hybrid']['ndcg@10']:.4f} "

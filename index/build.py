@@ -78,6 +78,7 @@ def build_index(ws: Workspace, kind: str = "auto", rebuild: bool = False, langua
     (common/lexical.py): auto detects it at a full build, and an update keeps the last build's."""
     if kind not in INDEX_TYPES:
         raise PipelineError(f"--type: unknown index type '{kind}' (choose from {', '.join(INDEX_TYPES)})")
+    language = language.lower()
     check_language(language)
     embedder = ws.require("embedder", "run `pipeline embed` first")
     with Store(ws.db_path, read_only=True) as store:

@@ -119,6 +119,23 @@ def test_killed_tune_keeps_the_previous_embedder_until_its_model_is_in_place(kil
     assert summary["fingerprint"] == swapped  # the re-run ends with the model the killed run had made
 
 
+def test_killed_adaptation_keeps_the_previous_embedder_and_leaves_no_candidate_in_use(killer, trained_workspace, tmp_path):
+    """`pipeline tune --architecture auto` (what pretrain chains): killed after both candidates are tuned and
+    measured, before the better one is swapped in, the previous embedder is still the one in use."""
+    ws = tmp_path / "ws"
+    shutil.copytree(trained_workspace, ws)
+    docs = list(source_documents(Workspace(ws), [], None))
+    run_tune(Workspace(ws), docs, TuneSettings(steps=2, batch_size=8, hard_negatives=False, seed=0))
+    tuned_before = model_fingerprint(ws / "tuned")
+    args = ["tune", "-w", str(ws), "--steps", "2", "--batch-size", "8", "--no-hard-negatives", "--seed", "1", "--time-budget", "30m"]
+    killer.run("embed.choose:replace_directory", 1, *args)
+    assert model_fingerprint(ws / "tuned") == tuned_before
+    assert json.loads((ws / "manifest.json").read_text())["tuned"]["fingerprint"] == tuned_before
+    run_cli(*args)  # run again: ends with one of the candidates kept and recorded
+    tuned = json.loads((ws / "manifest.json").read_text())["tuned"]
+    assert tuned["fingerprint"] == model_fingerprint(ws / "tuned") and set(tuned["candidates"]) == {"static", "transformer"}
+
+
 def test_killed_pretrain_keeps_the_previous_model_and_resumes_to_the_same_losses(killer, trained_workspace, tmp_path, corpus_file):
     args = ["--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "8", "--checkpoint-every", "2"]
     straight = tmp_path / "straight"
