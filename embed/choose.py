@@ -77,7 +77,7 @@ def adapt(ws: Workspace, docs: list[Document], budget_seconds: float, static: Tu
                                       f"{estimate / 60:.0f} min here ({step_seconds:.2f} s a step, measured), over the budget "
                                       f"of {budget_seconds / 60:.1f} min", "step_seconds": step_seconds}
         except (RuntimeError, PipelineError) as e:  # e.g. out of GPU memory: the static embedder stands
-            skipped = {"skipped": f"tuning failed: {str(e).splitlines()[0]}"}
+            skipped = {"skipped": f"tuning failed: {(str(e).splitlines() or [type(e).__name__])[0]}"}
         if skipped:
             info(f"the transformer embedder is not tuned: {skipped['skipped']}")
         language = detect_languages([d.text for d in docs]).language
