@@ -209,7 +209,7 @@ def test_choices_are_the_ones_each_stage_accepts():
 
     assert get_args(cli.SearchMode) == MODES and get_args(cli.EvalMode) == (*MODES, "all")
     assert get_args(cli.IndexType) == INDEX_TYPES
-    assert get_args(cli.Architecture) == ARCHITECTURES and get_args(cli.Pooling) == POOLING_MODES and cli.PAIR_KINDS == PAIR_KINDS
+    assert get_args(cli.Architecture) == ("auto", *ARCHITECTURES) and get_args(cli.Pooling) == POOLING_MODES and cli.PAIR_KINDS == PAIR_KINDS
     assert get_args(cli.Preset) == tuple(PRESETS) and get_args(cli.Strategy) == (*STRATEGIES, "auto")
     assert get_args(cli.PipelineSchedule) == SCHEDULES
 
