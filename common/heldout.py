@@ -33,12 +33,11 @@ def held_out_pairs(documents: list[tuple[str, str, str]], rng: random.Random, la
     """Up to `limit` held-out pairs, doc_id -> (query, shortened text, kind), from (doc_id, title, text)
     documents in random order: from the held-out documents, or from all of them when those give none, so
     any collection with text is measured. A title several documents share is no query for one of them."""
-    title_counts = collections.Counter(" ".join((title or "").split()).lower() for _, title, _ in documents)
+    shared = shared_titles(title for _, title, _ in documents)
     pairs = {}
     for sample in ([d for d in documents if is_held_out(d[0])], documents):
         for doc_id, title, text in rng.sample(sample, len(sample)):
-            title = title or ""
-            unique_title = title if title_counts[" ".join(title.split()).lower()] == 1 else ""
+            unique_title = "" if title_key(title) in shared else title or ""
             pair = held_out_pair(unique_title, text or "", rng, language)
             if pair is not None:
                 pairs[doc_id] = pair
@@ -47,6 +46,16 @@ def held_out_pairs(documents: list[tuple[str, str, str]], rng: random.Random, la
         if pairs:
             break
     return pairs
+
+
+def title_key(title: str | None) -> str:
+    """A title as documents are compared by it: lower-cased, single spaces."""
+    return " ".join((title or "").split()).lower()
+
+
+def shared_titles(titles) -> set[str]:
+    """The title keys more than one document has (an article's sections): no query for any one of them."""
+    return {key for key, n in collections.Counter(map(title_key, titles)).items() if n > 1}
 
 
 def held_out_pair(title: str, text: str, rng: random.Random, language: str = "en") -> tuple[str, str, str] | None:

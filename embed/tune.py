@@ -52,7 +52,7 @@ from pathlib import Path
 
 from common.console import info, warn
 from common.errors import PipelineError
-from common.heldout import after_title, is_held_out
+from common.heldout import after_title, is_held_out, shared_titles, title_key
 from common.language import detect_languages, passages
 from common.models import embedding_text, ensure_pad_token
 from common.readers import Document, read_json_lines
@@ -136,12 +136,12 @@ class PairSource:
 
 
 def pair_sources(docs: list[Document], language: str) -> list[PairSource]:
-    title_counts = collections.Counter(" ".join(d.title.split()).lower() for d in docs)
+    shared = shared_titles(d.title for d in docs)
     sources = []
     for doc in docs:
         text = " ".join(doc.text.split())
         title = " ".join(doc.title.split())
-        if title_counts[title.lower()] > 1:  # a title many documents share (an article's sections) names none of them
+        if title_key(title) in shared:  # a title many documents share (an article's sections) names none of them
             title = ""
         elif title and (rest := after_title(text, title)) is not None:  # a title repeating the text's start:
             text = rest  # the rest of the text is its positive
