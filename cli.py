@@ -20,9 +20,10 @@ from typing import Annotated, Literal, Optional
 import typer
 from typer.core import TyperGroup
 
-from common.console import err, info, out, quiet_libraries
+from common.console import err, out, quiet_libraries
 from common.errors import PipelineError
 from common.workspace import WORKSPACE_ENV, Workspace
+import workflows
 
 try:  # typer vendors click from 0.2x on; before, it used click itself
     from typer._click.exceptions import BadParameter, NoArgsIsHelpError, UsageError
@@ -143,6 +144,14 @@ def user_errors(command):
         except PipelineError as e:
             err.print(f"error: {e}", style="red")
             raise typer.Exit(2)
+        except Exception as e:
+            from common.store import damaged_store_error  # only now: the store's module imports DuckDB
+
+            damaged = damaged_store_error(e)
+            if damaged is None:
+                raise
+            err.print(f"error: {damaged}", style="red")
+            raise typer.Exit(2)
     return wrapper
 
 
@@ -217,7 +226,7 @@ def pretrain(
         pipeline pretrain --nproc 4 --strategy auto --autotune 3  # measure the top 3, keep the fastest
         pipeline pretrain --ray auto --nproc 8 --strategy hybrid --dp 4 --pp 2 --max-failures 3
     """
-    from pretrain.run import PretrainSettings, run_pretrain
+    from pretrain.run import PretrainSettings
 
     settings = PretrainSettings(
         data=list(data or []), text_field=text_field, preset=preset, time_budget=time_budget, max_steps=max_steps, tokens=tokens,
@@ -230,18 +239,7 @@ def pretrain(
         dist_timeout=dist_timeout,
     )
     # The workspace is created when the data is prepared, after every check: a failed run writes nothing.
-    ws = Workspace(workspace)
-    summary = run_pretrain(ws, settings)
-    if adapt and node_rank == 0:  # the other nodes only trained
-        from embed.choose import adapt
-        from embed.run import source_documents
-        from embed.tune import TuneSettings, adaptation_steps
-        from pretrain.sizing import parse_duration
-
-        info("adapting the pretrained model to retrieval on the same documents (--no-adapt skips this)")
-        budget = parse_duration(settings.time_budget)
-        summary["adaptation"] = adapt(ws, list(source_documents(ws, settings.data, text_field)), budget,
-                                      TuneSettings(steps=adaptation_steps(budget)))
+    summary = workflows.pretrain(Workspace(workspace), settings, adapt)
     if json_output:
         out.print_json(json.dumps(summary))
 
@@ -272,12 +270,10 @@ def embed(
         pipeline embed --data corpus.jsonl --model ~/models/all-MiniLM-L6-v2
         pipeline embed --data corpus.jsonl --ray auto    # model actors on every node of a Ray cluster
     """
-    from embed.run import EmbedSettings, run_embed
+    from embed.run import EmbedSettings
 
-    ws = Workspace(workspace).create()
     settings = EmbedSettings(model_dir=model, chunk_tokens=chunk_tokens, overlap=overlap, batch_size=batch_size, prune=prune, ray=ray)
-    with ws.writing():
-        summary = run_embed(ws, list(data or []), text_field, settings)
+    summary = workflows.embed(Workspace(workspace), list(data or []), text_field, settings)
     if json_output:
         out.print_json(json.dumps(summary))
 
@@ -311,16 +307,7 @@ def index(
         pipeline index --type ivfpq    # compressed; prints recall@10 against exact search
         pipeline index --language de   # German stop words and stemmer, whatever was detected
     """
-    from common.models import load_embedder
-    from index.build import build_index
-    from search.calibrate import choose_default_mode
-
-    ws = Workspace(workspace)
-    with ws.writing():
-        summary = build_index(ws, index_type, rebuild, language)
-        if summary["update"] == "full":  # an update changes too little to measure again
-            embedder = ws.require("embedder", "run `pipeline embed` first")
-            summary["search"] = choose_default_mode(ws, load_embedder(ws.embedder_model_dir(embedder)), summary["embedder_fingerprint"])
+    summary = workflows.index(Workspace(workspace), index_type, rebuild, language)
     if json_output:
         out.print_json(json.dumps(summary))
 
@@ -377,7 +364,7 @@ def search(
 
 def command_line_filter(where: str | None, source: str | None = None, title: str | None = None):
     """--where, --source and --title as one filter (all must hold), or None."""
-    from common.filters import DocumentFilter
+    from search.filters import DocumentFilter
 
     structured = {**({"source": {"glob": source}} if source else {}), **({"title": {"contains": title}} if title else {})}
     return DocumentFilter.of(structured, where)
@@ -406,24 +393,7 @@ def eval_command(
         pipeline eval --queries q.jsonl --qrels qrels.tsv --mode all --set-default
         pipeline eval --queries q.jsonl --qrels qrels.tsv --where "year >= 2015"   # on a part of the collection
     """
-    from search.engine import SearchEngine
-    from search.evaluate import evaluate, modes_to_run, read_qrels, read_queries
-
-    judged, texts = read_qrels(qrels), read_queries(queries)
-    engine = SearchEngine(Workspace(workspace), load_model=False)
-    if set_default and mode != "all":
-        raise PipelineError("--set-default needs --mode all: the default is the best of the measured modes")
-    if set_default and where:
-        raise PipelineError("--set-default measures the whole collection: leave out --where")
-    modes = modes_to_run(engine, mode) if mode else [None]
-    reports = [evaluate(engine, texts, judged, m, k, dense_weight, command_line_filter(where)) for m in modes]
-    if set_default:
-        best = max(reports, key=lambda r: r["ndcg@10"])
-        Workspace(workspace).update_manifest("search", {
-            "default_mode": best["mode"], "dense_weight": engine.resolve_dense_weight(dense_weight), "chosen_by": "judged queries",
-            "embedder_fingerprint": engine.index_entry["embedder_fingerprint"],
-            "ndcg@10": {r["mode"]: r["ndcg@10"] for r in reports}, "queries": str(queries), "qrels": str(qrels)})
-        err.print(f"default mode for this workspace: {best['mode']} (nDCG@10 {best['ndcg@10']:.4f})")
+    reports = workflows.evaluate(Workspace(workspace), queries, qrels, mode, k, dense_weight, command_line_filter(where), set_default)
     if json_output:
         out.print_json(json.dumps(reports if len(reports) > 1 else reports[0]))
         return
@@ -475,27 +445,18 @@ def tune(
         pipeline tune --pairs labelled.jsonl --batch-size 256 --mini-batch 32
         pipeline tune && pipeline embed && pipeline index
     """
-    from embed.run import source_documents
-    from embed.tune import TuneSettings, run_tune
+    from embed.tune import TuneSettings
 
-    ws = Workspace(workspace)
     settings = TuneSettings(architecture=architecture, pooling=pooling, dimensions=dimensions, pair_kinds=tuple(k.strip() for k in pairs_from.split(",") if k.strip()),
                             pairs_file=pairs, hard_negatives=hard_negatives, steps=steps, batch_size=batch_size, mini_batch=mini_batch, lr=lr,
                             max_seq_length=max_seq_length, seed=seed)
-    if architecture == "auto":
-        from dataclasses import replace
+    from pretrain.sizing import parse_duration
 
-        from embed.choose import adapt
-        from pretrain.sizing import parse_duration
-
-        try:
-            budget = parse_duration(time_budget)
-        except ValueError as e:
-            raise PipelineError(f"--time-budget: {e}") from None
-        docs = list(source_documents(ws, list(data or []), text_field))
-        summary = adapt(ws, docs, budget, replace(settings, architecture="static", pooling="mean"), transformer_pooling=pooling)
-    else:
-        summary = run_tune(ws, list(source_documents(ws, list(data or []), text_field)), settings)
+    try:
+        budget = parse_duration(time_budget)
+    except ValueError as e:
+        raise PipelineError(f"--time-budget: {e}") from None
+    summary = workflows.tune(Workspace(workspace), list(data or []), text_field, settings, budget)
     if json_output:
         out.print_json(json.dumps(summary))
 
@@ -519,9 +480,7 @@ def serve(
         pipeline serve                                   # http://127.0.0.1:8000/
         pipeline serve --port 9000 --api-key s3cret      # then: curl -H 'X-API-Key: s3cret' 'localhost:9000/search?q=cancer'
     """
-    from search.serve import run_server
-
-    run_server(Workspace(workspace), host, port, api_key)
+    workflows.serve(Workspace(workspace), host, port, api_key)
 
 
 @app.command(short_help="what the workspace holds, and whether it is consistent")
@@ -537,9 +496,7 @@ def status(workspace: WorkspaceOption = Path("workspace"), json_output: JsonOpti
     """
     from rich.text import Text
 
-    from common.status import workspace_status
-
-    report = workspace_status(Workspace(workspace))
+    report = workflows.status(Workspace(workspace))
     if json_output:
         out.print_json(json.dumps(report))
     else:

@@ -24,7 +24,7 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=None, help="only the first N documents")
     args = parser.parse_args()
 
-    from common.models import embedding_text, encode, load_embedder
+    from common.embedder import embedding_text, encode, load_embedder
     from common.readers import read_documents
     from common.workspace import Workspace
     from embed.run import EmbedSettings, run_embed

@@ -21,7 +21,7 @@ from benchmarks_common import SCIFACT, pipeline, pretrained_workspace, write_res
 def measure(kind: str, ids: np.ndarray, vectors: np.ndarray, queries: np.ndarray) -> dict:
     import faiss
 
-    from common.indexes import make_index
+    from index.faiss_index import make_index
     from index.build import exact_neighbours, recall_at_10
 
     start = time.perf_counter()

@@ -1,9 +1,9 @@
 """A transformer embedder's documents/s in `pipeline embed` against `SentenceTransformer.encode` over the same chunks.
 
-Both start from the same documents (SciFact abstracts) and make the same chunks (common/chunking.py with
+Both start from the same documents (SciFact abstracts) and make the same chunks (embed/chunking.py with
 the model's tokenizer). The reference then embeds each chunk's text ("title\\nchunk") with
 `SentenceTransformer.encode(batch_size=64, normalize_embeddings=True)`; ours is what `pipeline embed`
-runs, `common/ingest.chunk_and_embed`: the chunks' token ids from chunking, fed to the model without a
+runs, `embed/ingest.chunk_and_embed`: the chunks' token ids from chunking, fed to the model without a
 second tokenization (common/models.encode_token_ids). The two alternate `--repeats` times in one process
 (this machine's speed drifts). JSON to benchmarks/results/transformer_embed.json, with the largest
 difference between the two's vectors. (bench_embed.py measures the whole `pipeline embed` command.)
@@ -64,9 +64,9 @@ def main() -> None:
     if (args.model is None) == (args.minilm_shaped is None):
         parser.error("give one of --model and --minilm-shaped")
 
-    from common.chunking import chunk_texts
-    from common.ingest import chunk_and_embed
-    from common.models import embedding_text, load_embedder, token_limit
+    from embed.chunking import chunk_texts
+    from embed.ingest import chunk_and_embed
+    from common.embedder import embedding_text, load_embedder, token_limit
     from common.readers import Document
     from embed.run import EmbedSettings, TITLE_TOKENS
 

@@ -48,7 +48,7 @@ from bm25s.stopwords import (STOPWORDS_DANISH, STOPWORDS_DUTCH, STOPWORDS_EN, ST
 from common.console import warn
 from common.errors import PipelineError
 from common.language import LanguageMix, cjk_tokens, detect_languages, has_cjk
-from common.models import embedding_text
+from common.embedder import embedding_text
 
 K1, B = 1.5, 0.75
 TOKENIZE_BATCH = 10_000  # chunks tokenized at once: bounds the memory the token strings take
@@ -295,8 +295,12 @@ class LexicalIndex:
         segments = sorted(path.glob("segment-*"), key=lambda p: int(p.name.split("-")[1]))
         if not (path / "chunk_ids.npy").exists() or not segments:
             raise PipelineError(f"{path}: lexical index missing or from an older version; run `pipeline index`")
-        index = cls([Segment.load(s) for s in segments], np.load(path / "chunk_ids.npy"), Analyzer.load(path))
-        index.postings()  # scored now: a search pays nothing for it
+        try:
+            index = cls([Segment.load(s) for s in segments], np.load(path / "chunk_ids.npy"), Analyzer.load(path))
+            index.postings()  # scored now: a search pays nothing for it
+        except (OSError, ValueError, EOFError, KeyError, IndexError) as e:  # a truncated or overwritten file
+            raise PipelineError(f"{path}: damaged BM25 index ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}); "
+                                "run `pipeline index --rebuild`") from None
         return index
 
     def search(self, query: str, n: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -19,7 +19,7 @@ A document's metadata (every field of its input row beyond id, title and text) i
 documents from different files carry different fields, and a JSON column takes them all without a
 schema change in the middle of an embed run. Filtering does not read it from here per query: search
 loads the store once (`load_corpus`) and types each field into a column of its own in memory
-(common/filters.py).
+(search/filters.py).
 
 All SQL against the store is in this module, and it takes bound parameters.
 """
@@ -53,16 +53,6 @@ CREATE TABLE IF NOT EXISTS source_files (source VARCHAR PRIMARY KEY, text_field 
 ALTER TABLE documents ADD COLUMN IF NOT EXISTS metadata JSON;
 ALTER TABLE staged_documents ADD COLUMN IF NOT EXISTS metadata JSON;
 """
-
-
-def embedder_key(fingerprint: str, chunk_tokens: int, overlap: int) -> str:
-    """What the stored vectors were made with: the model and the chunking (store_meta "embedder")."""
-    return f"{fingerprint}|chunk={chunk_tokens}|overlap={overlap}"
-
-
-def stale_index_message(index_generation, store_generation: int | None) -> str:
-    return (f"the documents changed since the index was built (store generation {store_generation}, index built from "
-            f"{index_generation if index_generation is not None else 'an older version'}): run `pipeline index`")
 
 
 @dataclass
@@ -116,6 +106,18 @@ def arrow_numbers(array: pa.Array, dtype) -> np.ndarray:
     return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * np.dtype(dtype).itemsize)
 
 
+DAMAGED_ADVICE = ("the file is damaged: restore it from a copy, or move it aside and run `pipeline embed` and "
+                  "`pipeline index` to build it again from the documents' sources")
+
+
+def damaged_store_error(error: BaseException) -> PipelineError | None:
+    """A store file that opened but cannot be read further (truncated, overwritten) fails inside DuckDB
+    with an IO error naming the file: as a one-line error saying what to do; None for any other error."""
+    if not isinstance(error, duckdb.IOException):
+        return None
+    return PipelineError(f"{str(error).splitlines()[0].removeprefix('IO Error: ')}: {DAMAGED_ADVICE}")
+
+
 class Store:
     def __init__(self, path: Path, read_only: bool = False, bulk: bool = False):
         """bulk: a run writing many rows (`pipeline embed`): DuckDB checkpoints its write-ahead log when the
@@ -126,7 +128,9 @@ class Store:
         try:
             self.con = duckdb.connect(str(path), read_only=read_only)
         except duckdb.Error as e:
-            raise PipelineError(f"{path}: cannot open the DuckDB store ({str(e).splitlines()[0]})") from None
+            reason = str(e).splitlines()[0]
+            advice = "another process holds it: wait for it to finish" if "lock" in reason.lower() else DAMAGED_ADVICE
+            raise PipelineError(f"{path}: cannot open the DuckDB store ({reason}); {advice}") from None
         if not read_only:
             self.con.execute(SCHEMA)
             # The vectors' floats are noise to DuckDB's float compression (ALP, ALP-RD): on 100,241 vectors

@@ -1,4 +1,5 @@
-"""The workspace: one directory holding everything a run produces, and the manifest tying the parts together.
+"""The workspace: one directory holding everything a run produces (the manifest tying the parts together is
+common/manifest.py).
 
 Layout (all paths relative to the workspace root):
     manifest.json        which tokenizer, model, embedder and index belong together
@@ -147,20 +148,6 @@ class Workspace:
         self.root.mkdir(parents=True, exist_ok=True)
         return self
 
-    def read_manifest(self) -> dict[str, Any]:
-        if not self.manifest_path.exists():
-            return {}
-        try:
-            return json.loads(self.manifest_path.read_text())
-        except json.JSONDecodeError as e:
-            raise PipelineError(f"{self.manifest_path}: corrupt manifest ({e})") from e
-
-    def update_manifest(self, section: str, value: dict[str, Any]) -> None:
-        """Replace one section ("tokenizer", "model", "embedder", "index") of the manifest atomically."""
-        manifest = self.read_manifest()
-        manifest[section] = value
-        atomic_write_json(self.manifest_path, manifest)
-
     def recorded_path(self, path: Path) -> str:
         """How the manifest records a path: relative to the workspace root when it lies inside it (so the
         workspace can be moved or copied), else absolute (an external `--model DIR`)."""
@@ -169,26 +156,6 @@ class Workspace:
             return str(path.relative_to(self.root.resolve()))
         except ValueError:
             return str(path)
-
-    def embedder_model_dir(self, embedder: dict[str, Any]) -> Path:
-        """The model the stored vectors were made with (the manifest's "embedder" section).
-
-        Manifests written before paths were recorded relative to the workspace hold an absolute path even
-        for the workspace's own model/ or tuned/. When this workspace has a directory of that name holding
-        the recorded model (same fingerprint), that is the one meant: the workspace was moved or copied."""
-        recorded = Path(embedder["model_path"])
-        if not recorded.is_absolute():
-            return self.root / recorded
-        own = self.root / recorded.name
-        if own.is_dir() and own.resolve() != recorded.resolve() and model_fingerprint(own) == embedder["fingerprint"]:
-            return own
-        return recorded
-
-    def require(self, section: str, hint: str) -> dict[str, Any]:
-        entry = self.read_manifest().get(section)
-        if not entry:
-            raise PipelineError(f"workspace {self.root} has no {section}: {hint}")
-        return entry
 
     @property
     def writer_lock_path(self) -> Path:

@@ -36,10 +36,10 @@ from common.console import info
 from common.errors import PipelineError
 from common.heldout import held_out_pairs
 from common.language import detect_languages
-from common.models import embedding_text, encode, load_embedder
+from common.embedder import embedding_text, encode, load_embedder
 from common.readers import Document
 from common.workspace import Workspace, model_fingerprint, replace_directory
-from embed.tune import DEFAULT_LR, TUNED_DIR, TuneSettings, document_text, run_tune, transformer_student
+from embed.tune import DEFAULT_LR, TUNED_DIR, TuneSettings, document_text, record_tuned, run_tune, transformer_student
 
 TRANSFORMER_BATCH = 256  # pairs per step: the transformer's batch (a static table takes 1,024 cheaply)
 TRANSFORMER_MINI_BATCH = 64  # texts per forward pass (CachedMultipleNegativesRankingLoss): bounded memory
@@ -92,7 +92,7 @@ def adapt(ws: Workspace, docs: list[Document], budget_seconds: float, static: Tu
     if skipped:
         report["transformer"] = skipped
     summary = {**candidates[kept], "path": TUNED_DIR, "fingerprint": model_fingerprint(ws.root / TUNED_DIR), "candidates": report}
-    ws.update_manifest("tuned", summary)
+    record_tuned(ws, summary)
     measured = ", ".join(f"{name} {report[name]['held_out_ndcg@10'] or 0:.3f}" for name in candidates)
     info(f"embedder kept: {kept} (dense nDCG@10 on {len(gains[kept])} held-out corpus pairs: {measured}); "
          "`pipeline embed` now uses it")

@@ -19,14 +19,14 @@ class ChunkEmbedder:
 
     def __init__(self, model_dir: str, batch_size: int):
         from common.console import err
-        from common.models import load_embedder
+        from common.embedder import load_embedder
 
         err.quiet = True  # the driver reports progress; an actor's lines would reach the user with Ray's prefix
         self.model = load_embedder(Path(model_dir))
         self.batch_size = batch_size
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from common.models import embed_token_ids
+        from common.embedder import embed_token_ids
 
         vectors = embed_token_ids(self.model, [[int(i) for i in ids] for ids in batch["ids"]], self.batch_size)
         return {"row": batch["row"], "vector": vectors}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -19,10 +18,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from common.console import err, info
 from common.default_corpus import DEFAULT_CORPUS_SOURCE, stdlib_documents
 from common.errors import PipelineError
-from common.ingest import chunk_and_embed, content_hash, document_rows
-from common.models import fed_token_ids, is_static, load_embedder, text_tokenizer, token_limit
+from common.manifest import embedder_key, read_manifest
+from embed.ingest import Embedding, content_hash, upsert_documents
+from common.embedder import fed_token_ids, is_static, load_embedder, text_tokenizer, token_limit
 from common.readers import Document, JsonLinesRead, list_files, read_documents
-from common.store import Store, embedder_key
+from common.store import Store
 from common.workspace import Workspace, model_fingerprint
 from embed import appended
 from embed.tune import default_model_dir
@@ -45,7 +45,7 @@ RAY_GROUP_SIZE = 16_384
 # Room left in each model input for the document title that precedes the chunk.
 TITLE_TOKENS = 32
 # From this many documents a static model averages with torch (its import, ~2 s, then pays for itself:
-# common/models.py StaticEmbedder.mean_with_torch); below, numpy is faster overall.
+# common/embedder.py StaticEmbedder.mean_with_torch); below, numpy is faster overall.
 TORCH_MEAN_DOCUMENTS = 20_000
 
 
@@ -53,7 +53,8 @@ def source_paths(ws: Workspace, data: list[Path]) -> list[Path] | None:
     """The user's --data, or else the files pretraining read; None for the built-in corpus."""
     if data:
         return data
-    sources = ws.read_manifest().get("tokenizer", {}).get("sources")
+    tokenizer = read_manifest(ws).tokenizer
+    sources = tokenizer.sources if tokenizer else None
     if not sources:
         raise PipelineError("no --data given and the workspace records no pretraining data to reuse")
     if sources == [DEFAULT_CORPUS_SOURCE]:  # the same built-in corpus pretrain used
@@ -101,7 +102,6 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
     tokenizer = text_tokenizer(model)
     fingerprint = model_fingerprint(model_dir)
     key = embedder_key(fingerprint, settings.chunk_tokens, settings.overlap)
-    dim = model.get_embedding_dimension()
     embed_inputs = None  # here, unless on Ray
     if settings.ray:
         if not fed_token_ids(model, tokenizer):
@@ -135,53 +135,28 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
         if gone:
             info(f"pruning {len(gone)} stored documents no longer in the source" if settings.prune
                  else f"{len(gone)} stored documents are not in the source (kept; --prune removes them)")
-        staged = store.stage(dim, key, {d.id: digests[d.id] for d in todo})
-        if staged:
-            info(f"{len(staged)} of them were embedded by an interrupted run: resuming after them")
-        to_embed = [d for d in todo if staged.get(d.id) != digests[d.id]]
-
         if is_static(model):
-            model.mean_with_torch = len(to_embed) >= TORCH_MEAN_DOCUMENTS
-        start, n_chunks = time.perf_counter(), 0
-        next_id = store.next_chunk_id()
+            model.mean_with_torch = len(todo) >= TORCH_MEAN_DOCUMENTS
+        embedding = Embedding(model, tokenizer, model_dir, fingerprint, settings.chunk_tokens, settings.overlap,
+                              settings.batch_size, embed_inputs)
         with Progress(TextColumn("embedding"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
                       TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal) as bar:
-            task = bar.add_task("embed", total=len(to_embed), rate="")
+            task = bar.add_task("embed", total=len(todo), rate="")
+            start = time.perf_counter()
 
-            def advance(documents_done: float) -> None:
+            def advance(documents_done: float) -> None:  # with every encoded batch
                 bar.update(task, completed=documents_done, rate=f"{documents_done / (time.perf_counter() - start):.1f} docs/s")
 
-            # Each group is written while the next one is embedded: DuckDB lets go of the GIL as it inserts.
-            with ThreadPoolExecutor(1) as writer:
-                written = None
-                group_size = max(settings.group_size, RAY_GROUP_SIZE) if settings.ray else settings.group_size
-                for g in range(0, len(to_embed), group_size):
-                    group = to_embed[g:g + group_size]
-                    # The bar moves with every encoded batch: by the share of the group's chunks encoded so far.
-                    rows, vectors = chunk_and_embed(
-                        group, model, tokenizer, settings.chunk_tokens, settings.overlap, next_id, embed_inputs,
-                        lambda share: advance(g + len(group) * share), settings.batch_size)
-                    next_id += len(rows)
-                    if written is not None:
-                        written.result()  # one group in writing at a time; its error is raised here
-                    written = writer.submit(store.write_documents, document_rows(group, digests), rows, vectors)
-                    n_chunks += len(rows)
-                    advance(g + len(group))
-                if written is not None:
-                    written.result()
-        if rebuild or todo or (settings.prune and gone):
-            store.publish(replace_all=rebuild, remove=gone if settings.prune else [])
+            entry = upsert_documents(ws, store, embedding, todo, digests, remove=gone if settings.prune else [],
+                                     replace_all=rebuild, on_progress=advance,
+                                     group_size=max(settings.group_size, RAY_GROUP_SIZE) if settings.ray else settings.group_size)
         appended.record(store, json_lines, text_field, documents, digests, read_before)
         elapsed = time.perf_counter() - start
-        counts = store.counts()
-        generation = store.generation()
 
-    summary = {"model_path": ws.recorded_path(model_dir), "fingerprint": fingerprint, "dim": dim,
-               "chunk_tokens": settings.chunk_tokens, "overlap": settings.overlap,
-               "documents": counts["documents"], "chunks": counts["chunks"], "embedded_documents": len(to_embed),
-               "embedded_chunks": n_chunks, "documents_read_before": len(read_before), "store_generation": generation, "seconds": elapsed, "docs_per_s": len(to_embed) / elapsed if elapsed else None}
-    ws.update_manifest("embedder", summary)
-    rate = f", {summary['docs_per_s']:.1f} docs/s" if to_embed else ""
-    info(f"embedded {len(to_embed)} documents ({n_chunks} chunks) in {elapsed:.1f}s{rate}; store holds "
-         f"{counts['documents']} documents, {counts['chunks']} chunks")
+    embedded = entry.report["embedded_documents"]
+    summary = {**entry.to_json(), "documents_read_before": len(read_before), "seconds": elapsed,
+               "docs_per_s": embedded / elapsed if elapsed else None}
+    rate = f", {summary['docs_per_s']:.1f} docs/s" if embedded else ""
+    info(f"embedded {embedded} documents ({entry.report['embedded_chunks']} chunks) in {elapsed:.1f}s{rate}; store holds "
+         f"{entry.documents} documents, {entry.chunks} chunks")
     return summary

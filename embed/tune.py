@@ -54,7 +54,8 @@ from common.console import info, warn
 from common.errors import PipelineError
 from common.heldout import after_title, is_held_out, shared_titles, title_key
 from common.language import detect_languages, passages
-from common.models import embedding_text, ensure_pad_token
+from common.manifest import TunedEntry, read_manifest, write_section
+from common.embedder import embedding_text, ensure_pad_token
 from common.readers import Document, read_json_lines
 from common.workspace import Workspace, model_fingerprint, replace_directory
 
@@ -70,6 +71,7 @@ HARD_NEGATIVE_DEPTH = 8  # a hard negative is drawn from the anchor's top BM25 d
 # negative's): batches of at most a third as many pairs as there are documents stay easy to fill.
 DOCUMENTS_PER_BATCH_PAIR = 3
 MAX_PAIR_REPEATS = 3  # times one (anchor, positive) pair may be trained on: more teaches the pair, not the task
+DRAWS_PER_KIND = 8  # draws of one kind before a document falls back to another (next_pair)
 
 
 @dataclass
@@ -104,14 +106,14 @@ def adaptation_steps(pretraining_seconds: float, steps: int = TuneSettings.steps
 
 def tuned_model_dir(ws: Workspace) -> Path | None:
     """The tuned model recorded in the manifest, if it is there and was tuned from the current pretrained model."""
-    tuned = ws.read_manifest().get("tuned")
-    if not tuned:
+    tuned = read_manifest(ws).tuned
+    if tuned is None:
         return None
-    path = ws.root / tuned["path"]
+    path = ws.root / tuned.path
     if not (path / "modules.json").exists():
         warn(f"the tuned model {path} is missing: using the pretrained model (run `pipeline tune` again)")
         return None
-    if (ws.model_dir / "config.json").exists() and model_fingerprint(ws.model_dir) != tuned["base_fingerprint"]:
+    if not tuned.tuned_from(ws):
         warn("the pretrained model changed since `pipeline tune`: using the pretrained model (run `pipeline tune` again)")
         return None
     return path
@@ -162,9 +164,9 @@ def pair_for(source: PairSource, kind: str, rng: random.Random, max_chars: int) 
     if kind == "title":
         if not source.title or len(text) < 20:
             return None
-        if len(parts) < 3 or rng.random() < 0.5:  # the whole text, or a window of at least half of its parts
+        if len(parts) < 3 or rng.random() < 0.5:  # the whole text, or a window of at least a third of its parts
             return source.title, text[:max_chars]
-        size = rng.randint((len(parts) + 1) // 2, len(parts) - 1)
+        size = rng.randint((len(parts) + 2) // 3, len(parts) - 1)
         lo = rng.randint(0, len(parts) - size)
         return source.title, " ".join(parts[lo:lo + size])[:max_chars]
     if kind == "dropout":
@@ -183,9 +185,24 @@ def pair_for(source: PairSource, kind: str, rng: random.Random, max_chars: int) 
     if kind == "neighbours":
         if len(parts) < 4:
             return None
-        cut = rng.randrange(2, len(parts) - 1)
-        return " ".join(parts[max(0, cut - 3):cut])[:max_chars], " ".join(parts[cut:cut + 3])[:max_chars]
+        cut = rng.randrange(2, len(parts) - 1)  # 1 to 3 parts either side of the cut
+        return (" ".join(parts[max(0, cut - rng.randint(1, 3)):cut])[:max_chars],
+                " ".join(parts[cut:cut + rng.randint(1, 3)])[:max_chars])
     raise ValueError(kind)
+
+
+def next_pair(source: PairSource, kind: str, rng: random.Random, max_chars: int,
+              made: collections.Counter) -> tuple[str, str] | None:
+    """A pair of this kind not yet made MAX_PAIR_REPEATS times, or None. A few draws, because a kind's
+    most likely pair (a title with its whole text) is used up first while its other pairs are not:
+    falling to another kind at once would shift the mix away from the kinds drawn."""
+    for _ in range(DRAWS_PER_KIND):
+        pair = pair_for(source, kind, rng, max_chars)
+        if pair is None:
+            return None
+        if made[pair] < MAX_PAIR_REPEATS:
+            return pair
+    return None
 
 
 def read_labelled_pairs(path: Path, documents: dict[str, Document]) -> list[tuple[str, str]]:
@@ -232,8 +249,8 @@ def make_pairs(docs: list[Document], settings: TuneSettings, labelled: list[tupl
         before = len(pairs)
         for i in rng.sample(range(len(sources)), len(sources)):
             for kind in rng.sample(kinds, len(kinds)):
-                pair = pair_for(sources[i], kind, rng, settings.max_chars)
-                if pair is not None and made[pair] < MAX_PAIR_REPEATS:
+                pair = next_pair(sources[i], kind, rng, settings.max_chars, made)
+                if pair is not None:
                     made[pair] += 1
                     pairs.append((*pair, i))
                     counts[kind] = counts.get(kind, 0) + 1
@@ -472,10 +489,16 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings, out_na
                "seconds": seconds}
     losses_said = f"loss {summary['first_loss']:.3f} -> {summary['final_loss']:.3f}" if losses else f"loss {summary['final_loss']:.3f}"
     if record:
-        ws.update_manifest("tuned", summary)
+        record_tuned(ws, summary)
     info(f"tuned in {seconds:.0f}s, {result.global_step} steps ({losses_said}); saved to {out_dir}"
          + ("; `pipeline embed` now uses it" if record else ""))
     return summary
+
+
+def record_tuned(ws: Workspace, summary: dict) -> None:
+    """The manifest's "tuned" section names the embedder `pipeline embed` uses (its one writer: `pipeline
+    tune` and the embedder choice, embed/choose.py)."""
+    write_section(ws, TunedEntry.from_json(summary))
 
 
 def static_student(model_dir: Path, settings: TuneSettings, device: str, docs: list[Document]):

@@ -1,94 +1,61 @@
-"""`pipeline index`: FAISS over the vectors in the store and BM25 over the chunks' text, built in full or updated.
+"""`pipeline index`: FAISS over the vectors in the store and BM25 over the chunks' text, brought up to the store.
 
-Vectors are L2-normalised, so every index uses inner product (= cosine similarity). Chunk ids are
-kept through IndexIDMap2. A run updates the last build when little changed since it (common/indexes.py:
-the base kept, its deleted chunks skipped, the chunks added since in a delta), and builds in full
-otherwise: the first time, with --rebuild, for another index type or embedder, or when more than
-REBUILD_SHARE (10%) of the base was added or deleted since. The full build is here; both are recorded
-in the manifest last, so a crash mid-build leaves the previous index in use.
+`refresh_indexes` is the one way the indexes change, for `pipeline index` and the server's document API
+alike: it updates the last build when little changed since it (index/update.py: the base kept, its
+deleted chunks skipped, the chunks added since in a delta), and builds in full otherwise: the first time,
+with --rebuild, for another index type or embedder, or when more than REBUILD_SHARE (10%) of the base was
+added or deleted since. Either is recorded in the manifest last (index/files.py), so a crash mid-build
+leaves the previous index in use.
 """
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import faiss
 import numpy as np
 
 from common.console import info
 from common.errors import PipelineError
-from common.indexes import chunks_to_index, check_store, choose_type, make_index, record, save_lexical, update, update_plan, write_faiss
-from common.lexical import LexicalIndex, check_language, choose_analyzer
+from common.index_files import base_segment_dir
+from common.lexical import LexicalIndex, Segment, check_language, choose_analyzer
+from common.manifest import read_manifest
 from common.store import Store
 from common.workspace import Workspace
-
-INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")
-
-
-# An approximate index is searched as broadly as it takes to find this share of the exact top 10 (on a
-# sample of its own vectors as queries), within the limits below.
-TARGET_RECALL = 0.95
-MAX_EF_SEARCH = 1024  # HNSW: beyond this a search costs more than the graph saves
-RECALL_SAMPLE = 1000
+from index.faiss_index import INDEX_TYPES, RECALL_SAMPLE, TARGET_RECALL, choose_type, make_index, tune_search
+from index.files import record, save_lexical, write_faiss
+from index.update import update, update_plan
 
 
-def exact_neighbours(ids: np.ndarray, vectors: np.ndarray, sample: int = RECALL_SAMPLE, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(query vectors, ids of their exact 10 nearest stored vectors, the queries' own ids) for a sample of
-    stored vectors as queries; each query's own vector is left out of its neighbours (a new query is not
-    in the index)."""
-    rng = np.random.default_rng(seed)
-    rows = np.sort(rng.choice(len(vectors), size=min(sample, len(vectors)), replace=False))
-    # faiss.knn reads the vectors where they are (an IndexFlat would copy them: 4 GB at a million)
-    _, found = faiss.knn(vectors[rows], vectors, min(11, len(vectors)), metric=faiss.METRIC_INNER_PRODUCT)
-    return vectors[rows], np.array([[ids[r] for r in row if r != own][:10] for row, own in zip(found, rows)]), ids[rows]
-
-
-def recall_at_10(index: faiss.Index, queries: np.ndarray, truth: np.ndarray, own_ids: np.ndarray) -> float:
-    """Share of the exact top 10 (`truth`, exact_neighbours) that the index finds, leaving out each query's own id."""
-    if truth.shape[1] == 0:  # an index of one vector: nothing else to find
-        return 1.0
-    _, found = index.search(queries, truth.shape[1] + 1)
-    return float(np.mean([len(set(t) & (set(f) - {own})) / len(t) for t, f, own in zip(truth, found, own_ids)]))
-
-
-def tune_search(index: faiss.Index, kind: str, ids: np.ndarray, vectors: np.ndarray) -> tuple[float, dict]:
-    """Widen an approximate index's search (HNSW's efSearch, IVF's nprobe), doubling it, until its
-    recall@10 on a sample reaches TARGET_RECALL, the width its limit, or doubling gains under 0.005 (IVF-PQ's
-    compressed codes cap its recall whatever the width). The index file keeps the width chosen; returns
-    (recall, {parameter: width})."""
-    queries, truth, own_ids = exact_neighbours(ids, vectors)
-    inner = faiss.downcast_index(faiss.downcast_index(index).index)
-    name, limit = ("efSearch", MAX_EF_SEARCH) if kind == "hnsw" else ("nprobe", inner.nlist)
-    holder = inner.hnsw if kind == "hnsw" else inner
-    recall = recall_at_10(index, queries, truth, own_ids)
-    while recall < TARGET_RECALL and getattr(holder, name) < limit:
-        width = getattr(holder, name)
-        setattr(holder, name, min(limit, 2 * width))
-        wider = recall_at_10(index, queries, truth, own_ids)
-        if wider - recall < 0.005:
-            setattr(holder, name, width)
-            break
-        recall = wider
-    return recall, {name: int(getattr(holder, name))}
-
-
-def build_index(ws: Workspace, kind: str = "auto", rebuild: bool = False, language: str = "auto") -> dict:
+def refresh_indexes(ws: Workspace, kind: str = "auto", rebuild: bool = False, language: str = "auto",
+                    full_build_allowed: bool = True) -> dict:
     """Bring the indexes up to the store: an update of the last build when that is cheap and sound,
-    else a full build (common/indexes.py's `update_plan` says which). `language` chooses BM25's analyzer
-    (common/lexical.py): auto detects it at a full build, and an update keeps the last build's."""
+    else a full build (index/update.py's `update_plan` says which). `language` chooses BM25's analyzer
+    (common/lexical.py): auto detects it at a full build, and an update keeps the last build's. Without
+    `full_build_allowed` (a document write through the server, which must answer quickly) the last build
+    is updated even past REBUILD_SHARE, and says so: the next `pipeline index` then builds in full."""
     if kind not in INDEX_TYPES:
         raise PipelineError(f"--type: unknown index type '{kind}' (choose from {', '.join(INDEX_TYPES)})")
     language = language.lower()
     check_language(language)
-    embedder = ws.require("embedder", "run `pipeline embed` first")
+    manifest = read_manifest(ws)
+    embedder, previous = manifest.embedder, manifest.index
+    if embedder is None:
+        raise PipelineError(f"workspace {ws.root} has no embedder: run `pipeline embed` first")
+    if not full_build_allowed and previous is None:
+        raise PipelineError(f"workspace {ws.root} has no index: run `pipeline index` first")
     with Store(ws.db_path, read_only=True) as store:
-        check_store(store, embedder, ws)
+        embedder.check_store(store.get_meta("embedder"), ws.db_path)
         generation = store.generation()
         live = store.chunk_ids()
-        if len(live) == 0:
+        if len(live) == 0 and full_build_allowed:
             raise PipelineError(f"{ws.db_path}: no vectors stored; run `pipeline embed` first")
-        previous = ws.read_manifest().get("index")
-        base, reason = update_plan(ws, previous, embedder, kind, live, rebuild, language)
+        base, reason = update_plan(ws, previous, embedder, kind if full_build_allowed else previous.type, live, rebuild, language)
+        if base is None and not full_build_allowed:
+            base_dir = base_segment_dir(ws, previous)
+            if previous.base_vectors is None or not base_dir.is_dir():
+                raise PipelineError(f"the index cannot be updated ({reason}): run `pipeline index`")
+            base = Segment.load(base_dir)
+            reason = f"update, though {reason.removeprefix('full build (').rstrip(')')}: `pipeline index` will rebuild"
         ids, vectors, chunk_rows = chunks_to_index(store, live, base)
     if base is None:
         summary = full_build(ws, kind, ids, vectors, chunk_rows, reason, language)
@@ -144,3 +111,11 @@ def build_faiss(kind: str, ids: np.ndarray, vectors: np.ndarray, why: str) -> di
              f"with {parameter} {width} (aiming at {TARGET_RECALL}; {time.perf_counter() - start:.1f}s)")
     return {"index": index, "type": kind, "reason": reason, "build_seconds": build_seconds, "recall_at_10": recall,
             "search_setting": search_setting}
+
+
+def chunks_to_index(store: Store, live: np.ndarray, base: Segment | None) -> tuple[np.ndarray, np.ndarray, list]:
+    """(chunk ids, vectors, (chunk id, title, text) rows) of every stored chunk for a full build (no base),
+    or of those added since the base for an update."""
+    only = None if base is None else np.setdiff1d(live, base.chunk_ids, assume_unique=True)
+    ids, vectors = store.load_vectors(only)
+    return ids, vectors, [(chunk_id, title, text) for chunk_id, _, title, text in store.chunk_rows(only)]

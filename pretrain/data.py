@@ -20,6 +20,7 @@ from tokenizers import Tokenizer
 from common.console import info
 from common.default_corpus import DEFAULT_CORPUS_SOURCE, stdlib_documents
 from common.errors import PipelineError
+from common.manifest import TokenizerEntry, write_section
 from common.readers import Document, read_documents
 from common.workspace import Workspace, atomic_write_json, file_sha256
 from pretrain.config import TrainConfig
@@ -57,10 +58,9 @@ def prepare_data(ws: Workspace, data_paths: list[Path], text_field: str | None, 
     save_tokenizer(tokenizer, ws.tokenizer_dir)
     meta = write_token_files(train_tokens, val_tokens, tokenizer.get_vocab_size(), ws.data_dir)
     info(f"tokenized: {meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens")
-    ws.update_manifest("tokenizer", {
-        "path": "tokenizer", "sha256": file_sha256(ws.tokenizer_dir / "tokenizer.json"),
-        "vocab_size": tokenizer.get_vocab_size(), "sources": sources, "documents": len(documents), **meta,
-    })
+    write_section(ws, TokenizerEntry(path="tokenizer", sha256=file_sha256(ws.tokenizer_dir / "tokenizer.json"),
+                                     vocab_size=tokenizer.get_vocab_size(), sources=sources, documents=len(documents),
+                                     report={key: value for key, value in meta.items() if key != "vocab_size"}))
     return meta
 
 

@@ -3,7 +3,7 @@
 init_distributed() joins the process group torchrun (or Ray Train) started; build_mesh() is the only
 place that builds the mesh, with one named dimension per degree above 1 of the plan, outermost first:
 
-    pp            pipeline stages          pretrain/pipeline.py
+    pp            pipeline stages          pretrain/pipeline_parallel.py
     dp_replicate  data-parallel replicas   DDP alone, or the replicate dimension of HSDP
     dp_shard      data-parallel shards     FSDP2 fully_shard
     tp            tensor-parallel shards   DTensor parallelize_module, Megatron-style

@@ -1,6 +1,6 @@
 """Parallel training plans: one small function per parallelism, applied to the same GPT.
 
-parallelize() applies, as torchtitan does: the pipeline split (pretrain/pipeline.py) -> apply_tp ->
+parallelize() applies, as torchtitan does: the pipeline split (pretrain/pipeline_parallel.py) -> apply_tp ->
 apply_ac -> apply_compile -> apply_fsdp / apply_ddp, over the mesh of pretrain/mesh.py. Every function
 is a no-op when its degree is 1, so one process is the same code path. The result, a ParallelModel,
 is all the training loop talks to: forward and backward of this rank's slice of the batch, the loss
@@ -23,7 +23,7 @@ from common.console import info
 from pretrain.config import ParallelConfig, RuntimeOptions, TrainConfig, stage_layers
 from pretrain.mesh import Parallel
 from pretrain.model import lm_loss
-from pretrain.pipeline import build_schedule, split_stage, stage_ids, sync_tied_embeddings, tied_embedding_group
+from pretrain.pipeline_parallel import build_schedule, split_stage, stage_ids, sync_tied_embeddings, tied_embedding_group
 
 
 # ---------------------------------------------------------------- one function per parallelism

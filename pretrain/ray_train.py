@@ -18,6 +18,7 @@ from pathlib import Path
 
 from common.console import info
 from common.errors import PipelineError
+from common.manifest import read_manifest
 from common.ray_cluster import connect
 from common.workspace import Workspace
 
@@ -84,7 +85,8 @@ def run_on_ray(ws: Workspace, cfg, plan, options, resume_from: Path | None, addr
         while cause.__cause__ is not None:
             cause = cause.__cause__
         raise PipelineError(f"training on Ray failed: {type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}") from None
-    return ws.read_manifest().get("model", {})
+    model = read_manifest(ws).model
+    return model.to_json() if model else {}
 
 
 def cluster_workers(address: str) -> int:

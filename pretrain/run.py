@@ -19,6 +19,7 @@ from pathlib import Path
 
 from common.console import info
 from common.errors import PipelineError
+from common.manifest import read_manifest
 from common.workspace import Workspace
 from pretrain.checkpoint import checkpoint_dirs, config_from_checkpoint
 from pretrain.config import PRESET_TRAINING, PRESETS, ParallelConfig, RuntimeOptions, TrainConfig, model_config_for
@@ -242,4 +243,5 @@ def train_job(ws: Workspace, cfg: TrainConfig, plan: ParallelConfig, options: Ru
     spec = RunSpec(str(ws.root.resolve()), asdict(cfg), plan.to_dict(), str(resume_from.resolve()) if resume_from else None,
                    prediction=prediction, options=options.to_dict())
     launch([spec], **job)
-    return ws.read_manifest().get("model", {}) if job["node_rank"] == 0 else {}
+    model = read_manifest(ws).model if job["node_rank"] == 0 else None
+    return model.to_json() if model else {}

@@ -18,6 +18,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from common.console import info
+from common.manifest import ModelEntry, write_section
 from common.workspace import Workspace, model_fingerprint
 from pretrain.checkpoint import full_state_dict, load_checkpoint, save_checkpoint
 from pretrain.config import ParallelConfig, RuntimeOptions, TrainConfig
@@ -158,6 +159,6 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
     if export:
         export_model(state, cfg.model, load_tokenizer(ws.tokenizer_dir), ws.model_dir)
         summary["fingerprint"] = model_fingerprint(ws.model_dir)
-        ws.update_manifest("model", summary)
+        write_section(ws, ModelEntry.from_json(summary))
         info(f"exported the model to {ws.model_dir}")
     return summary

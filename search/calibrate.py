@@ -25,10 +25,11 @@ import random
 import numpy as np
 
 from common.console import info
+from common.embedder import embedding_text, encode
 from common.heldout import held_out_pairs
-from common.indexes import base_segment_dir
+from common.index_files import base_segment_dir
 from common.lexical import LexicalIndex, Segment
-from common.models import embedding_text, encode
+from common.manifest import SearchEntry, read_manifest, require, write_section
 from common.store import Store
 from common.workspace import Workspace
 from search.engine import Ranking, fuse
@@ -47,10 +48,10 @@ def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
     """nDCG@10 of lexical, dense and hybrid (per dense weight) on held-out pairs of the stored corpus,
     searched in the whole collection with the measured documents' chunks left out and their shortened texts
     added: dense by exact scores, BM25 as an update of the index `pipeline index` just built in full (its
-    base segment and a delta: common/indexes.py; statistics of that collection, as a full build's)."""
+    base segment and a delta: index/update.py; statistics of that collection, as a full build's)."""
     rng = random.Random(seed)
-    index_entry = ws.require("index", "run `pipeline index` first")
-    language = (index_entry.get("analyzer") or {}).get("language", "en")
+    index_entry = require(ws, "index", "run `pipeline index` first")
+    language = index_entry.language
     with Store(ws.db_path, read_only=True) as store:
         documents = store.document_texts()
         pairs = held_out_pairs(documents, rng, language, MAX_PAIRS)  # doc_id -> (query, shortened text, kind)
@@ -127,9 +128,9 @@ def plateau_weight(gains_by_weight: dict[float, np.ndarray]) -> float:
 
 def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> dict | None:
     """Measure the modes and record the best as the workspace's default, unless judged queries chose it for this model."""
-    current = ws.read_manifest().get("search", {})
-    if current.get("embedder_fingerprint") == embedder_fingerprint and current.get("chosen_by", "judged queries") != CHOSEN_BY:
-        info(f"default search mode: {current['default_mode']} (chosen on judged queries by `pipeline eval --set-default`)")
+    current = read_manifest(ws).search
+    if current is not None and current.embedder_fingerprint == embedder_fingerprint and current.chosen_by != CHOSEN_BY:
+        info(f"default search mode: {current.default_mode} (chosen on judged queries by `pipeline eval --set-default`)")
         return None
     result = measure_modes(ws, model)
     if not result:
@@ -137,11 +138,9 @@ def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> dict
         return None
     best_weight, scores = result["dense_weight"], result["ndcg@10"]
     mode, inconclusive = best_mode(scores)
-    section = {"default_mode": mode, "dense_weight": best_weight, "embedder_fingerprint": embedder_fingerprint,
-               "chosen_by": CHOSEN_BY, "ndcg@10": scores, "hybrid_ndcg@10": result["hybrid_ndcg@10"],
-               "pairs": result["pairs"], "pair_kinds": result["pair_kinds"], "collection_documents": result["collection_documents"],
-               "inconclusive": inconclusive}
-    ws.update_manifest("search", section)
+    section = record_default_mode(ws, mode, best_weight, embedder_fingerprint, CHOSEN_BY, {
+        "ndcg@10": scores, "hybrid_ndcg@10": result["hybrid_ndcg@10"], "pairs": result["pairs"], "pair_kinds": result["pair_kinds"],
+        "collection_documents": result["collection_documents"], "inconclusive": inconclusive})
     kinds = ", ".join(f"{n} {kind}" for kind, n in result["pair_kinds"].items())
     measured = (f"nDCG@10 on {result['pairs']} held-out corpus pairs ({kinds}): lexical {scores['lexical']:.3f}, "
                 f"dense {scores['dense']:.3f}, hybrid {scores['hybrid']:.3f} at dense weight {best_weight}")
@@ -151,6 +150,17 @@ def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> dict
     else:
         info(f"default search mode: {mode} ({measured})")
     return section
+
+
+def record_default_mode(ws: Workspace, mode: str, dense_weight: float, embedder_fingerprint: str, chosen_by: str,
+                        report: dict) -> dict:
+    """Make `mode` (and the hybrid's `dense_weight`) the default search mode of the index built by this
+    embedder: the manifest's "search" section, of which this is the one writer, for this measurement and
+    for `pipeline eval --set-default`."""
+    entry = SearchEntry(default_mode=mode, dense_weight=dense_weight, embedder_fingerprint=embedder_fingerprint,
+                        chosen_by=chosen_by, report=report)
+    write_section(ws, entry)
+    return entry.to_json()
 
 
 def best_mode(scores: dict[str, float]) -> tuple[str, bool]:

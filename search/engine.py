@@ -15,7 +15,7 @@ array lookup. An updated index is a base and a delta (index/build.py): both FAIS
 and their hits merged by score, the base's deleted chunks never among them; BM25 reads both segments. `search` can be called from several threads (FAISS and
 BM25 searches only read).
 
-Filters (common/filters.py) are applied during retrieval, never after it, so k documents come back
+Filters (search/filters.py) are applied during retrieval, never after it, so k documents come back
 whenever k allowed documents match: the allowed chunks become a bitmap (FAISS) and a weight mask
 (BM25). For FAISS: flat scans only the allowed vectors; HNSW and IVF widen their search by the inverse
 of the allowed share (efSearch, nprobe), and a graph walk that still comes back short, or a small
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import threading
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import faiss
@@ -34,14 +34,13 @@ import numpy as np
 
 from common.console import warn
 from common.errors import PipelineError
-from common.filters import DocumentFilter, DocumentFilters
-from common.indexes import load_index
-from common.ingest import chunk_and_embed
+from common.embedder import encode, is_static, load_embedder, text_tokenizer, token_limit, truncate_to_model
+from common.index_files import load_index
 from common.lexical import Analyzer, LexicalIndex
-from common.models import encode, is_static, load_embedder, text_tokenizer, token_limit, truncate_to_model
-from common.readers import Document
-from common.store import ChunkRow, Corpus, Store, stale_index_message
+from common.manifest import SearchEntry, read_manifest
+from common.store import Corpus, Store
 from common.workspace import Workspace, model_fingerprint
+from search.filters import DocumentFilter, DocumentFilters
 from search.snippets import make_snippet, snippet_terms
 
 MODES = ("dense", "lexical", "hybrid")
@@ -204,38 +203,36 @@ class SearchEngine:
 
     def __init__(self, ws: Workspace, load_model: bool = True, reuse_model=None):
         self.ws = ws
-        self.index_entry = ws.require("index", "run `pipeline embed` and `pipeline index` first")
-        embedder = ws.require("embedder", "run `pipeline embed` first")
-        index_path = ws.root / self.index_entry["path"]
-        if not index_path.exists():
-            raise PipelineError(f"{index_path}: index file missing; run `pipeline index`")
-        self.model_dir = ws.embedder_model_dir(embedder)
+        manifest = read_manifest(ws)
+        if manifest.index is None or manifest.embedder is None:
+            raise PipelineError(f"workspace {ws.root} has no index: run `pipeline embed` and `pipeline index` first")
+        self.index_entry = manifest.index
+        self.model_dir = manifest.embedder.model_dir(ws)
         if not self.model_dir.exists():
             raise PipelineError(f"{self.model_dir}: the embedding model recorded in the manifest is gone")
         current = model_fingerprint(self.model_dir)  # a stale index is refused whatever the mode, as `pipeline status` does
-        if self.index_entry["embedder_fingerprint"] != current:
+        if self.index_entry.embedder_fingerprint != current:
             raise PipelineError(
-                f"the index was built with model {self.index_entry['embedder_fingerprint']} but {self.model_dir} now holds "
+                f"the index was built with model {self.index_entry.embedder_fingerprint} but {self.model_dir} now holds "
                 f"model {current}: run `pipeline embed` and `pipeline index` again")
         # One snapshot of the store, then the file is let go (`pipeline embed` may write to it meanwhile).
         with Store(ws.db_path, read_only=True) as store:
             self.corpus = store.load_corpus()
         # The indexes hold chunk ids of the store generation they were built from: any other is refused.
-        if self.corpus.generation != self.index_entry.get("store_generation"):
-            raise PipelineError(stale_index_message(self.index_entry.get("store_generation"), self.corpus.generation))
-        # The base index, and the delta of chunks added since it was built (index/build.py).
-        paths = [index_path] + ([ws.root / self.index_entry["delta_path"]] if self.index_entry.get("delta_path") else [])
-        self.dense = [DenseIndex(load_index(path), self.corpus) for path in paths]
+        if self.index_entry.stale_reason(self.corpus.generation):
+            raise PipelineError(self.index_entry.stale_reason(self.corpus.generation))
+        # The base index, and the delta of chunks added since it was built (index/update.py).
+        self.dense = [DenseIndex(load_index(ws.root / path), self.corpus) for path in self.index_entry.files]
         held = np.concatenate([part.live_positions for part in self.dense])
         if len(held) != len(self.corpus.chunk_ids) or len(np.unique(held)) != len(held):  # the generation check makes this a broken file
             raise PipelineError("the FAISS index does not hold the stored chunks: run `pipeline index`")
-        lexical_path = self.index_entry.get("lexical_path")
+        lexical_path = self.index_entry.lexical_path
         self.lexical = LexicalIndex.load(ws.root / lexical_path) if lexical_path else None
         if self.lexical is not None and not np.array_equal(self.lexical.chunk_ids, self.corpus.chunk_ids):  # same check
             raise PipelineError("the BM25 index does not hold the stored chunks: run `pipeline index`")
         self.filters = DocumentFilters(self.corpus)
         self._model = reuse_model
-        self._default_mode, self._default_dense_weight = self.measured_defaults()
+        self._default_mode, self._default_dense_weight = self.measured_defaults(manifest.search)
         self._model_lock = threading.Lock()
         self._warned_long: set[str] = set()
         if load_model and self._model is None:
@@ -255,12 +252,12 @@ class SearchEngine:
                 self._encode_lock = nullcontext() if is_static(self._model) else threading.Lock()
             return self._model
 
-    def measured_defaults(self) -> tuple[str, float]:
+    def measured_defaults(self, measured: SearchEntry | None) -> tuple[str, float]:
         """The mode and hybrid weight measured best for this index's model (by `pipeline index` or
         `pipeline eval --set-default`), else DEFAULT_MODE and DEFAULT_DENSE_WEIGHT."""
-        measured = self.ws.read_manifest().get("search", {})
-        if measured.get("embedder_fingerprint") == self.index_entry["embedder_fingerprint"] and measured.get("default_mode") in MODES:
-            return measured["default_mode"], float(measured.get("dense_weight", DEFAULT_DENSE_WEIGHT))
+        if measured is not None and measured.measured_for(self.index_entry) and measured.default_mode in MODES:
+            weight = measured.dense_weight if measured.dense_weight is not None else DEFAULT_DENSE_WEIGHT
+            return measured.default_mode, float(weight)
         return DEFAULT_MODE, DEFAULT_DENSE_WEIGHT
 
     def resolve_dense_weight(self, dense_weight: float | None) -> float:
@@ -323,11 +320,13 @@ class SearchEngine:
                      f"it is embedded up to there (lexical search reads all of it)")
         return vectors
 
-    def chunk_and_embed(self, docs: list[Document], chunk_tokens: int, overlap: int, first_chunk_id: int) -> tuple[list[ChunkRow], np.ndarray]:
-        """Chunks and vectors of documents to store (the document API), as `pipeline embed` makes them with this model."""
+    @contextmanager
+    def embedding_model(self):
+        """(model, tokenizer) to embed documents with (the document API stores them as `pipeline embed`
+        does): a transformer's tokenizer and forward passes, one caller at a time."""
         model = self.model
-        with self._encode_lock:  # a transformer's tokenizer and forward passes, one caller at a time
-            return chunk_and_embed(docs, model, self._query_tokenizer, chunk_tokens, overlap, first_chunk_id)
+        with self._encode_lock:
+            yield model, self._query_tokenizer
 
     def dense_documents(self, vectors: np.ndarray, n_docs: int, allowed: AllowedChunks | None) -> list[Ranking]:
         """Each query vector's best n_docs documents: the first fetch of chunks for all queries at once."""

@@ -16,7 +16,7 @@ import pytrec_eval
 
 from common.console import info
 from common.errors import PipelineError
-from common.filters import DocumentFilter
+from search.filters import DocumentFilter
 from common.readers import read_json_lines
 from search.engine import MODES, SearchEngine
 

@@ -21,13 +21,13 @@ generation it has and /health says so until `pipeline index` has run.
 
 Writes (POST/DELETE /documents) embed new and changed documents with the served model, stage them and
 publish them with the deletions in one store transaction (common/store.py), update the index
-(common/indexes.py: a delta beside the base, deletions skipped) and load the result before answering,
+(index/update.py: a delta beside the base, deletions skipped) and load the result before answering,
 so a document is searchable, or gone, when the call returns. One writer at a time per workspace: the
 server takes the workspace's writer lock, as `pipeline embed` and `pipeline index` do, and waits up to
 WRITE_WAIT_SECONDS for it, then answers 503; a write never leaves a half-written store (a failure before
 the publish leaves only staged rows, which the next write or embed clears).
 
-Filters are structured (common/filters.py): compiled to SQL with bound values over the loaded
+Filters are structured (search/filters.py): compiled to SQL with bound values over the loaded
 documents' fields; an unknown field or operator, or a value of the wrong type, is a 422 naming it.
 Requests are bounded and the bounds are declared in the OpenAPI description (query length, k, filter
 length; a body over MAX_BODY_BYTES gets 413). Errors are {"error": "..."}, declared per route.
@@ -64,10 +64,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.console import info, warn
 from common.errors import PipelineError
-from common.filters import OPERATORS, DocumentFilter, FilterError
-from common.indexes import check_store, update_from_store
-from common.ingest import content_hash, document_rows
-from common.models import is_static
+from search.filters import OPERATORS, DocumentFilter, FilterError
+from index.update import check_store, update_from_store
+from embed.ingest import content_hash, document_rows
+from common.embedder import is_static
 from common.readers import Document
 from common.store import Store, embedder_key, stale_index_message
 from common.workspace import Workspace
@@ -156,7 +156,7 @@ class Generation:
 
     def write(self, upserts: list[Document], deletes: list[str]) -> dict:
         """Store these documents (new or changed ones embedded with the served model) and delete `deletes`
-        in one publish of the store, update the index (common/indexes.py) and serve the result: searchable
+        in one publish of the store, update the index (index/update.py) and serve the result: searchable
         when this returns. One writer at a time: the workspace's writer lock, shared with `pipeline
         embed` and `pipeline index`, waited for up to WRITE_WAIT_SECONDS."""
         with self._store_lock, self.ws.writing(wait=WRITE_WAIT_SECONDS):
@@ -284,7 +284,7 @@ Scalar = str | int | float | bool
 
 class FieldCondition(BaseModel):
     """Conditions on one field; all must hold. (The filter's shape in the OpenAPI description; requests are
-    checked by common/filters.py against the loaded fields, which names what is wrong.)"""
+    checked by search/filters.py against the loaded fields, which names what is wrong.)"""
     model_config = ConfigDict(extra="forbid")
     eq: Optional[Scalar] = None
     ne: Optional[Scalar] = None

@@ -6,7 +6,8 @@ import shutil
 import pytest
 
 from common.errors import PipelineError
-from common.store import Store, embedder_key
+from common.manifest import embedder_key, read_json
+from common.store import Store
 from common.workspace import Workspace
 from conftest import SCIFACT
 from embed.run import EmbedSettings, run_embed
@@ -126,7 +127,7 @@ def test_a_document_deleted_outside_embed_makes_the_whole_file_read(workspace, t
     docs = rows(0, 12)
     data.write_text(lines(docs))
     embed(workspace, data, prune=True)
-    embedder = workspace.read_manifest()["embedder"]
+    embedder = read_json(workspace)["embedder"]
     with Store(workspace.db_path) as store:
         store.stage(embedder["dim"], embedder_key(embedder["fingerprint"], embedder["chunk_tokens"], embedder["overlap"]), {})
         store.publish(replace_all=False, remove=[docs[4]["_id"]])

@@ -6,7 +6,7 @@ from typing import get_args
 
 import pytest
 
-from common.models import embedding_text
+from common.embedder import embedding_text
 from common.store import Store
 
 from conftest import REPO, TINY_TRAINING, run_cli
@@ -203,7 +203,7 @@ def test_a_usage_error_is_one_line_and_exit_2(args, message, tmp_path):
 def test_choices_are_the_ones_each_stage_accepts():
     import cli
     from embed.tune import ARCHITECTURES, PAIR_KINDS, POOLING_MODES
-    from index.build import INDEX_TYPES
+    from index.faiss_index import INDEX_TYPES
     from pretrain.config import PRESETS, SCHEDULES, STRATEGIES
     from search.engine import MODES
 
@@ -261,3 +261,20 @@ def test_the_readmes_python_api_example_runs(trained_workspace, tmp_path, monkey
     assert len(names["recent"]) == 5 and all(hit.metadata["year"] >= 2015 for hit in names["recent"])
     document = names["document"]
     assert document["doc_id"] == names["recent"][0].doc_id and document["text"] and document["metadata"]["year"] >= 2015
+
+
+@pytest.mark.parametrize("damaged", ["faiss", "bm25", "store"])
+def test_a_damaged_index_or_store_file_is_named_with_what_to_run(trained_workspace, tmp_path, damaged):
+    """A truncated file gives one line naming it and what to run, not FAISS's "read error in : 918 != ...";
+    the other files are left as they were."""
+    ws = tmp_path / "ws"
+    shutil.copytree(trained_workspace, ws)
+    manifest = json.loads((ws / "manifest.json").read_text())
+    file = {"faiss": ws / manifest["index"]["path"], "bm25": ws / manifest["index"]["lexical_path"] / "chunk_ids.npy",
+            "store": ws / "pipeline.duckdb"}[damaged]
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 3])
+    result = run_cli("search", "-w", str(ws), "cancer", "--mode", "hybrid", check=False)
+    error = result.stderr.strip()
+    assert result.returncode == 2 and len(error.splitlines()) == 1 and error.startswith("error: "), error
+    named = file.parent if damaged == "bm25" else file  # the BM25 index is its directory
+    assert str(named) in error and ("pipeline index --rebuild" in error if damaged != "store" else "pipeline embed" in error)

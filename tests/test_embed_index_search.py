@@ -7,14 +7,15 @@ import numpy as np
 import pytest
 
 from common.errors import PipelineError
+from common.manifest import TokenizerEntry, read_json, write_section
 from common.store import Store
 from common.workspace import Workspace
 from conftest import run_cli, scifact_slice, SCIFACT
-from embed import run as embed_run
-from common.chunking import chunk_texts, window_starts
+from embed import ingest as embed_ingest
+from embed.chunking import chunk_texts, window_starts
 from embed.run import EmbedSettings, run_embed
-from common.indexes import load_index
-from index.build import build_index
+from common.index_files import load_index
+from index.build import refresh_indexes
 
 
 def test_window_starts_overlap_and_cover_the_text():
@@ -30,7 +31,7 @@ def test_window_starts_overlap_and_cover_the_text():
 
 
 def test_chunks_are_slices_of_the_original_text(trained_workspace):
-    from common.models import load_embedder
+    from common.embedder import load_embedder
 
     model = load_embedder(trained_workspace / "model")
     text = "Vitamin D deficiency is common. " * 20
@@ -88,7 +89,7 @@ def test_a_new_chunking_embeds_the_stored_documents_again_and_search_waits_for_t
     stale = run_cli("search", "-w", str(ws.root), "vitamin calcium", check=False)
     assert stale.returncode == 2 and len(stale.stderr.strip().splitlines()) == 1
     assert stale.stderr.startswith("error: the documents changed since the index was built") and "run `pipeline index`" in stale.stderr
-    build_index(ws)
+    refresh_indexes(ws)
     title = json.loads(other.read_text().splitlines()[0])["title"]
     hits = run_cli("search", "-w", str(ws.root), title, "--mode", "lexical", "--json").stdout.splitlines()
     assert json.loads(hits[0])["doc_id"] == json.loads(other.read_text().splitlines()[0])["_id"]
@@ -117,7 +118,7 @@ def test_interrupted_embed_changes_nothing_search_sees_and_resumes(trained_works
     ws = Workspace(tmp_path / "ws")
     ws.create()
     shutil.copytree(trained_workspace / "model", ws.model_dir)
-    real_chunk_and_embed, calls = embed_run.chunk_and_embed, []
+    real_chunk_and_embed, calls = embed_ingest.chunk_and_embed, []
 
     def embed_then_crash(*args, **kwargs):  # simulates Ctrl-C during the second group of documents
         calls.append(1)
@@ -125,7 +126,7 @@ def test_interrupted_embed_changes_nothing_search_sees_and_resumes(trained_works
             raise KeyboardInterrupt
         return real_chunk_and_embed(*args, **kwargs)
 
-    monkeypatch.setattr(embed_run, "chunk_and_embed", embed_then_crash)
+    monkeypatch.setattr(embed_ingest, "chunk_and_embed", embed_then_crash)
     settings = EmbedSettings(chunk_tokens=64, overlap=8, group_size=40)
     with pytest.raises(KeyboardInterrupt):
         run_embed(ws, [corpus_file], None, settings)
@@ -137,7 +138,7 @@ def test_interrupted_embed_changes_nothing_search_sees_and_resumes(trained_works
         unvectored = store.con.execute(
             "SELECT count(*) FROM staged_chunks c WHERE NOT EXISTS (SELECT 1 FROM staged_vectors v WHERE v.chunk_id = c.chunk_id)").fetchall()[0][0]
     assert staged == 40 and orphans == 0 and unvectored == 0  # whole documents, kept for the next run
-    monkeypatch.setattr(embed_run, "chunk_and_embed", real_chunk_and_embed)
+    monkeypatch.setattr(embed_ingest, "chunk_and_embed", real_chunk_and_embed)
     resumed = run_embed(ws, [corpus_file], None, settings)
     assert resumed["embedded_documents"] == 80 and resumed["documents"] == 120 and resumed["store_generation"] == 1
 
@@ -147,7 +148,7 @@ def test_each_index_type_finds_stored_vectors(trained_workspace, tmp_path):
     with Store(ws.db_path, read_only=True) as store:
         ids, vectors = store.load_vectors()
     for kind in ("flat", "hnsw", "ivf", "ivfpq"):
-        summary = build_index(ws, kind)
+        summary = refresh_indexes(ws, kind)
         index = load_index(ws.root / summary["path"])
         assert index.ntotal == len(ids) and summary["type"] == kind
         _, found = index.search(vectors[:5], 1)
@@ -157,12 +158,12 @@ def test_each_index_type_finds_stored_vectors(trained_workspace, tmp_path):
         else:
             assert 0.0 <= summary["recall_at_10"] <= 1.0
             assert set(found[:, 0]) <= set(ids)
-    assert build_index(ws, "auto")["type"] == "flat"
+    assert refresh_indexes(ws, "auto")["type"] == "flat"
 
 
 def test_index_failure_leaves_the_previous_index(trained_workspace, tmp_path, monkeypatch):
     ws = copy_workspace(trained_workspace, tmp_path / "ws")
-    recorded = ws.root / ws.read_manifest()["index"]["path"]
+    recorded = ws.root / read_json(ws)["index"]["path"]
     before = recorded.read_bytes()
     files_before = sorted(p.name for p in ws.index_dir.iterdir())  # the FAISS file and the lexical index's directory
 
@@ -171,16 +172,16 @@ def test_index_failure_leaves_the_previous_index(trained_workspace, tmp_path, mo
 
     monkeypatch.setattr(faiss, "serialize_index", crash)
     with pytest.raises(KeyboardInterrupt):
-        build_index(ws, "hnsw")
-    assert recorded.read_bytes() == before and ws.root / ws.read_manifest()["index"]["path"] == recorded
+        refresh_indexes(ws, "hnsw")
+    assert recorded.read_bytes() == before and ws.root / read_json(ws)["index"]["path"] == recorded
     assert sorted(p.name for p in ws.index_dir.iterdir()) == files_before
 
 
 def test_unknown_index_type_and_index_before_embed(tmp_path):
     with pytest.raises(PipelineError, match="unknown index type 'annoy'"):
-        build_index(Workspace(tmp_path), "annoy")
+        refresh_indexes(Workspace(tmp_path), "annoy")
     with pytest.raises(PipelineError, match="has no embedder: run `pipeline embed` first"):
-        build_index(Workspace(tmp_path), "flat")
+        refresh_indexes(Workspace(tmp_path), "flat")
 
 
 def test_embed_without_data_reads_the_built_in_corpus_when_pretraining_used_it(tmp_path):
@@ -190,13 +191,13 @@ def test_embed_without_data_reads_the_built_in_corpus_when_pretraining_used_it(t
     from embed.run import source_documents
 
     ws = Workspace(tmp_path / "ws").create()
-    ws.update_manifest("tokenizer", {"sources": [DEFAULT_CORPUS_SOURCE]})
+    write_section(ws, TokenizerEntry(path="tokenizer", sha256="", vocab_size=0, sources=[DEFAULT_CORPUS_SOURCE]))
     first = next(iter(source_documents(ws, [], None)))
     assert first.id.startswith("stdlib:") and first.text
 
 
 def test_encode_reports_each_batch_and_gives_the_same_vectors(trained_workspace):
-    from common.models import encode, load_embedder
+    from common.embedder import encode, load_embedder
 
     model = load_embedder(trained_workspace / "model")
     texts = [f"text number {i} " * (i % 7 + 1) for i in range(23)]
@@ -226,7 +227,7 @@ def test_embed_progress_moves_with_every_encoded_batch(trained_workspace, corpus
 
 
 def test_a_static_embedder_reports_progress_per_tokenizer_batch_with_the_same_vectors(trained_workspace, tmp_path):
-    from common.models import STATIC_BATCH_TEXTS, encode, load_embedder
+    from common.embedder import STATIC_BATCH_TEXTS, encode, load_embedder
 
     model = load_embedder(save_static_model(trained_workspace, tmp_path / "static"))
     texts = [f"cells and tumour growth {i}" for i in range(STATIC_BATCH_TEXTS + 10)]
@@ -250,7 +251,7 @@ def save_static_model(trained_workspace: Path, directory: Path, dim: int = 16) -
 def test_a_static_embedder_loads_without_sentence_transformers_and_encodes_as_it_does(trained_workspace, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from common.models import StaticEmbedder, encode, load_embedder
+    from common.embedder import StaticEmbedder, encode, load_embedder
 
     path = save_static_model(trained_workspace, tmp_path / "static")
     model = load_embedder(path)
@@ -266,8 +267,8 @@ def test_a_static_embedder_loads_without_sentence_transformers_and_encodes_as_it
 
 def test_a_static_embedders_chunks_are_embedded_from_the_documents_tokens(trained_workspace, tmp_path):
     """One tokenization per document gives a chunk's vector: the mean over its title, a newline and its tokens."""
-    from common.ingest import chunk_and_embed
-    from common.models import embedding_text, encode, load_embedder, text_tokenizer
+    from embed.ingest import chunk_and_embed
+    from common.embedder import embedding_text, encode, load_embedder, text_tokenizer
     from common.readers import Document
 
     model = load_embedder(save_static_model(trained_workspace, tmp_path / "static"))
@@ -293,8 +294,8 @@ def test_a_static_embedders_chunks_are_embedded_from_the_documents_tokens(traine
 def chunk_vectors_match_their_texts(model, tokenizer) -> tuple[list, np.ndarray]:
     """Chunks of three documents (one with no title, one longer than a chunk) embedded by chunk_and_embed;
     each document's first chunk must have the vector `encode` gives its title and text as one text."""
-    from common.ingest import chunk_and_embed
-    from common.models import embedding_text, encode
+    from embed.ingest import chunk_and_embed
+    from common.embedder import embedding_text, encode
     from common.readers import Document
 
     long_text = " ".join(f"Sentence {i} is about vitamin D and bone density." for i in range(40))
@@ -312,12 +313,12 @@ def chunk_vectors_match_their_texts(model, tokenizer) -> tuple[list, np.ndarray]
 def test_a_causal_transformer_is_fed_its_chunks_token_ids_without_a_padding_mask(trained_workspace, monkeypatch):
     """The exported GPT-2 gets its documents' token ids (no second tokenization of a chunk) and runs without the
     padding mask (its tokens never see the padding after them): the same vectors as `encode` of the texts."""
-    from common import models
-    from common.models import embedding_text
+    from common import embedder
+    from common.embedder import embedding_text
 
-    model = models.load_embedder(trained_workspace / "model")
-    assert models.special_token_frame(model.tokenizer) == ([], [])  # GPT-2 adds no special tokens
-    assert models.model_token_ids(model).fast is not None  # documents are tokenized by tiktoken, as a static model's
+    model = embedder.load_embedder(trained_workspace / "model")
+    assert embedder.special_token_frame(model.tokenizer) == ([], [])  # GPT-2 adds no special tokens
+    assert embedder.model_token_ids(model).fast is not None  # documents are tokenized by tiktoken, as a static model's
     tokenized = []
     call = type(model.tokenizer).__call__
     monkeypatch.setattr(type(model.tokenizer), "__call__",
@@ -336,7 +337,7 @@ def test_a_bidirectional_transformer_with_special_tokens_is_fed_token_ids_with_i
     from tokenizers import Tokenizer, models as tokenizer_models, pre_tokenizers, processors, trainers
     from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
-    from common.models import padding_needs_mask, special_token_frame
+    from common.embedder import padding_needs_mask, special_token_frame
 
     words = Tokenizer(tokenizer_models.WordPiece(unk_token="[UNK]"))
     words.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -358,8 +359,8 @@ def test_a_bidirectional_transformer_with_special_tokens_is_fed_token_ids_with_i
 def test_an_approximate_index_is_searched_wide_enough_to_find_the_target_recall(kind, parameter, tmp_path):
     """Started at width 1 (far below the target on random vectors), the build's tuning widens the search
     until recall@10 on held-out neighbours reaches TARGET_RECALL, and the index file keeps that width."""
-    from common.indexes import make_index, write_faiss
-    from index.build import TARGET_RECALL, exact_neighbours, recall_at_10, tune_search
+    from index.faiss_index import TARGET_RECALL, exact_neighbours, make_index, recall_at_10, tune_search
+    from index.files import write_faiss
 
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((3000, 32)).astype(np.float32)
@@ -382,8 +383,9 @@ def test_hnsw_over_wide_vectors_builds_its_graph_on_their_principal_components_a
     """Vectors wider than GRAPH_DIMENSIONS: the graph comes from their leading principal components, but
     the index holds the full vectors (float16), finds each stored vector as its own nearest neighbour,
     reaches the recall target once tuned, and survives writing and reading."""
-    from common.indexes import GRAPH_DIMENSIONS, load_index, make_index, write_faiss
-    from index.build import TARGET_RECALL, tune_search
+    from common.index_files import load_index
+    from index.faiss_index import GRAPH_DIMENSIONS, TARGET_RECALL, make_index, tune_search
+    from index.files import write_faiss
 
     rng = np.random.default_rng(0)
     dim = 2 * GRAPH_DIMENSIONS + 64

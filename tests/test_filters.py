@@ -6,13 +6,13 @@ import shutil
 import numpy as np
 import pytest
 
-from common.filters import DocumentFilter, DocumentFilters, FilterError
+from search.filters import DocumentFilter, DocumentFilters, FilterError
 from common.readers import read_documents
 from common.store import Corpus, Store
 from common.workspace import Workspace
 from conftest import corpus_metadata, run_cli
-from common.indexes import make_index
-from index.build import build_index
+from index.faiss_index import make_index
+from index.build import refresh_indexes
 from search.engine import AllowedChunks, DenseIndex, SearchEngine
 from search.snippets import make_snippet, snippet_terms
 
@@ -72,7 +72,7 @@ def copied_workspace(trained_workspace, tmp_path_factory) -> Workspace:
 
 @pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf", "ivfpq"])
 def test_filters_keep_k_hits_in_every_mode_and_index_type(copied_workspace, kind):
-    build_index(copied_workspace, kind)
+    refresh_indexes(copied_workspace, kind)
     engine = SearchEngine(copied_workspace)
     query = "cells in tumour growth and immune response"
     everything = {mode: engine.search(query, k=1000, mode=mode) for mode in ("dense", "lexical")}

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.filters import DocumentFilter
+from search.filters import DocumentFilter
 from common.workspace import Workspace
 from conftest import SCIFACT, run_cli
 from embed.run import EmbedSettings, run_embed
-from index.build import build_index
+from index.build import refresh_indexes
 from search.engine import SearchEngine
 
 CHUNKING = dict(chunk_tokens=64, overlap=8)
@@ -57,7 +57,7 @@ def updated(trained_workspace, tmp_path_factory):
 
     # The base: the same documents from a file of the test's own (a document's source is part of what it is).
     run_embed(ws, [write_rows(data, rows)], None, EmbedSettings(**CHUNKING, prune=True))
-    assert build_index(ws)["update"] == "full"
+    assert refresh_indexes(ws)["update"] == "full"
 
     # First update: 4 documents added, 2 changed, 3 deleted.
     rows[5]["text"] += " Zebrafish regeneration was also observed."
@@ -65,18 +65,18 @@ def updated(trained_workspace, tmp_path_factory):
     deleted = [rows.pop(10)["_id"], rows.pop(20)["_id"], rows.pop(30)["_id"]]
     rows += new[:4]
     run_embed(ws, [write_rows(data, rows)], None, EmbedSettings(**CHUNKING, prune=True))
-    first = build_index(ws)
+    first = refresh_indexes(ws)
 
     # Second update: one document added in the first update deleted, another changed, two more added.
     deleted.append(rows.pop(-1)["_id"])
     rows[-1]["text"] = "Mitochondrial fission in cardiomyocytes. " + rows[-1]["text"]
     rows += new[4:]
     run_embed(ws, [write_rows(data, rows)], None, EmbedSettings(**CHUNKING, prune=True))
-    second = build_index(ws)
+    second = refresh_indexes(ws)
 
     scratch = Workspace(root / "scratch").create()
     run_embed(scratch, [data], None, EmbedSettings(model_dir=ws.model_dir, **CHUNKING))
-    build_index(scratch)
+    refresh_indexes(scratch)
     queries = [r["title"] for r in rows[::9]] + ["telomerase", "zebrafish regeneration", "mitochondrial fission heart"]
     return {"ws": ws, "data": data, "scratch": scratch, "first": first, "second": second, "deleted": deleted, "rows": rows,
             "queries": queries, "deleted_titles": [titles[d] for d in deleted]}
@@ -127,12 +127,12 @@ def test_deleted_and_replaced_documents_never_come_back(updated):
 def test_deletes_from_an_hnsw_base_never_come_back_and_large_changes_rebuild(updated, tmp_path):
     ws = Workspace(tmp_path / "ws")
     shutil.copytree(updated["ws"].root, ws.root)
-    assert build_index(ws, "hnsw")["update"] == "full"  # another type than the last build
+    assert refresh_indexes(ws, "hnsw")["update"] == "full"  # another type than the last build
     rows = updated["rows"]
     gone = rows[:3]
     # The same file as the documents' source (the last test to use it): only the deletions differ.
     run_embed(ws, [write_rows(updated["data"], rows[3:])], None, EmbedSettings(**CHUNKING, prune=True))
-    summary = build_index(ws, "hnsw")
+    summary = refresh_indexes(ws, "hnsw")
     assert summary["update"] == "incremental" and summary["type"] == "hnsw" and summary["delta_path"] is None
     engine = SearchEngine(ws)
     for mode in MODES:
@@ -140,7 +140,7 @@ def test_deletes_from_an_hnsw_base_never_come_back_and_large_changes_rebuild(upd
             assert {r["_id"] for r in gone}.isdisjoint(h.doc_id for h in hits)
 
     run_embed(ws, [write_rows(updated["data"], rows[3:60])], None, EmbedSettings(**CHUNKING, prune=True))
-    rebuilt = build_index(ws, "hnsw")
+    rebuilt = refresh_indexes(ws, "hnsw")
     assert rebuilt["update"] == "full" and "over 10%" in rebuilt["update_reason"]
     assert rebuilt["deleted_in_base"] == 0 and rebuilt["base_vectors"] == rebuilt["vectors"]
 

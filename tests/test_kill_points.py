@@ -13,12 +13,13 @@ import shutil
 import numpy as np
 import pytest
 from common.errors import PipelineError
+from common.manifest import read_json
 from common.store import Store
 from common.workspace import Workspace, model_fingerprint
 from conftest import TINY_TRAINING, read_metrics, run_cli, scifact_slice
 from embed.run import EmbedSettings, run_embed, source_documents
 from embed.tune import TuneSettings, run_tune
-from index.build import build_index
+from index.build import refresh_indexes
 from killpoint import Killer
 from search.engine import SearchEngine
 
@@ -68,31 +69,31 @@ def test_killed_embed_leaves_the_store_as_it_was_and_a_rerun_ends_as_an_uninterr
         killer.run(point, 1, *args)
         assert answers(ws) == before, point
     # Killed after publishing, before the manifest: the store is new, the index is not.
-    killer.run("common.workspace:Workspace.update_manifest:embedder", 1, *args)
+    killer.run("common.manifest:replace_section:embedder", 1, *args)
     with pytest.raises(PipelineError, match=r"^the documents changed since the index was built .*: run `pipeline index`$"):
         SearchEngine(Workspace(ws), load_model=False)
     with pytest.raises(PipelineError, match="run `pipeline embed` again"):
-        build_index(Workspace(ws))
+        refresh_indexes(Workspace(ws))
     rerun = run_embed(Workspace(ws), [extra], None, EmbedSettings(chunk_tokens=48, overlap=8))
     assert rerun["embedded_documents"] == 0 and rerun["documents"] == 126
     assert_same_store(ws, straight)
-    build_index(Workspace(ws))
+    refresh_indexes(Workspace(ws))
     assert answers(ws)  # consistent again
 
 
 def test_killed_index_keeps_the_previous_index_in_use_and_a_rerun_cleans_up(killer, trained_workspace, tmp_path):
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
-    before, entry = answers(ws), Workspace(ws).read_manifest()["index"]
+    before, entry = answers(ws), read_json(Workspace(ws))["index"]
     args = ["index", "-w", str(ws), "--type", "flat", "--rebuild"]
     for point in ("os:replace:.index",  # the FAISS file written to its temporary name, not renamed
                   "common.lexical:np.save:chunk_ids.npy",  # in the middle of writing the BM25 index
-                  "common.workspace:Workspace.update_manifest:index"):  # both written, not recorded
+                  "common.manifest:replace_section:index"):  # both written, not recorded
         killer.run(point, 1, *args)
-        assert Workspace(ws).read_manifest()["index"] == entry and answers(ws) == before, point
-    killer.run("common.indexes:remove_other_files", 1, *args)  # recorded; older files not yet removed
-    assert Workspace(ws).read_manifest()["index"]["build_id"] != entry["build_id"] and answers(ws) == before
-    summary = build_index(Workspace(ws), "flat")
+        assert read_json(Workspace(ws))["index"] == entry and answers(ws) == before, point
+    killer.run("index.files:remove_other_files", 1, *args)  # recorded; older files not yet removed
+    assert read_json(Workspace(ws))["index"]["build_id"] != entry["build_id"] and answers(ws) == before
+    summary = refresh_indexes(Workspace(ws), "flat")
     assert sorted(p.name for p in (ws / "index").iterdir()) == sorted([summary["path"].split("/")[-1], summary["lexical_path"].split("/")[-1]])
     assert answers(ws) == before
 
@@ -104,13 +105,13 @@ def test_killed_tune_keeps_the_previous_embedder_until_its_model_is_in_place(kil
     docs = list(source_documents(Workspace(ws), [], None))
     run_tune(Workspace(ws), docs, TuneSettings(**settings, seed=0))
     run_embed(Workspace(ws), [], None, EmbedSettings(chunk_tokens=64, overlap=8))  # with the tuned model
-    build_index(Workspace(ws))
+    refresh_indexes(Workspace(ws))
     before, tuned_before = answers(ws), model_fingerprint(ws / "tuned")
     args = ["tune", "-w", str(ws), "--architecture", "static", "--steps", "2", "--batch-size", "8", "--no-hard-negatives", "--seed", "1"]
     killer.run("embed.tune:replace_directory", 1, *args)  # trained and saved aside, not swapped in
     assert model_fingerprint(ws / "tuned") == tuned_before and answers(ws) == before
     # Swapped in, not yet recorded: the embedder changed, as after a finished tune.
-    killer.run("common.workspace:Workspace.update_manifest:tuned", 1, *args)
+    killer.run("common.manifest:replace_section:tuned", 1, *args)
     swapped = model_fingerprint(ws / "tuned")
     assert swapped != tuned_before
     with pytest.raises(PipelineError, match="run `pipeline embed` and `pipeline index` again"):

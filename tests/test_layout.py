@@ -42,3 +42,42 @@ def test_the_check_sees_imports_inside_functions(tmp_path):
     (tmp_path / "embed" / "run.py").write_text(
         "import json\nimport search.engine\n\ndef f():\n    from pretrain.default_corpus import stdlib_documents\n")
     assert imported_packages("embed", tmp_path) == {"embed/run.py": {"json", "search", "pretrain"}}
+
+
+def constructed_sections(root: Path = REPO) -> dict[str, set[str]]:
+    """For each manifest section class, the modules (outside tests/ and benchmarks/) that construct one
+    (`TunedEntry(...)`, `TunedEntry.from_json(...)`): writing a section starts with making it."""
+    from common.manifest import SECTIONS
+
+    names = {cls.__name__ for cls in SECTIONS}
+    found: dict[str, set[str]] = {name: set() for name in names}
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root)
+        if relative.parts[0] in ("tests", "benchmarks", ".venv") or relative == Path("common/manifest.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Call):
+                called = node.func.value if isinstance(node.func, ast.Attribute) and node.func.attr == "from_json" else node.func
+                if isinstance(called, ast.Name) and called.id in names:
+                    found[called.id].add(str(relative))
+    return found
+
+
+def test_each_manifest_section_has_one_writer():
+    """common/manifest.py: one writer per section, named in the section's docstring."""
+    from common.manifest import SECTIONS
+
+    writers = constructed_sections()
+    for cls in SECTIONS:
+        assert len(writers[cls.__name__]) == 1, f"{cls.__name__} is made in {sorted(writers[cls.__name__])}"
+        (writer,) = writers[cls.__name__]
+        assert writer in cls.__doc__, f"{cls.__name__}'s docstring does not name its writer {writer}"
+
+
+def test_search_reads_index_files_only_through_common():
+    """index/ writes the index files; search/ reads them through common/index_files.py, and index/ does
+    not read search/ (the one allowed direction, through common/)."""
+    assert not any("index" in names for names in imported_packages("search").values())
+    readers = {module for module, names in imported_packages("search").items() if "common" in names
+               and "common.index_files" in (REPO / module).read_text()}
+    assert readers, "search/ reads the index files through common/index_files.py"

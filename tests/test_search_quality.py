@@ -9,7 +9,7 @@ import pytest
 from common.errors import PipelineError
 from common.workspace import Workspace
 from conftest import run_cli
-from common.filters import DocumentFilter
+from search.filters import DocumentFilter
 from search.engine import NO_RANKING, Ranking, SearchEngine, fuse
 from search.evaluate import evaluate, read_qrels, read_queries
 
@@ -148,7 +148,7 @@ def test_bad_requests_are_pipeline_errors(engine):
 
 
 def test_a_query_longer_than_the_model_reads_is_embedded_up_to_its_input_length(engine, corpus_file, capsys):
-    from common.models import token_limit, truncate_to_model
+    from common.embedder import token_limit, truncate_to_model
 
     long_query = " ".join(row["text"] for row in corpus_rows(corpus_file)[:5])
     (cut,), (n_tokens,) = truncate_to_model(engine.model, [long_query])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from common.errors import PipelineError
-from common.models import encode, load_embedder
+from common.embedder import encode, load_embedder
 from common.readers import Document, read_documents
 from common.workspace import Workspace
 from conftest import run_cli, scifact_slice

@@ -1,0 +1,42 @@
+"""Reading the index files `pipeline index` writes (index/): what search and the default-mode measurement
+need of them, and nothing of how they are built. index/ writes these files and records them in the
+manifest's "index" section (common/manifest.py IndexEntry); search/ reads them only through here.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from common.errors import PipelineError
+from common.manifest import IndexEntry
+from common.workspace import Workspace
+
+
+def base_segment_dir(ws: Workspace, entry: IndexEntry) -> Path:
+    """The last full build's BM25 base: the first segment LexicalIndex.write writes."""
+    return ws.root / entry.lexical_path / "segment-0"
+
+
+# From this many queries at once a flat index's scores are one matrix product (BLAS), below it a scan of
+# the vectors per query. FAISS 1.15 switches on query floats (queries x dimension) against a process-wide
+# threshold, 128,000 by default: 125 queries of 1,024-d, so a search's batch was always scanned. Measured
+# on 5,705 vectors of 1,024-d, one thread: 1 query 0.8 ms scanned / 2.5 by BLAS, 3 queries 2.5 / 3.4,
+# 4 queries 2.7-3.2 / 2.1-2.8, 8 queries 6.0-7.1 / 2.6-3.4, 16 queries 10.5-12.5 / 3.7-4.1.
+FLAT_BLAS_MIN_QUERIES = 4
+
+
+def load_index(path: Path) -> faiss.Index:
+    """A FAISS index file, read whole and deserialised (what search and the server use). Sets FAISS's
+    process-wide switch to matrix products for FLAT_BLAS_MIN_QUERIES queries or more of its dimension."""
+    try:
+        index = faiss.deserialize_index(np.fromfile(path, dtype=np.uint8))
+    except FileNotFoundError:
+        raise PipelineError(f"{path}: index file missing; run `pipeline index --rebuild`") from None
+    except RuntimeError:  # FAISS's own message names neither the file nor what to do ("read error in : 918 != ...")
+        raise PipelineError(f"{path}: damaged FAISS index file (it cannot be read whole: truncated or overwritten?); "
+                            "run `pipeline index --rebuild`") from None
+    faiss.cvar.distance_compute_blas_threshold = FLAT_BLAS_MIN_QUERIES * index.d
+    return index
+

@@ -1,0 +1,65 @@
+"""The index files on disk and their record in the manifest.
+
+Each run writes new files and a new lexical directory under new names; the manifest's "index" section,
+written last (`record`, its one writer), names them and the store generation they were built from, so a
+reader that follows the manifest always sees a matching set, and a crash mid-build leaves the previous
+index in use. Older files are removed after the manifest moved on. Search reads these files through
+common/index_files.py.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from common.lexical import LexicalIndex
+from common.manifest import EmbedderEntry, IndexEntry, write_section
+from common.workspace import Workspace, atomic_write_bytes
+
+
+def record(ws: Workspace, summary: dict, embedder: EmbedderEntry, live: np.ndarray, generation: int) -> dict:
+    """Name the new files, and the store generation they hold, in the manifest (last), then remove older ones."""
+    summary.update({"vectors": int(len(live)), "embedder_fingerprint": embedder.fingerprint, "embedder_chunking": embedder.chunking,
+                    "lexical_chunks": int(len(live)), "store_generation": generation, "build_id": uuid.uuid4().hex})
+    entry = IndexEntry.from_json(summary)
+    write_section(ws, entry)
+    remove_other_files(ws.index_dir, keep={Path(path).name for path in [*entry.files, entry.lexical_path] if path})
+    return summary
+
+
+def write_faiss(index: faiss.Index, index_dir: Path, prefix: str) -> Path:
+    """Write under a new name (the manifest then names it): a reader never sees a half-written index."""
+    path = index_dir / f"{prefix}-{uuid.uuid4().hex[:12]}.index"
+    atomic_write_bytes(path, faiss.serialize_index(index).tobytes())
+    return path
+
+
+def save_lexical(lexical: LexicalIndex, index_dir: Path) -> Path:
+    """Write into a fresh versioned directory under index_dir and return it (the manifest then names it),
+    so a reader always finds a complete index."""
+    index_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=index_dir, prefix=".lexical.staging."))
+    try:
+        lexical.write(staging)
+        final = index_dir / f"lexical-{uuid.uuid4().hex[:12]}"
+        staging.rename(final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final
+
+
+def remove_other_files(index_dir: Path, keep: set[str]) -> None:
+    """Remove what the manifest no longer names: older index versions, and what a killed build left."""
+    for old in index_dir.iterdir():
+        if old.name in keep:
+            continue
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+

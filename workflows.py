@@ -1,0 +1,250 @@
+"""The workflows: what each `pipeline` command does, from its settings to its summary, chaining stages where
+a command spans several. cli.py only parses options and renders what these return; a Python program calls
+them the same way:
+
+    from pathlib import Path
+    import workflows
+    from common.workspace import Workspace
+    from pretrain.settings import PretrainSettings
+
+    ws = Workspace("workspace")
+    workflows.pretrain(ws, PretrainSettings(data=[Path("docs")], time_budget="5m"))   # then adapted to retrieval
+    workflows.embed(ws, [Path("docs")])
+    workflows.index(ws)                                                                # then the default mode measured
+
+Stages never import each other (tests/test_layout.py); this module is where they meet:
+
+    pretrain     pretrain/ trains and exports the model, then embed/ adapts it to retrieval (the embedder
+                 kept by measurement, embed/choose.py), unless adapt=False
+    tune         embed/: the static embedder, or with architecture auto the better of it and the transformer
+    embed        embed/: new and changed documents into the store (embed/ingest.py upsert_documents)
+    index        index/ brings the indexes up to the store (refresh_indexes); after a full build search/
+                 measures the default mode on held-out corpus pairs (search/calibrate.py)
+    evaluate     search/: judged queries; with set_default the best mode becomes the default
+    serve        search/serve/, its document API writing through write_documents: embed/'s upsert, then
+                 index/'s refresh, the same two functions `pipeline embed` and `pipeline index` use
+    status       what the workspace holds, and whether its parts belong together (the manifest's checks)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from common.console import info
+from common.errors import PipelineError, UnknownDocument
+from common.manifest import read_manifest, require
+from common.workspace import Workspace, file_sha256, model_fingerprint
+
+if TYPE_CHECKING:  # the documents' type only: the readers import DuckDB, which light commands do without
+    from common.readers import Document
+
+
+def pretrain(ws: Workspace, settings, adapt: bool = True) -> dict:
+    """Pretrain (pretrain/run.py), then adapt the model to retrieval on the same documents, with `pipeline
+    tune`'s defaults and its steps in proportion to the time budget. Returns the model's summary, with the
+    adaptation's under "adaptation"."""
+    from embed.choose import adapt as adapt_embedder
+    from embed.run import source_documents
+    from embed.tune import TuneSettings, adaptation_steps
+    from pretrain.run import run_pretrain
+
+    summary = run_pretrain(ws, settings)
+    if adapt and settings.node_rank == 0:  # the other nodes only trained
+        info("adapting the pretrained model to retrieval on the same documents (--no-adapt skips this)")
+        budget = settings.time_budget_seconds
+        documents = list(source_documents(ws, settings.data, settings.text_field))
+        summary["adaptation"] = adapt_embedder(ws, documents, budget, TuneSettings(steps=adaptation_steps(budget)))
+    return summary
+
+
+def tune(ws: Workspace, data: list[Path], text_field: str | None, settings, time_budget_seconds: float) -> dict:
+    """`pipeline tune`: with architecture auto, the static embedder and, when its steps fit the budget, the
+    transformer, the better kept (embed/choose.py); else the one architecture asked for."""
+    from dataclasses import replace
+
+    from embed.choose import adapt
+    from embed.run import source_documents
+    from embed.tune import run_tune
+
+    documents = list(source_documents(ws, data, text_field))
+    if settings.architecture == "auto":
+        static = replace(settings, architecture="static", pooling="mean")
+        return adapt(ws, documents, time_budget_seconds, static, transformer_pooling=settings.pooling)
+    return run_tune(ws, documents, settings)
+
+
+def embed(ws: Workspace, data: list[Path], text_field: str | None = None, settings=None) -> dict:
+    """`pipeline embed`: the source's new and changed documents into the store, as the workspace's one writer."""
+    from embed.run import EmbedSettings, run_embed
+
+    ws.create()
+    with ws.writing():
+        return run_embed(ws, data, text_field, settings or EmbedSettings())
+
+
+def index(ws: Workspace, kind: str = "auto", rebuild: bool = False, language: str = "auto") -> dict:
+    """`pipeline index`: the indexes brought up to the store; a full build then measures the default search
+    mode (an update changes too little to measure again)."""
+    from common.embedder import load_embedder
+    from index.build import refresh_indexes
+    from search.calibrate import choose_default_mode
+
+    with ws.writing():
+        summary = refresh_indexes(ws, kind, rebuild, language)
+        if summary["update"] == "full":
+            embedder = require(ws, "embedder", "run `pipeline embed` first")
+            summary["search"] = choose_default_mode(ws, load_embedder(embedder.model_dir(ws)), summary["embedder_fingerprint"])
+    return summary
+
+
+def evaluate(ws: Workspace, queries: Path, qrels: Path, mode: str | None = None, k: int = 100, dense_weight: float | None = None,
+             filters=None, set_default: bool = False) -> list[dict]:
+    """`pipeline eval`: nDCG@10, Recall@100 and MRR@10 per mode (mode "all": every mode the index has); with
+    set_default the best by nDCG@10, with the dense weight used, becomes the workspace's default mode."""
+    from search.calibrate import record_default_mode
+    from search.engine import SearchEngine
+    from search.evaluate import evaluate as evaluate_queries
+    from search.evaluate import modes_to_run, read_qrels, read_queries
+
+    if set_default and mode != "all":
+        raise PipelineError("--set-default needs --mode all: the default is the best of the measured modes")
+    if set_default and filters is not None:
+        raise PipelineError("--set-default measures the whole collection: leave out --where")
+    judged, texts = read_qrels(qrels), read_queries(queries)
+    engine = SearchEngine(ws, load_model=False)
+    modes = modes_to_run(engine, mode) if mode else [None]
+    reports = [evaluate_queries(engine, texts, judged, m, k, dense_weight, filters) for m in modes]
+    if set_default:
+        best = max(reports, key=lambda r: r["ndcg@10"])
+        record_default_mode(ws, best["mode"], engine.resolve_dense_weight(dense_weight), engine.index_entry.embedder_fingerprint,
+                            "judged queries", {"ndcg@10": {r["mode"]: r["ndcg@10"] for r in reports}, "queries": str(queries),
+                                               "qrels": str(qrels)})
+        info(f"default mode for this workspace: {best['mode']} (nDCG@10 {best['ndcg@10']:.4f})")
+    return reports
+
+
+def write_documents(ws: Workspace, engine, upserts: list[Document], deletes: list[str]) -> dict:
+    """The document API's write (search/serve/): store `upserts` (the new and changed ones embedded with the
+    served model) and delete `deletes` in one publish (embed/ingest.py upsert_documents), then update the
+    indexes (index/build.py refresh_indexes, an update even past its rebuild share: the server must answer
+    quickly). The caller holds the workspace's writer lock."""
+    from embed.ingest import Embedding, content_hash, upsert_documents
+    from index.build import refresh_indexes
+
+    from common.store import Store
+
+    embedder = require(ws, "embedder", "run `pipeline embed` first")
+    with Store(ws.db_path) as store:
+        embedder.check_store(store.get_meta("embedder"), ws.db_path)
+        stored = store.document_hashes()
+        missing = [doc_id for doc_id in deletes if doc_id not in stored]
+        if missing:
+            raise UnknownDocument(f"no document with id '{missing[0]}'")
+        digests = {d.id: content_hash(d) for d in upserts}
+        todo = [d for d in upserts if stored.get(d.id) != digests[d.id]]
+        if not todo and not deletes:
+            return {"stored": 0, "unchanged": len(upserts), "deleted": 0, "store_generation": store.generation()}
+        with engine.embedding_model() as (model, tokenizer):
+            embedding = Embedding(model, tokenizer, embedder.model_dir(ws), embedder.fingerprint, embedder.chunk_tokens, embedder.overlap)
+            stored_entry = upsert_documents(ws, store, embedding, todo, digests, remove=deletes)
+    index = refresh_indexes(ws, full_build_allowed=False)
+    return {"stored": len(todo), "unchanged": len(upserts) - len(todo), "deleted": len(deletes),
+            "store_generation": stored_entry.store_generation,
+            "index": {key: index[key] for key in ("update", "update_reason", "vectors", "delta_vectors", "deleted_in_base")}}
+
+
+def serve(ws: Workspace, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None) -> None:
+    """`pipeline serve`: the HTTP API and page; the document API writes through write_documents."""
+    from search.serve import run_server
+
+    run_server(ws, host, port, api_key, write_documents)
+
+
+def status(ws: Workspace) -> dict:
+    """`pipeline status`: each part's state and detail, and the problems found (the manifest's own checks)."""
+    from common.store import Store
+
+    if not ws.manifest_path.exists():
+        raise PipelineError(f"no workspace at {ws.root} (no {ws.manifest_path.name}): `pipeline pretrain` "
+                            "or `pipeline embed --model DIR` makes one")
+    manifest = read_manifest(ws)
+    parts: dict[str, dict] = {}
+    problems: list[str] = []
+
+    tok = manifest.tokenizer
+    if tok:
+        path = ws.tokenizer_dir / "tokenizer.json"
+        ok = path.exists() and file_sha256(path) == tok.sha256
+        parts["tokenizer"] = {"state": "ok" if ok else "changed", "detail": f"{tok.vocab_size} tokens, trained on {tok.documents} documents"}
+        if not ok:
+            problems.append(f"{path} differs from the tokenizer recorded in the manifest")
+    else:
+        parts["tokenizer"] = {"state": "missing", "detail": "run `pipeline pretrain`"}
+
+    model = manifest.model
+    if model:
+        current = model_fingerprint(ws.model_dir) if ws.model_dir.exists() else None
+        ok = current == model.fingerprint
+        parts["model"] = {"state": "ok" if ok else "changed",
+                          "detail": f"{model.preset} preset, {model.parameters / 1e6:.1f}M parameters, {model.steps} steps, id {model.fingerprint}"}
+        if not ok:
+            problems.append(f"{ws.model_dir} differs from the model recorded in the manifest")
+    else:
+        parts["model"] = {"state": "missing", "detail": "run `pipeline pretrain`"}
+
+    tuned = manifest.tuned
+    if tuned:
+        detail = (f"{tuned.architecture} embedder, {tuned.steps} steps, "
+                  f"loss {tuned.first_loss or 0:.3f} -> {tuned.final_loss or 0:.3f}, id {tuned.fingerprint}")
+        if not (ws.root / tuned.path).exists():
+            parts["tuned"] = {"state": "missing", "detail": f"{ws.root / tuned.path} is gone: run `pipeline tune`"}
+        elif not tuned.tuned_from(ws):
+            # Not a fault: embed then uses the pretrained model (and says so).
+            parts["tuned"] = {"state": "stale", "detail": f"{detail}; tuned from an older pretrained model: run `pipeline tune`"}
+        else:
+            parts["tuned"] = {"state": "ok", "detail": detail}
+    else:
+        parts["tuned"] = {"state": "none", "detail": "optional: `pipeline tune` makes a better embedder"}
+
+    emb = manifest.embedder
+    generation = None
+    if emb and ws.db_path.exists():
+        with Store(ws.db_path, read_only=True) as store:
+            counts = store.counts()
+            generation = store.generation()
+        model_dir = emb.model_dir(ws)
+        current = model_fingerprint(model_dir) if model_dir.exists() else None
+        state = "ok" if current == emb.fingerprint else "stale"
+        parts["vectors"] = {"state": state, "detail": f"{counts['documents']} documents, {counts['chunks']} chunks, "
+                                                      f"{counts['vectors']} vectors from model {emb.fingerprint} ({model_dir})"}
+        if state != "ok":
+            problems.append(f"the stored vectors were made by model {emb.fingerprint}, but {model_dir} is now {current}: run `pipeline embed`")
+    else:
+        parts["vectors"] = {"state": "missing", "detail": "run `pipeline embed`"}
+
+    idx = manifest.index
+    if idx:
+        missing = [path for path in idx.files if not (ws.root / path).exists()]
+        state = "ok"
+        if missing:
+            state = "missing"
+            problems.append(f"{ws.root / missing[0]} is missing: run `pipeline index`")
+        elif emb and not idx.built_by(emb):
+            state = "stale"
+            problems.append("the index was built from another model's vectors (or another chunking): run `pipeline index`")
+        elif idx.stale_reason(generation):
+            state = "stale"
+            problems.append(idx.stale_reason(generation))
+        lexical = f", BM25 lexical index ({idx.language})" if idx.lexical_path else ", no lexical index"
+        delta = (f" ({idx.delta_vectors} in the delta, {idx.deleted_in_base} deleted from the base)"
+                 if idx.delta_vectors or idx.deleted_in_base else "")
+        parts["index"] = {"state": state, "detail": f"{idx.type}, {idx.vectors} vectors{delta}{lexical}"}
+        measured = manifest.search
+        if measured and measured.measured_for(idx):
+            weight = f", dense weight {measured.dense_weight}" if measured.default_mode == "hybrid" and measured.dense_weight is not None else ""
+            parts["search"] = {"state": "ok", "detail": f"default mode {measured.default_mode}{weight} (chosen on {measured.chosen_by})"}
+        else:
+            parts["search"] = {"state": "default", "detail": "default mode lexical; `pipeline index` or `pipeline eval --mode all --set-default` measures the best"}
+    else:
+        parts["index"] = {"state": "missing", "detail": "run `pipeline index`"}
+    return {"workspace": str(ws.root), "parts": parts, "problems": problems}
