@@ -1,7 +1,7 @@
 """The workspace's indexes on disk: FAISS and BM25 (common/lexical.py), built in full or updated.
 
 `pipeline index` (index/build.py) makes full builds; updating the last build with what changed in the
-store is here because both `pipeline index` and the server's document API (search/serve.py) do it, and
+store is here because both `pipeline index` and the server's document API (search/serve/generation.py) do it, and
 no stage imports another.
 
 A full build writes the base: a FAISS index (faiss-<id>.index) and a BM25 index of one segment

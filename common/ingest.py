@@ -1,6 +1,6 @@
 """Documents into stored rows: the content hash, chunks and their vectors.
 
-Shared by `pipeline embed` (embed/run.py) and the server's document API (search/serve.py), so a
+Shared by `pipeline embed` (embed/run.py) and the server's document API (search/serve/generation.py), so a
 document stored either way is chunked, embedded and hashed alike.
 """
 from __future__ import annotations
