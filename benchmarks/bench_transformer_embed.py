@@ -4,7 +4,7 @@ Both start from the same documents (SciFact abstracts) and make the same chunks 
 the model's tokenizer). The reference then embeds each chunk's text ("title\\nchunk") with
 `SentenceTransformer.encode(batch_size=64, normalize_embeddings=True)`; ours is what `pipeline embed`
 runs, `embed/ingest.chunk_and_embed`: the chunks' token ids from chunking, fed to the model without a
-second tokenization (common/models.encode_token_ids). The two alternate `--repeats` times in one process
+second tokenization (common/embedder.encode_token_ids). The two alternate `--repeats` times in one process
 (this machine's speed drifts). JSON to benchmarks/results/transformer_embed.json, with the largest
 difference between the two's vectors. (bench_embed.py measures the whole `pipeline embed` command.)
 

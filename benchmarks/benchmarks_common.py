@@ -1,23 +1,23 @@
 """Helpers shared by the benchmark scripts: where data and results live, a pretrained workspace, and a
-running `pipeline serve` (which tests/test_serve.py uses too)."""
+running `pipeline serve` (`running_server`, the tests' own helper: tests/server.py)."""
 from __future__ import annotations
 
 import json
-import os
 import platform
-import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SCIFACT = REPO.parent / "shared" / "data" / "scifact"
 RESULTS = REPO / "benchmarks" / "results"
+
+if str(REPO / "tests") not in sys.path:  # the benchmarks run as scripts, with benchmarks/ on the path
+    sys.path.insert(0, str(REPO / "tests"))
+from server import running_server  # noqa: E402,F401  (re-exported for the benchmarks that serve)
 
 
 def pipeline(*args: str) -> subprocess.CompletedProcess:
@@ -44,42 +44,3 @@ def write_result(name: str, result: dict) -> Path:
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def running_server(ws: Path, *options: str, output=subprocess.DEVNULL, timeout_s: float = 300) -> Iterator[str]:
-    """`pipeline serve -w WS OPTIONS` in its own process on a free loopback port: yields the base URL once
-    /health answers, and stops the server afterwards. `output` takes its stdout and stderr (a file or
-    subprocess.PIPE, whose text a failure to start then includes)."""
-    import httpx
-
-    port = free_port()
-    process = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "serve", "-w", str(ws), "--port", str(port), *options],
-                               cwd=REPO, stdout=output, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                said = process.stdout.read() if output == subprocess.PIPE and process.poll() is not None else ""
-                raise RuntimeError(f"pipeline serve did not start ({'exited' if process.poll() is not None else 'timed out'}): {said}")
-            time.sleep(0.3)
-        yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()

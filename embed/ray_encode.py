@@ -1,7 +1,7 @@
 """Embedding on a Ray cluster with Ray Data: one model per actor, results back in input order.
 
 The driver still tokenizes and chunks the documents and writes DuckDB; the actors get each chunk's token
-ids (common/ingest.chunk_and_embed) and run only the model, so the stored vectors are the same as on one
+ids (embed/ingest.chunk_and_embed) and run only the model, so the stored vectors are the same as on one
 process.
 """
 from __future__ import annotations

@@ -9,8 +9,8 @@ import time
 import httpx
 import pytest
 
-from benchmarks.benchmarks_common import running_server
 from conftest import REPO, SCIFACT, run_cli
+from server import running_server
 
 KEY = "documents-key-0123456789"
 MODES = ("dense", "lexical", "hybrid")

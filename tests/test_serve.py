@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.benchmarks_common import running_server
 from conftest import run_cli
+from server import running_server
 
 KEY = "test-key-0123456789"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -239,7 +239,7 @@ def test_concurrent_requests_all_succeed_with_consistent_answers(client):
 
 
 def test_a_static_embedders_searches_answer_concurrently_as_the_engine_does(trained_workspace, tmp_path):
-    """A static model's searches run on the server's event loop (search/serve.py): many at once, in every
+    """A static model's searches run on the server's event loop (search/serve/batcher.py): many at once, in every
     mode, each answered exactly as the engine answers it in process; a served transformer (the other
     tests) goes through the thread pool."""
     from common.workspace import Workspace

@@ -1,0 +1,103 @@
+"""`create_app`: the FastAPI application (its state, lifespan, error handlers and routers), and `run_server`,
+which checks the address and serves it with uvicorn (`pipeline serve`)."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from contextlib import asynccontextmanager
+
+import anyio
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from common.console import info, warn
+from common.errors import PipelineError
+from common.workspace import Workspace
+from search.serve.batcher import SearchBatcher
+from search.serve.generation import POLL_SECONDS, Generation, WriteDocuments
+from search.serve.routes import data, public, read_assets, require_key
+from search.serve.schemas import MAX_BODY_BYTES, error
+
+SEARCH_THREADS = max(2, os.cpu_count() or 1)
+log = logging.getLogger("pipeline.serve")
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    # A transformer's searches and the synchronous routes run in worker threads (a static model's searches
+    # on the event loop: SearchBatcher). Python holds one lock for its bytecode, so threads beyond the
+    # cores only take turns at it, less fairly the more there are: hybrid at 16 concurrent requests had
+    # a p99 7.3x its p50 with the default 40 threads, 1.8x with 2 (one run each on a busy 2-core
+    # machine, benchmarks/bench_serve.py). As many threads as cores still overlap FAISS's and numpy's
+    # work, which releases the lock.
+    anyio.to_thread.current_default_thread_limiter().total_tokens = SEARCH_THREADS
+    app.state.generation.start()
+    yield
+    app.state.generation.stop()
+
+
+async def invalid(request: Request, exc: RequestValidationError):
+    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p not in ('body', 'query')) or 'body'}: {e['msg']}"
+                         for e in exc.errors())
+    return error(422, problems or "invalid request")
+
+
+async def http_error(request: Request, exc: StarletteHTTPException):
+    return error(exc.status_code, str(exc.detail))
+
+
+async def unexpected(request: Request, exc: Exception):
+    log.exception("error while answering %s", request.url.path)
+    return error(500, f"internal error ({type(exc).__name__}); the server keeps running")
+
+
+def create_app(ws: Workspace, write_documents: WriteDocuments, api_key: str | None = None,
+               poll_seconds: float = POLL_SECONDS) -> FastAPI:
+    """The app serving `ws`; its document API writes through `write_documents` (workflows.write_documents)."""
+    app = FastAPI(title="embedding-pipeline search", lifespan=lifespan, max_body_size=MAX_BODY_BYTES, docs_url=None,
+                  redoc_url=None, description="Search the documents of a pipeline workspace: dense, lexical (BM25) or "
+                                              "hybrid, with metadata filters.")
+    app.state.generation = Generation(ws, write_documents, poll_seconds)
+    app.state.batcher = SearchBatcher()
+    app.state.api_key = api_key
+    app.state.assets = read_assets()
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)
+    # Without a key nothing is checked, and the OpenAPI description declares no key (and a request skips
+    # resolving the two key parameters).
+    app.include_router(data, dependencies=[Depends(require_key)] if api_key else [])
+    app.include_router(public)
+    return app
+
+
+def run_server(ws: Workspace, host: str, port: int, api_key: str | None, write_documents: WriteDocuments) -> None:
+    import uvicorn
+
+    if not 0 < port < 65536:
+        raise PipelineError(f"--port must be between 1 and 65535, got {port}")
+    if api_key is not None and len(api_key) < 8:
+        raise PipelineError("--api-key must be at least 8 characters")
+    try:  # fail with one line, before loading anything, if the address is taken
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as e:
+        raise PipelineError(f"cannot listen on {host}:{port} ({e.strerror})") from None
+    # A query is a few tokens: one thread per forward pass and per FAISS search is ~10x faster than
+    # torch's thread pool on a small, busy machine (57 ms -> 6 ms per query encode on 2 cores).
+    import faiss
+    import torch
+    torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
+    app = create_app(ws, write_documents, api_key)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        warn(f"listening on {host}: reachable from other machines" + ("" if api_key else " without an API key"))
+    info(f"serving {ws.root} on http://{host}:{port}/  (API docs: /docs)")
+    # The standard library's event loop, even where uvloop is installed: uvloop served a saturated server's
+    # requests out of turn (at 16 concurrent, p99 twice the median, against 1.1-1.3x with asyncio's loop,
+    # for a server spending a fixed 2 ms per request; benchmarks/bench_serve.py).
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, loop="asyncio")

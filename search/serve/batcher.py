@@ -1,0 +1,69 @@
+"""`SearchBatcher`: a static model's unfiltered searches, answered together on the event loop."""
+from __future__ import annotations
+
+import asyncio
+
+from common.errors import PipelineError
+from search.engine import SearchEngine
+from search.serve.schemas import SearchRequest
+
+
+class SearchBatcher:
+    """A static model's unfiltered searches, answered on the event loop, several at a time: the requests
+    that arrive together (one turn of the loop) wait for one `search_many` per (k, mode, weight), whose
+    one FAISS call reads the vectors once for all of them. Why on the event loop: a static model's search
+    is ~2 ms, mostly Python holding the interpreter lock, so worker threads would only take turns at it and
+    pay for the hand-offs (server CPU per hybrid request at 16 concurrent: 3.9-4.4 ms through the thread
+    pool, 3.4 ms on the loop one at a time). A batch is answered WAIT_TURNS more turns of the loop after
+    the turn its first request joined it: a request read in one turn reaches the batcher up to two turns
+    later (the app awaits its way there), so waiting gathers the requests that arrived together (at 16
+    concurrent: 3.9 requests a batch without waiting, 5.3 after one more turn, 7.5 after two or more;
+    hybrid 430-490 -> 600-660 requests/s, p99 39-49 -> 31-36 ms). An idle server waits microseconds."""
+
+    WAIT_TURNS = 2
+
+    def __init__(self):
+        self.pending: list[tuple[SearchEngine, SearchRequest, asyncio.Future]] = []
+
+    async def search(self, engine: SearchEngine, body: SearchRequest) -> list:
+        loop = asyncio.get_running_loop()
+        if not self.pending:
+            loop.call_soon(self._answer_pending, self.WAIT_TURNS)
+        future = loop.create_future()
+        self.pending.append((engine, body, future))
+        return await future
+
+    def _answer_pending(self, turns_left: int) -> None:
+        if turns_left:  # let the requests already read reach the batch first
+            asyncio.get_running_loop().call_soon(self._answer_pending, turns_left - 1)
+            return
+        pending, self.pending = self.pending, []
+        groups: dict[tuple, list] = {}
+        for engine, body, future in pending:
+            groups.setdefault((id(engine), body.k, body.mode, body.dense_weight), []).append((engine, body, future))
+        for members in groups.values():
+            try:
+                self._answer(members)
+            except Exception as e:  # noqa: BLE001 -- a fault answers its requests (500), never leaves them waiting
+                for _, _, future in members:
+                    if not future.done():
+                        future.set_exception(e)
+
+    @staticmethod
+    def _answer(members: list) -> None:
+        engine, first, _ = members[0]
+        try:
+            queries = [body.q for _, body, _ in members]
+            answers = engine.search_many(queries, first.k, first.mode, None, first.dense_weight)
+        except PipelineError:  # one request's error (e.g. a blank query) must not be the others': one at a time
+            answers = None
+        for i, (_, body, future) in enumerate(members):
+            if future.done():  # its client went away
+                continue
+            if answers is not None:
+                future.set_result(answers[i])
+                continue
+            try:
+                future.set_result(engine.search(body.q, body.k, body.mode, None, body.dense_weight))
+            except PipelineError as e:
+                future.set_exception(e)

@@ -1,0 +1,125 @@
+"""The served generation: the search engine now answering, the watcher thread that loads a rebuilt index
+beside it and swaps it in, and the document API's writes (`Generation.write`): the store and the indexes
+changed by `write_documents` (given by workflows.py: embed's upsert, then index's refresh, the same two
+functions `pipeline embed` and `pipeline index` use), the result loaded before they return."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+import duckdb
+
+from common.console import info, warn
+from common.errors import PipelineError
+from common.manifest import read_manifest, require
+from common.readers import Document
+from common.workspace import Workspace
+from search.engine import SearchEngine
+
+POLL_SECONDS = 1.0
+WRITE_WAIT_SECONDS = 10.0  # how long a document write waits for another writer (e.g. `pipeline embed`) before a 503
+log = logging.getLogger("pipeline.serve")
+# (workspace, the serving engine, documents to store, ids to delete) -> what was written
+WriteDocuments = Callable[[Workspace, SearchEngine, list[Document], list[str]], dict]
+
+
+class WriteConflict(Exception):
+    """The served index and the workspace's embedder disagree: documents cannot be added to it."""
+
+
+class Generation:
+    """The engine now serving, the watcher that replaces it when the index is rebuilt, and the document
+    API's writes (`write`)."""
+
+    def __init__(self, ws: Workspace, write_documents: WriteDocuments, poll_seconds: float = POLL_SECONDS):
+        self.ws = ws
+        self.write_documents = write_documents
+        self.poll_seconds = poll_seconds
+        self._lock = threading.Lock()
+        # DuckDB refuses a read-only and a read-write connection to one file in one process: loading a
+        # generation and writing documents take turns.
+        self._store_lock = threading.RLock()
+        self._stop = threading.Event()
+        self._seen_mtime = self._manifest_mtime()
+        self.engine = SearchEngine(ws)
+        self.loaded_at = time.time()
+        self.reloads = 0
+        self.last_error: str | None = None
+        self._thread: threading.Thread | None = None
+
+    def current(self) -> SearchEngine:
+        with self._lock:
+            return self.engine
+
+    def _manifest_mtime(self) -> int:
+        try:
+            return self.ws.manifest_path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return 0
+
+    def check(self, raise_errors: bool = False) -> bool:
+        """Load and swap in a rebuilt index if the manifest says there is one. True if it swapped."""
+        with self._store_lock:
+            return self._check(raise_errors)
+
+    def _check(self, raise_errors: bool) -> bool:
+        mtime = self._manifest_mtime()
+        if mtime == self._seen_mtime:
+            return False
+        try:
+            manifest = read_manifest(self.ws)
+            entry = manifest.index
+            old = self.current()
+            if entry is None or entry == old.index_entry:
+                self._seen_mtime = mtime  # another stage wrote the manifest; the index is unchanged
+                return False
+            store_generation = manifest.embedder.store_generation if manifest.embedder else None
+            if entry.stale_reason(store_generation):  # known stale without reading the store
+                raise PipelineError(entry.stale_reason(store_generation))
+            same_model = entry.embedder_fingerprint == old.index_entry.embedder_fingerprint
+            new = SearchEngine(self.ws, reuse_model=old.model if same_model else None)
+        except (PipelineError, OSError, duckdb.Error) as e:
+            if raise_errors:
+                raise
+            # E.g. `pipeline embed` holds the store while it writes: keep serving, try again on the next poll.
+            if str(e) != self.last_error:
+                warn(f"keeping the current index: cannot load the rebuilt one yet ({e})")
+            self.last_error = str(e)
+            return False
+        with self._lock:
+            self.engine = new
+            self._seen_mtime = mtime
+            self.reloads += 1
+            self.loaded_at = time.time()
+            self.last_error = None
+        info(f"loaded the rebuilt index ({entry.vectors} vectors)")
+        return True
+
+    def write(self, upserts: list[Document], deletes: list[str]) -> dict:
+        """Store these documents (new or changed ones embedded with the served model) and delete `deletes`
+        in one publish of the store, update the index and serve the result: searchable when this returns.
+        One writer at a time: the workspace's writer lock, shared with `pipeline embed` and `pipeline
+        index`, waited for up to WRITE_WAIT_SECONDS."""
+        with self._store_lock, self.ws.writing(wait=WRITE_WAIT_SECONDS):
+            engine = self.current()
+            if not engine.index_entry.built_by(require(self.ws, "embedder", "run `pipeline embed` first")):
+                raise WriteConflict("the workspace's documents were embedded with another model or chunking than the served "
+                                    "index: run `pipeline index`, then the server loads it")
+            written = self.write_documents(self.ws, engine, upserts, deletes)
+            self.check(raise_errors=True)
+        return written
+
+    def start(self) -> None:
+        def watch():
+            while not self._stop.wait(self.poll_seconds):
+                try:
+                    self.check()
+                except Exception as e:  # the watcher must never die; the old generation keeps serving
+                    log.exception("index watcher: %s", e)
+        self._thread = threading.Thread(target=watch, name="index-watcher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
