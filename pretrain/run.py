@@ -18,17 +18,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from common.console import info
+from common.durations import parse_duration
 from common.errors import PipelineError
 from common.workspace import Workspace
 from pretrain.checkpoint import checkpoint_dirs, config_from_checkpoint
 from pretrain.config import PRESET_TRAINING, PRESETS, ParallelConfig, RuntimeOptions, TrainConfig, model_config_for
 from pretrain.data import prepare_data
-from pretrain.sizing import parse_duration, size_to_budget
+from pretrain.sizing import size_to_budget
 
 
 @dataclass
 class PretrainSettings:
-    """The command's options, as cli.py parsed them (same names and defaults)."""
+    """The command's options, as cli.py parsed them (same names and defaults). Each option's own range
+    (a positive --lr, --batch-size, ...; a --time-budget of more than 0s) is checked where cli.py declares
+    it; run_pretrain checks how they combine."""
     data: list[Path] = field(default_factory=list)
     text_field: str | None = None
     # the model and the run; without a preset, shape or step count the model is sized to time_budget
@@ -131,24 +134,18 @@ def run_pretrain(ws: Workspace, s: PretrainSettings) -> dict:
 # ---------------------------------------------------------------- settings, checked once
 
 def check_settings(s: PretrainSettings) -> float:
-    """Every check that needs only the settings; returns the time budget in seconds."""
-    try:
-        budget_s = parse_duration(s.time_budget)
-    except ValueError as e:
-        raise PipelineError(f"--time-budget: {e}") from None
+    """Every check of how the settings combine (each option's own range is cli.py's); returns the time
+    budget in seconds."""
+    budget_s = parse_duration(s.time_budget)
     if s.ray is not None and (s.nnodes != 1 or s.node_rank != 0 or s.master_addr or s.master_port):
         raise PipelineError("--ray places the workers itself: drop --nnodes/--node-rank/--master-addr/--master-port")
-    if (s.nproc is not None and s.nproc < 1) or s.nnodes < 1:
-        raise PipelineError("--nproc and --nnodes must be positive")
+    if s.node_rank >= s.nnodes:
+        raise PipelineError(f"--node-rank {s.node_rank} is not a node of the job: the ranks of --nnodes {s.nnodes} are 0 to {s.nnodes - 1}")
     given = (s.dp, s.dp_replicate, s.dp_shard, s.tp, s.pp, s.microbatches, s.stages_per_rank, s.pp_split)
     if s.auto and any(v is not None for v in given):
         raise PipelineError("--strategy auto chooses the degrees, schedule and split itself; drop --dp/--tp/--pp and the pipeline options")
     if (s.autotune is not None or s.cluster is not None) and not s.auto:
         raise PipelineError("--autotune and --cluster go with --strategy auto")
-    if s.autotune is not None and s.autotune < 1:
-        raise PipelineError(f"--autotune must be positive, got {s.autotune}")
-    if s.max_steps is not None and s.max_steps < 0:
-        raise PipelineError(f"--max-steps must be 0 or more, got {s.max_steps}")
     return budget_s
 
 
@@ -193,9 +190,6 @@ def new_train_config(s: PretrainSettings) -> TrainConfig:
     seq_len = s.seq_len or defaults["seq_len"]
     batch_size = s.batch_size or defaults["batch_size"]
     vocab = s.vocab_size or defaults["vocab_size"]
-    for name, value in dict(seq_len=seq_len, batch_size=batch_size, grad_accum=s.grad_accum, vocab_size=vocab).items():
-        if value < 1:
-            raise PipelineError(f"--{name.replace('_', '-')} must be positive, got {value}")
     max_steps = max(1, -(-s.tokens // (batch_size * seq_len))) if s.tokens is not None else s.max_steps
     cfg = TrainConfig(
         preset=preset, max_steps=defaults["max_steps"] if max_steps is None else max_steps, seq_len=seq_len, batch_size=batch_size,
