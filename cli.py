@@ -11,8 +11,12 @@ else $PIPELINE_WORKSPACE, else ./workspace. Each command's --help has examples.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 import json
+import math
+import typing
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Literal, Optional
@@ -21,8 +25,11 @@ import typer
 from typer.core import TyperGroup
 
 from common.console import err, out, quiet_libraries
+from common.durations import parse_duration
 from common.errors import PipelineError
 from common.workspace import WORKSPACE_ENV, Workspace
+from pretrain.settings import MAX_PORT, SEED_MAX, OptionError, Preset, PretrainSettings
+
 import workflows
 
 try:  # typer vendors click from 0.2x on; before, it used click itself
@@ -51,9 +58,37 @@ def one_line_usage_errors():
             raise
         message = e.format_message()
         if type(e) is BadParameter and e.param is not None and e.param.param_type_name == "option":
-            message = f"{max(e.param.opts, key=len)}: {e.message}"  # "--mode: ..." rather than "Invalid value for '--mode': ..."
+            # "--mode: ..." rather than "Invalid value for '--mode': ..."
+            message = f"{max(e.param.opts, key=len)}: {number_message(e) or e.message}"
         # typer validates through pydantic, whose messages carry its "Value error, " prefix.
         raise OneLineUsageError(message.replace("Value error, ", "").rstrip("."), e.ctx) from None
+
+
+def number_message(e: BadParameter) -> str | None:
+    """What is wrong with a number typer refused, in our words, or None if it was not a number: typer checks
+    a number's type and its min=/max= with pydantic, whose message does not show the value ("Input should be
+    greater than or equal to 1"), and calls NaN out of range rather than not a number."""
+    errors = getattr(e.__cause__, "errors", None)  # the pydantic ValidationError typer raised this from
+    if not callable(errors) or not errors():
+        return None
+    kind, value = errors()[0]["type"], errors()[0].get("input")
+    if kind in ("greater_than_equal", "less_than_equal"):
+        try:
+            if not math.isfinite(float(value)):
+                return f"{value} is not a finite number"
+        except (TypeError, ValueError):
+            pass
+        return f"{value} is not in the range {number_range(getattr(e.param, 'min', None), getattr(e.param, 'max', None))}"
+    if kind in ("int_parsing", "int_from_float", "int_type"):
+        return f"'{value}' is not a whole number"
+    if kind in ("float_parsing", "float_type"):
+        return f"'{value}' is not a number"
+    return None
+
+
+def number_range(low, high) -> str:
+    """A range as typer's --help shows it: x>=1, 0<=x<=1."""
+    return f"{low}<=x<={high}" if low is not None and high is not None else f"x>={low}" if low is not None else f"x<={high}"
 
 
 class Commands(TyperGroup):
@@ -72,9 +107,6 @@ app = typer.Typer(cls=Commands, help=__doc__, no_args_is_help=True, rich_markup_
 
 # Choices, as each stage spells them (tests/test_cli.py checks they agree); the CLI doesn't import the
 # stages to read them, so that `pipeline --help` and light commands start fast.
-Preset = Literal["tiny", "small", "medium", "large"]
-Strategy = Literal["single", "ddp", "fsdp", "tp", "pp", "hybrid", "auto"]
-PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zero-bubble", "zbv"]
 IndexType = Literal["auto", "flat", "hnsw", "ivf", "ivfpq"]
 SearchMode = Literal["dense", "lexical", "hybrid"]
 EvalMode = Literal["dense", "lexical", "hybrid", "all"]
@@ -90,6 +122,37 @@ def command_workspace(ctx: typer.Context, param: typer.CallbackParam, value: Pat
     given_before = ctx.find_root().params.get("workspace")
     if given_before is not None and (source is None or source.name != "COMMANDLINE"):
         return given_before
+    return value
+
+
+# Numbers: each option's range where it is declared, checked before the command runs: typer's min=/max=
+# (inclusive; shown in --help), and these callbacks for what they don't cover. NaN and infinity are floats
+# too ("--lr nan" reached the optimizer); every float option has a callback that refuses them.
+MIN_CHUNK_TOKENS = 8  # embed/run.py's MIN_CHUNK_TOKENS
+MAX_K = 1000  # search/engine.py's MAX_K
+
+
+def finite(value: float | None) -> float | None:
+    """A float option's callback: a finite number (typer's range passes infinity when there is no max)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
+
+
+def positive(value: float | None) -> float | None:
+    """A float option's callback: finite and more than 0 (typer's min= includes its bound, and 0 is no rate
+    or timeout); its help says [x>0]."""
+    if finite(value) is not None and not value > 0:
+        raise typer.BadParameter(f"{value:g} is not in the range x>0")
+    return value
+
+
+def duration(value: str) -> str:
+    """A duration option's callback (--time-budget): 90s, 15m, 1.5h or seconds, more than 0s; kept as given."""
+    try:
+        parse_duration(value)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     return value
 
 
@@ -114,7 +177,7 @@ TextFieldOption = Annotated[Optional[str], typer.Option(metavar="FIELD", help="F
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
 ModeOption = Annotated[Optional[SearchMode], typer.Option(help="Retriever (default: the mode `pipeline index` or `pipeline eval --set-default` measured best, else lexical).")]
 WhereOption = Annotated[Optional[str], typer.Option(metavar="SQL", help="Only documents for which this DuckDB SQL condition holds, over their metadata fields (the columns of the input files), doc_id, title and source, e.g. \"year >= 2015 AND journal = 'Nature'\".")]
-DenseWeightOption = Annotated[Optional[float], typer.Option(help="Hybrid only: weight of the dense ranking in the fusion (lexical gets 1 - it) [default: the workspace's, set by eval --set-default, else 0.5].")]
+DenseWeightOption = Annotated[Optional[float], typer.Option(min=0, max=1, callback=finite, help="Hybrid only: weight of the dense ranking in the fusion (lexical gets 1 - it) [default: the workspace's, set by eval --set-default, else 0.5].")]
 
 
 def show_version(value: bool) -> None:
@@ -133,6 +196,44 @@ def root(
 ) -> None:
     """Embedding pipeline: pretrain -> embed -> index -> search."""
     quiet_libraries()
+
+
+def options_of(settings_class):
+    """Give a command one option per field of a settings dataclass whose fields are declared with their
+    help and range (pretrain/settings.py `option`), and call it with the settings made from them. The
+    options are declared once, in the dataclass; its own checks run when the settings are made, and a value
+    out of range is a one-line usage error naming the option, as typer's own are."""
+    hints = typing.get_type_hints(settings_class)
+
+    def decorate(command):
+        own = inspect.signature(command).parameters
+        command_hints = typing.get_type_hints(command, include_extras=True)
+        parameters = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
+        parameters += [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=command_hints[p.name]) for p in own.values()
+                       if p.name != "settings"]
+        for f in dataclasses.fields(settings_class):
+            declared = f.metadata["option"]
+            has_factory = f.default_factory is not dataclasses.MISSING
+            annotation = Optional[hints[f.name]] if has_factory else hints[f.name]
+            help_text = f"{declared.help.rstrip('.')} [{declared.range_text()}]." if declared.range_text() else declared.help
+            default = typer.Option(None if has_factory else f.default, *declared.flags, help=help_text, metavar=declared.metavar,
+                                   show_default=not has_factory)
+            parameters.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
+        fields = {f.name for f in dataclasses.fields(settings_class)}
+
+        @functools.wraps(command)
+        def with_settings(ctx: typer.Context, **values):
+            given = {name: value for name, value in values.items() if name in fields and value is not None}
+            try:
+                settings = settings_class(**given)
+            except OptionError as e:
+                raise OneLineUsageError(str(e), ctx) from None
+            return command(settings=settings, **{name: value for name, value in values.items() if name not in fields})
+
+        with_settings.__signature__ = inspect.Signature(parameters)
+        with_settings.__annotations__ = {p.name: p.annotation for p in parameters}
+        return with_settings
+    return decorate
 
 
 def user_errors(command):
@@ -157,51 +258,10 @@ def user_errors(command):
 
 @app.command(short_help="tokenizer + GPT-2 trained on your documents, adapted to retrieval")
 @user_errors
+@options_of(PretrainSettings)
 def pretrain(
+    settings: PretrainSettings,
     workspace: WorkspaceOption = Path("workspace"),
-    data: DataOption = None,
-    text_field: TextFieldOption = None,
-    preset: Annotated[Optional[Preset], typer.Option(help="Model shape: tiny, small (124M), medium (355M), large (774M) (default: sized to the data, the machine and --time-budget).")] = None,
-    time_budget: Annotated[str, typer.Option(metavar="DURATION", help="Without --preset/--max-steps/--tokens: time for pretraining, model size and tokens chosen to fit (e.g. 90s, 15m, 1h).")] = "12m",
-    max_steps: Annotated[Optional[int], typer.Option(help="Optimizer steps (default: the preset's); 0 exports the model at initialisation (an untrained baseline).")] = None,
-    tokens: Annotated[Optional[int], typer.Option(help="Train on this many tokens instead of --max-steps.")] = None,
-    seq_len: Annotated[Optional[int], typer.Option(help="Tokens per training sequence.")] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Sequences per optimizer step (global).")] = None,
-    grad_accum: Annotated[int, typer.Option(help="Split each step's batch into this many micro-batches.")] = 1,
-    lr: Annotated[Optional[float], typer.Option(help="Peak learning rate.")] = None,
-    seed: Annotated[int, typer.Option(help="Random seed (weights, data order).")] = 1337,
-    vocab_size: Annotated[Optional[int], typer.Option(help="Tokenizer vocabulary size.")] = None,
-    n_layer: Annotated[Optional[int], typer.Option(help="Override the preset's number of layers.")] = None,
-    n_head: Annotated[Optional[int], typer.Option(help="Override the preset's attention heads.")] = None,
-    n_embd: Annotated[Optional[int], typer.Option(help="Override the preset's hidden size.")] = None,
-    eval_every: Annotated[int, typer.Option(help="Validation every N steps.")] = 100,
-    checkpoint_every: Annotated[int, typer.Option(help="Checkpoint every N steps.")] = 100,
-    log_every: Annotated[int, typer.Option(help="Log metrics every N steps.")] = 10,
-    resume: Annotated[bool, typer.Option(help="Continue from the latest checkpoint in the workspace (under any plan).")] = False,
-    nproc: Annotated[Optional[int], typer.Option(help="Processes on this node (default: number of GPUs, 1 on CPU).")] = None,
-    nnodes: Annotated[int, typer.Option(help="Nodes in the job.")] = 1,
-    node_rank: Annotated[int, typer.Option(help="This node's rank (multi-node).")] = 0,
-    master_addr: Annotated[Optional[str], typer.Option(help="Address of node 0 (multi-node).")] = None,
-    master_port: Annotated[Optional[int], typer.Option(help="Port on node 0 (multi-node).")] = None,
-    strategy: Annotated[Optional[Strategy], typer.Option(help="Parallelism; auto is the planner's top plan (see pipeline plan) (default: from the degrees).")] = None,
-    dp: Annotated[Optional[int], typer.Option(help="Data-parallel degree (DDP for ddp, FSDP otherwise).")] = None,
-    dp_replicate: Annotated[Optional[int], typer.Option(help="Replicate degree (with --dp-shard: HSDP).")] = None,
-    dp_shard: Annotated[Optional[int], typer.Option(help="FSDP shard degree.")] = None,
-    tp: Annotated[Optional[int], typer.Option(help="Tensor-parallel degree.")] = None,
-    pp: Annotated[Optional[int], typer.Option(help="Pipeline-parallel degree.")] = None,
-    pp_schedule: Annotated[PipelineSchedule, typer.Option(help="Pipeline schedule.")] = "1f1b",
-    microbatches: Annotated[Optional[int], typer.Option(help="Pipeline microbatches per step (default: --pp).")] = None,
-    stages_per_rank: Annotated[Optional[int], typer.Option(help="Pipeline stages per rank (multi-stage schedules; default 2).")] = None,
-    pp_split: Annotated[Optional[str], typer.Option(help="Layers per pipeline stage, e.g. 5,3 (default: even).")] = None,
-    bf16: Annotated[Optional[bool], typer.Option("--bf16/--no-bf16", help="bf16 autocast (default: on with a GPU).")] = None,
-    compile_model: Annotated[bool, typer.Option("--compile", help="torch.compile each block.")] = False,
-    ac: Annotated[bool, typer.Option("--ac", help="Activation checkpointing of each block.")] = False,
-    fused_adamw: Annotated[Optional[bool], typer.Option("--fused-adamw/--no-fused-adamw", help="Fused AdamW (default: on with a GPU).")] = None,
-    dist_timeout: Annotated[float, typer.Option(help="Seconds a collective may wait for a peer before the job fails.")] = 300.0,
-    autotune: Annotated[Optional[int], typer.Option(help="With --strategy auto: run 4 steps of each of the planner's top K plans and keep the measured fastest.")] = None,
-    cluster: Annotated[Optional[Path], typer.Option(help="With --strategy auto: cluster TOML file (needed for several nodes; default: measure this machine).")] = None,
-    ray: Annotated[Optional[str], typer.Option(help="Train on a Ray cluster (Ray Train): local, auto, or the head's address; --nproc is then the number of workers.")] = None,
-    max_failures: Annotated[int, typer.Option(help="With --ray: dead workers replaced (resuming from the latest checkpoint) up to N times.")] = 0,
     adapt: Annotated[bool, typer.Option("--adapt/--no-adapt", help="After pretraining, adapt the model to retrieval on the same documents (`pipeline tune` with its defaults, its steps in proportion to --time-budget: 500 at 12m), so `pipeline embed` uses it.")] = True,
     json_output: JsonOption = False,
 ):
@@ -226,18 +286,6 @@ def pretrain(
         pipeline pretrain --nproc 4 --strategy auto --autotune 3  # measure the top 3, keep the fastest
         pipeline pretrain --ray auto --nproc 8 --strategy hybrid --dp 4 --pp 2 --max-failures 3
     """
-    from pretrain.run import PretrainSettings
-
-    settings = PretrainSettings(
-        data=list(data or []), text_field=text_field, preset=preset, time_budget=time_budget, max_steps=max_steps, tokens=tokens,
-        seq_len=seq_len, batch_size=batch_size, grad_accum=grad_accum, lr=lr, seed=seed, vocab_size=vocab_size, n_layer=n_layer,
-        n_head=n_head, n_embd=n_embd, eval_every=eval_every, checkpoint_every=checkpoint_every, log_every=log_every, resume=resume,
-        nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr, master_port=master_port, ray=ray,
-        max_failures=max_failures, strategy=strategy, dp=dp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp,
-        pp_schedule=pp_schedule, microbatches=microbatches, stages_per_rank=stages_per_rank, pp_split=pp_split,
-        autotune=autotune, cluster=cluster, bf16=bf16, compile=compile_model, ac=ac, fused_adamw=fused_adamw,
-        dist_timeout=dist_timeout,
-    )
     # The workspace is created when the data is prepared, after every check: a failed run writes nothing.
     summary = workflows.pretrain(Workspace(workspace), settings, adapt)
     if json_output:
@@ -251,9 +299,9 @@ def embed(
     data: DataOption = None,
     text_field: TextFieldOption = None,
     model: Annotated[Optional[Path], typer.Option(help="A sentence-transformers model directory (default: the workspace's pretrained model).")] = None,
-    chunk_tokens: Annotated[Optional[int], typer.Option(help="Tokens per chunk (default: the model's maximum input less 32 for the title).")] = None,
-    overlap: Annotated[int, typer.Option(help="Tokens shared by consecutive chunks.")] = 32,
-    batch_size: Annotated[int, typer.Option(help="Chunks per forward pass.")] = 64,
+    chunk_tokens: Annotated[Optional[int], typer.Option(min=MIN_CHUNK_TOKENS, help="Tokens per chunk (default: the model's maximum input less 32 for the title).")] = None,
+    overlap: Annotated[int, typer.Option(min=0, help="Tokens shared by consecutive chunks.")] = 32,
+    batch_size: Annotated[int, typer.Option(min=1, help="Chunks per forward pass.")] = 64,
     prune: Annotated[bool, typer.Option(help="Remove stored documents that are no longer in the source.")] = False,
     ray: Annotated[Optional[str], typer.Option(help="Embed on a Ray cluster: local, auto, or the head's address (needs the ray extra).")] = None,
     json_output: JsonOption = False,
@@ -317,7 +365,7 @@ def index(
 def search(
     query: Annotated[str, typer.Argument(metavar="QUERY", help="What to look for.")],
     workspace: WorkspaceOption = Path("workspace"),
-    k: Annotated[int, typer.Option("-k", help="Number of documents to return.")] = 10,
+    k: Annotated[int, typer.Option("-k", min=1, max=MAX_K, help="Number of documents to return.")] = 10,
     mode: ModeOption = None,
     dense_weight: DenseWeightOption = None,
     where: WhereOption = None,
@@ -377,7 +425,7 @@ def eval_command(
     qrels: Annotated[Path, typer.Option(help="BEIR qrels .tsv: query-id, corpus-id, score (header line optional).")],
     workspace: WorkspaceOption = Path("workspace"),
     mode: Annotated[Optional[EvalMode], typer.Option(help="Retriever, or all of them (default: the search default).")] = None,
-    k: Annotated[int, typer.Option("-k", help="Documents retrieved per query (Recall@100 needs 100).")] = 100,
+    k: Annotated[int, typer.Option("-k", min=1, max=MAX_K, help="Documents retrieved per query (Recall@100 needs 100).")] = 100,
     dense_weight: DenseWeightOption = None,
     where: WhereOption = None,
     set_default: Annotated[bool, typer.Option("--set-default", help="With --mode all: make the best mode (by nDCG@10), and the --dense-weight used, this workspace's default for search and serve.")] = False,
@@ -413,15 +461,15 @@ def tune(
     hard_negatives: Annotated[bool, typer.Option("--hard-negatives/--no-hard-negatives", help="Give each pair a negative mined with BM25 (a document sharing the anchor's words that is not its own).")] = True,
     pairs: Annotated[Optional[Path], typer.Option(help="Labelled pairs, JSON lines: {\"query\": ..., \"document\": text} or {\"query\": ..., \"doc_id\": ...}.")] = None,
     architecture: Annotated[Architecture, typer.Option(help="static (the GPT-2's token embeddings, mean of a text's tokens; fast, best on CPU), transformer (the whole GPT-2 plus pooling), or auto: static, and the transformer too if its steps fit --time-budget here (batches of up to 256, its own learning rate), the better on held-out documents kept.")] = "auto",
-    time_budget: Annotated[str, typer.Option(metavar="DURATION", help="With --architecture auto: the time the transformer's tuning may take (e.g. 90s, 15m, 1h).")] = "12m",
+    time_budget: Annotated[str, typer.Option(callback=duration, metavar="DURATION", help="With --architecture auto: the time the transformer's tuning may take (e.g. 90s, 15m, 1h).")] = "12m",
     pooling: Annotated[Pooling, typer.Option(help="With --architecture transformer: mean, weightedmean (position-weighted, SGPT) or lasttoken.")] = "mean",
-    dimensions: Annotated[int, typer.Option(help="With --architecture static: the width of its token vectors (the pretrained model's, then random ones).")] = 1024,
-    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 500,
-    batch_size: Annotated[int, typer.Option(help="Pairs per batch; the other pairs are each one's negatives. A batch holds each document once, so at most a third as many pairs as there are documents.")] = 1024,
-    mini_batch: Annotated[Optional[int], typer.Option(help="Use CachedMultipleNegativesRankingLoss with this many texts per pass (large batches, little memory).")] = None,
-    lr: Annotated[Optional[float], typer.Option(help="Peak learning rate [default: 5e-2 static, 3e-4 transformer].")] = None,
-    max_seq_length: Annotated[int, typer.Option(help="Tokens per training text (longer ones are truncated).")] = 128,
-    seed: Annotated[int, typer.Option(help="Random seed (pairs, order, weights).")] = 0,
+    dimensions: Annotated[int, typer.Option(min=1, help="With --architecture static: the width of its token vectors (the pretrained model's, then random ones).")] = 1024,
+    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 500,
+    batch_size: Annotated[int, typer.Option(min=2, help="Pairs per batch; the other pairs are each one's negatives. A batch holds each document once, so at most a third as many pairs as there are documents.")] = 1024,
+    mini_batch: Annotated[Optional[int], typer.Option(min=1, help="Use CachedMultipleNegativesRankingLoss with this many texts per pass (large batches, little memory).")] = None,
+    lr: Annotated[Optional[float], typer.Option(callback=positive, help="Peak learning rate [x>0] [default: 5e-2 static, 3e-4 transformer].")] = None,
+    max_seq_length: Annotated[int, typer.Option(min=1, help="Tokens per training text (longer ones are truncated).")] = 128,
+    seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Random seed (pairs, order, weights).")] = 0,
     json_output: JsonOption = False,
 ):
     """Contrastive tuning of the pretrained model into a sentence embedder, from your unlabelled documents.
@@ -450,13 +498,7 @@ def tune(
     settings = TuneSettings(architecture=architecture, pooling=pooling, dimensions=dimensions, pair_kinds=tuple(k.strip() for k in pairs_from.split(",") if k.strip()),
                             pairs_file=pairs, hard_negatives=hard_negatives, steps=steps, batch_size=batch_size, mini_batch=mini_batch, lr=lr,
                             max_seq_length=max_seq_length, seed=seed)
-    from pretrain.sizing import parse_duration
-
-    try:
-        budget = parse_duration(time_budget)
-    except ValueError as e:
-        raise PipelineError(f"--time-budget: {e}") from None
-    summary = workflows.tune(Workspace(workspace), list(data or []), text_field, settings, budget)
+    summary = workflows.tune(Workspace(workspace), list(data or []), text_field, settings, parse_duration(time_budget))
     if json_output:
         out.print_json(json.dumps(summary))
 
@@ -466,7 +508,7 @@ def tune(
 def serve(
     workspace: WorkspaceOption = Path("workspace"),
     host: Annotated[str, typer.Option(help="Address to listen on (loopback by default; 0.0.0.0 exposes it to the network).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    port: Annotated[int, typer.Option(min=1, max=MAX_PORT, help="TCP port.")] = 8000,
     api_key: Annotated[Optional[str], typer.Option(envvar="PIPELINE_API_KEY", help="Require this key (X-API-Key header or ?api_key=) on every request but /health.")] = None,
 ):
     """Serve search over HTTP: a web page at /, the JSON API (/search, /documents, /health), docs at /docs.
@@ -516,16 +558,16 @@ def plan(
     workspace: WorkspaceOption = Path("workspace"),
     preset: Annotated[Preset, typer.Option(help="Model shape: tiny, small (124M), medium (355M), large (774M).")] = "small",
     model_config: Annotated[Optional[Path], typer.Option(help="JSON model shape instead of --preset (our fields, or a Hugging Face GPT-2 config.json).")] = None,
-    seq_len: Annotated[Optional[int], typer.Option(help="Tokens per sequence (default: the preset's).")] = None,
-    global_batch: Annotated[Optional[int], typer.Option(help="Sequences per optimizer step (default: the preset's).")] = None,
-    vocab_size: Annotated[Optional[int], typer.Option(help="Vocabulary size (default: the preset's).")] = None,
+    seq_len: Annotated[Optional[int], typer.Option(min=1, help="Tokens per sequence (default: the preset's).")] = None,
+    global_batch: Annotated[Optional[int], typer.Option(min=1, help="Sequences per optimizer step (default: the preset's).")] = None,
+    vocab_size: Annotated[Optional[int], typer.Option(min=1, help="Vocabulary size (default: the preset's).")] = None,
     cluster: Annotated[Optional[Path], typer.Option(help="Cluster TOML file for what-if planning (default: measure this machine).")] = None,
-    nproc: Annotated[Optional[int], typer.Option(help="Processes (default: all devices of --cluster, or this machine's GPUs, 1 on CPU).")] = None,
-    dp: Annotated[Optional[int], typer.Option(help="Only plans with this data-parallel degree.")] = None,
-    tp: Annotated[Optional[int], typer.Option(help="Only plans with this tensor-parallel degree.")] = None,
-    pp: Annotated[Optional[int], typer.Option(help="Only plans with this pipeline degree.")] = None,
+    nproc: Annotated[Optional[int], typer.Option(min=1, help="Processes (default: all devices of --cluster, or this machine's GPUs, 1 on CPU).")] = None,
+    dp: Annotated[Optional[int], typer.Option(min=1, help="Only plans with this data-parallel degree.")] = None,
+    tp: Annotated[Optional[int], typer.Option(min=1, help="Only plans with this tensor-parallel degree.")] = None,
+    pp: Annotated[Optional[int], typer.Option(min=1, help="Only plans with this pipeline degree.")] = None,
     bf16: Annotated[bool, typer.Option("--bf16", help="Plan for bf16 autocast (2-byte activations).")] = False,
-    top: Annotated[int, typer.Option(help="Rows of the table.")] = 15,
+    top: Annotated[int, typer.Option(min=1, help="Rows of the table.")] = 15,
     remeasure: Annotated[bool, typer.Option(help="Measure this machine again instead of using the cached measurement.")] = False,
     json_output: JsonOption = False,
 ):
@@ -548,8 +590,6 @@ def plan(
     from pretrain.planner.rank import table_rows, why
 
     work = workload_from_args(preset, model_config, seq_len, global_batch, vocab_size, bf16)
-    if nproc is not None and nproc < 1:
-        raise PipelineError(f"--nproc must be positive, got {nproc}")
     ws = Workspace(workspace).create() if cluster is None else None
     result = plan_for(work, get_cluster(ws, cluster, nproc, remeasure), nproc, dp, tp, pp)
     if json_output:

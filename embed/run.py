@@ -44,6 +44,7 @@ class EmbedSettings:
 RAY_GROUP_SIZE = 16_384
 # Room left in each model input for the document title that precedes the chunk.
 TITLE_TOKENS = 32
+MIN_CHUNK_TOKENS = 8  # the fewest tokens per chunk embed takes (cli.py declares --chunk-tokens with it)
 # From this many documents a static model averages with torch (its import, ~2 s, then pays for itself:
 # common/embedder.py StaticEmbedder.mean_with_torch); below, numpy is faster overall.
 TORCH_MEAN_DOCUMENTS = 20_000
@@ -97,8 +98,8 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
     model = load_embedder(model_dir)
     if settings.chunk_tokens is None:
         settings.chunk_tokens = max(32, token_limit(model) - TITLE_TOKENS)
-    if settings.chunk_tokens < 8 or not 0 <= settings.overlap < settings.chunk_tokens:
-        raise PipelineError(f"--chunk-tokens {settings.chunk_tokens} / --overlap {settings.overlap}: need chunk-tokens >= 8 and 0 <= overlap < chunk-tokens")
+    if settings.chunk_tokens < MIN_CHUNK_TOKENS or not 0 <= settings.overlap < settings.chunk_tokens:
+        raise PipelineError(f"--chunk-tokens {settings.chunk_tokens} / --overlap {settings.overlap}: need chunk-tokens >= {MIN_CHUNK_TOKENS} and 0 <= overlap < chunk-tokens")
     tokenizer = text_tokenizer(model)
     fingerprint = model_fingerprint(model_dir)
     key = embedder_key(fingerprint, settings.chunk_tokens, settings.overlap)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import random
 import shutil
 import tempfile
@@ -379,8 +380,8 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings, out_na
         raise PipelineError("--batch-size must be at least 2: the other pairs in a batch are the negatives")
     if settings.lr is None:
         settings.lr = DEFAULT_LR[settings.architecture]
-    if not settings.lr > 0:
-        raise PipelineError(f"--lr must be positive, got {settings.lr}")
+    if not 0 < settings.lr < math.inf:  # a NaN or infinite rate would save NaN weights as the tuned model
+        raise PipelineError(f"--lr must be a positive finite number, got {settings.lr}")
     if not (ws.model_dir / "config.json").exists():
         raise PipelineError(f"no pretrained model in {ws.model_dir}: run `pipeline pretrain` first")
 

@@ -140,9 +140,6 @@ class ParallelConfig:
                 dp_shard: int | None = None, tp: int | None = None, pp: int | None = None, **pipeline) -> "ParallelConfig":
         """Turn the user's --strategy and degrees into a complete plan for `world_size` processes."""
         given = {k: v for k, v in dict(dp=dp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp).items() if v is not None}
-        for name, value in given.items():
-            if value < 1:
-                raise PipelineError(f"--{name.replace('_', '-')} must be positive, got {value}")
         if dp is not None and (dp_replicate is not None or dp_shard is not None):
             raise PipelineError("give either --dp or --dp-replicate/--dp-shard, not both")
         if strategy is None:

@@ -9,12 +9,12 @@ run_pretrain() checks the settings once, before anything is written, then
     --resume     continues the latest checkpoint under this run's plan (any plan can resume any checkpoint)
 
 The adaptation to retrieval that follows (`pipeline tune` with its defaults, unless --no-adapt) is the
-embed stage's: cli.py chains it after this, since no stage imports another.
+embed stage's: workflows.py chains it after this, since no stage imports another.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from common.console import info
@@ -24,69 +24,8 @@ from common.workspace import Workspace
 from pretrain.checkpoint import checkpoint_dirs, config_from_checkpoint
 from pretrain.config import PRESET_TRAINING, PRESETS, ParallelConfig, RuntimeOptions, TrainConfig, model_config_for
 from pretrain.data import prepare_data
-from pretrain.sizing import parse_duration, size_to_budget
-
-
-@dataclass
-class PretrainSettings:
-    """The command's options, as cli.py parsed them (same names and defaults)."""
-    data: list[Path] = field(default_factory=list)
-    text_field: str | None = None
-    # the model and the run; without a preset, shape or step count the model is sized to time_budget
-    preset: str | None = None
-    time_budget: str = "12m"
-    max_steps: int | None = None
-    tokens: int | None = None
-    seq_len: int | None = None
-    batch_size: int | None = None
-    grad_accum: int = 1
-    lr: float | None = None
-    seed: int = 1337
-    vocab_size: int | None = None
-    n_layer: int | None = None
-    n_head: int | None = None
-    n_embd: int | None = None
-    eval_every: int = 100
-    checkpoint_every: int = 100
-    log_every: int = 10
-    resume: bool = False
-    # the job
-    nproc: int | None = None  # default: one per GPU (1 on CPU), or per Ray worker slot
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str | None = None
-    master_port: int | None = None
-    ray: str | None = None
-    max_failures: int = 0
-    # the plan: degrees given (or inferred), or the planner's with strategy "auto"
-    strategy: str | None = None
-    dp: int | None = None
-    dp_replicate: int | None = None
-    dp_shard: int | None = None
-    tp: int | None = None
-    pp: int | None = None
-    pp_schedule: str = "1f1b"
-    microbatches: int | None = None
-    stages_per_rank: int | None = None
-    pp_split: str | None = None
-    autotune: int | None = None
-    cluster: Path | None = None
-    # how each rank runs (RuntimeOptions); None: on with a GPU
-    bf16: bool | None = None
-    compile: bool = False
-    ac: bool = False
-    fused_adamw: bool | None = None
-    dist_timeout: float = 300.0
-
-    @property
-    def auto(self) -> bool:
-        return self.strategy == "auto"
-
-    @property
-    def shape_given(self) -> bool:
-        """Anything that fixes the model's shape or the run's length: then nothing is sized."""
-        return any(v is not None for v in (self.preset, self.max_steps, self.tokens, self.n_layer, self.n_head, self.n_embd,
-                                           self.seq_len, self.batch_size))
+from pretrain.settings import PretrainSettings
+from pretrain.sizing import size_to_budget
 
 
 AUTOTUNE_STEPS = 4  # steps of each plan --autotune measures (the first warms up)
@@ -132,25 +71,18 @@ def run_pretrain(ws: Workspace, s: PretrainSettings) -> dict:
 # ---------------------------------------------------------------- settings, checked once
 
 def check_settings(s: PretrainSettings) -> float:
-    """Every check that needs only the settings; returns the time budget in seconds."""
-    try:
-        budget_s = parse_duration(s.time_budget)
-    except ValueError as e:
-        raise PipelineError(f"--time-budget: {e}") from None
+    """Every check of how the settings combine (each option's own range is checked where it is declared,
+    pretrain/settings.py); returns the time budget in seconds."""
     if s.ray is not None and (s.nnodes != 1 or s.node_rank != 0 or s.master_addr or s.master_port):
         raise PipelineError("--ray places the workers itself: drop --nnodes/--node-rank/--master-addr/--master-port")
-    if (s.nproc is not None and s.nproc < 1) or s.nnodes < 1:
-        raise PipelineError("--nproc and --nnodes must be positive")
+    if s.node_rank >= s.nnodes:
+        raise PipelineError(f"--node-rank {s.node_rank} is not a node of the job: the ranks of --nnodes {s.nnodes} are 0 to {s.nnodes - 1}")
     given = (s.dp, s.dp_replicate, s.dp_shard, s.tp, s.pp, s.microbatches, s.stages_per_rank, s.pp_split)
     if s.auto and any(v is not None for v in given):
         raise PipelineError("--strategy auto chooses the degrees, schedule and split itself; drop --dp/--tp/--pp and the pipeline options")
     if (s.autotune is not None or s.cluster is not None) and not s.auto:
         raise PipelineError("--autotune and --cluster go with --strategy auto")
-    if s.autotune is not None and s.autotune < 1:
-        raise PipelineError(f"--autotune must be positive, got {s.autotune}")
-    if s.max_steps is not None and s.max_steps < 0:
-        raise PipelineError(f"--max-steps must be 0 or more, got {s.max_steps}")
-    return budget_s
+    return s.time_budget_seconds
 
 
 def parse_split(text: str | None) -> list[int] | None:
@@ -194,9 +126,6 @@ def new_train_config(s: PretrainSettings) -> TrainConfig:
     seq_len = s.seq_len or defaults["seq_len"]
     batch_size = s.batch_size or defaults["batch_size"]
     vocab = s.vocab_size or defaults["vocab_size"]
-    for name, value in dict(seq_len=seq_len, batch_size=batch_size, grad_accum=s.grad_accum, vocab_size=vocab).items():
-        if value < 1:
-            raise PipelineError(f"--{name.replace('_', '-')} must be positive, got {value}")
     max_steps = max(1, -(-s.tokens // (batch_size * seq_len))) if s.tokens is not None else s.max_steps
     cfg = TrainConfig(
         preset=preset, max_steps=defaults["max_steps"] if max_steps is None else max_steps, seq_len=seq_len, batch_size=batch_size,

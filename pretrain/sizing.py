@@ -141,19 +141,6 @@ def vocab_for(corpus_chars: int) -> int:
     return 1 << max(12, min(15, round(math.log2(max(corpus_chars, 1) / 1000))))
 
 
-def parse_duration(text: str) -> float:
-    """Seconds in '90s', '15m', '1.5h' or a bare number of seconds."""
-    units = {"s": 1, "m": 60, "h": 3600}
-    value = text.strip().lower()
-    try:
-        seconds = float(value[:-1]) * units[value[-1]] if value and value[-1] in units else float(value)
-    except ValueError:
-        raise ValueError(f"'{text}' is not a duration (e.g. 90s, 15m, 1.5h)") from None
-    if not seconds > 0:
-        raise ValueError(f"'{text}' is not a positive duration")
-    return seconds
-
-
 def apply_shape(cfg, shape: Shape, steps: int):
     cfg.model = ModelConfig(vocab_size=cfg.vocab_size, n_layer=shape.n_layer, n_head=shape.n_head, n_embd=shape.n_embd,
                             block_size=max(256, shape.seq_len))  # embedders read chunks of up to 256 tokens

@@ -139,5 +139,5 @@ def test_pretrain_without_a_shape_is_sized_to_the_time_budget(tmp_path, corpus_f
     assert model["preset"] == "sized" and model["steps"] >= 1
     assert (model["config"]["n_layer"], model["config"]["n_embd"], model["config"]["n_head"], model["batch_size"]) in shapes
     bad = run_cli("pretrain", "-w", str(tmp_path / "bad"), "--data", str(corpus_file), "--time-budget", "soon", check=False)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["error: --time-budget: 'soon' is not a duration (e.g. 90s, 15m, 1.5h)"]
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["error: --time-budget: 'soon' is not a duration (e.g. 90s, 15m, 1.5h); see `pipeline pretrain --help`"]
     assert not (tmp_path / "bad").exists()

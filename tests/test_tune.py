@@ -123,7 +123,7 @@ def test_a_batch_holds_each_document_once(corpus_file):
 
 
 def test_the_chained_adaptation_is_sized_to_the_pretraining_budget():
-    from pretrain.sizing import parse_duration
+    from common.durations import parse_duration
 
     steps = [adaptation_steps(parse_duration(budget)) for budget in ("1m", "3m", "12m", "1h")]
     assert steps == sorted(steps) and steps[2] == steps[3] == TuneSettings().steps  # the default at 12m, no more later
@@ -261,8 +261,8 @@ def test_tune_bad_options_are_one_line(trained_workspace, tmp_path):
                           (["--architecture", "static", "--pooling", "lasttoken"], "error: --pooling lasttoken: a static embedding is the mean of its token vectors; "
                                                        "pooling modes apply to --architecture transformer"),
                           (["--pairs-from", "title,magic"], "error: --pairs-from: unknown kind 'magic' (choose from title, ict, neighbours, dropout); see `pipeline tune --help`"),
-                          (["--batch-size", "1"], "error: --batch-size must be at least 2: the other pairs in a batch are the negatives"),
-                          (["--time-budget", "soon"], "error: --time-budget: 'soon' is not a duration (e.g. 90s, 15m, 1.5h)")]:
+                          (["--batch-size", "1"], "error: --batch-size: 1 is not in the range x>=2; see `pipeline tune --help`"),
+                          (["--time-budget", "soon"], "error: --time-budget: 'soon' is not a duration (e.g. 90s, 15m, 1.5h); see `pipeline tune --help`")]:
         result = run_cli("tune", "-w", str(trained_workspace), *args, check=False)
         assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == message
     result = run_cli("tune", "-w", str(tmp_path / "empty"), "--data", str(trained_workspace / "nope.jsonl"), check=False)

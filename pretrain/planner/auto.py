@@ -73,8 +73,6 @@ def get_cluster(ws: Workspace | None, cluster_file: Path | None, nproc: int | No
     from pretrain.launch import default_nproc
 
     nproc = nproc or default_nproc()
-    if nproc < 1:
-        raise PipelineError(f"--nproc must be positive, got {nproc}")
     cache = ws.root / CLUSTER_CACHE if ws is not None else None
     cluster, cached = local_cluster(cache, nproc, remeasure)
     if not cached:

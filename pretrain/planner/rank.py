@@ -91,11 +91,8 @@ def _no_plan_reason(world: int, work: Workload) -> str:
 
 
 def check_degrees(world: int, dp: int | None, tp: int | None, pp: int | None) -> None:
-    """Degrees given by hand must multiply to the world size."""
+    """Degrees given by hand (each positive: cli.py checks it) must multiply to the world size."""
     given = {k: v for k, v in dict(dp=dp, tp=tp, pp=pp).items() if v is not None}
-    for k, v in given.items():
-        if v < 1:
-            raise PipelineError(f"--{k} must be positive, got {v}")
     if len(given) == 3 and dp * tp * pp != world:
         raise PipelineError(f"--dp {dp} × --tp {tp} × --pp {pp} = {dp * tp * pp}, not the world size {world}")
     product = math.prod(given.values()) if given else 1

@@ -76,8 +76,6 @@ def create_app(ws: Workspace, write_documents: WriteDocuments, api_key: str | No
 def run_server(ws: Workspace, host: str, port: int, api_key: str | None, write_documents: WriteDocuments) -> None:
     import uvicorn
 
-    if not 0 < port < 65536:
-        raise PipelineError(f"--port must be between 1 and 65535, got {port}")
     if api_key is not None and len(api_key) < 8:
         raise PipelineError("--api-key must be at least 8 characters")
     try:  # fail with one line, before loading anything, if the address is taken

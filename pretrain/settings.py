@@ -1,0 +1,178 @@
+"""`pipeline pretrain`'s settings, declared once.
+
+Each field of PretrainSettings is an option of the command: cli.py makes the options from these fields
+(name, type, default, help, range), and a Python program passes the same settings to
+workflows.pretrain. Each field's range is checked where it is declared, when the settings are made
+(`__post_init__`), before anything is written: `--lr nan`, `--batch-size 0` or `--time-budget 0s` is one
+line naming the option. Checks that involve several options (the plan's degrees against the process
+count, --ray against the multi-node options) are pretrain/run.py's `check_settings`.
+
+Light on purpose (no torch): the CLI imports it to build `pipeline pretrain --help`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from common.durations import parse_duration
+from common.errors import PipelineError
+
+Preset = Literal["tiny", "small", "medium", "large"]
+Strategy = Literal["single", "ddp", "fsdp", "tp", "pp", "hybrid", "auto"]
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zero-bubble", "zbv"]
+
+SEED_MAX = 2**32 - 1  # numpy's (transformers seeds it), the narrowest of the seeded generators
+MIN_VOCAB_SIZE = 257  # the byte-level tokenizer's 256 bytes and its end-of-text token (pretrain/tokenizer.py)
+MAX_PORT = 65535
+
+
+@dataclass(frozen=True)
+class Declared:
+    """How a field is offered as an option: its help, its flags (default: --field-name), its range, and a
+    metavar; `above` is an exclusive lower bound (a rate, a timeout), `duration` a text like 90s or 15m."""
+    help: str
+    flags: tuple[str, ...] = ()
+    min: float | None = None
+    max: float | None = None
+    above: float | None = None
+    duration: bool = False
+    metavar: str | None = None
+
+    def range_text(self) -> str | None:
+        """The range as --help shows it: x>=1, 0<=x<=1, x>0."""
+        if self.above is not None:
+            return f"x>{number(self.above)}"
+        if self.min is not None and self.max is not None:
+            return f"{number(self.min)}<=x<={number(self.max)}"
+        if self.min is not None:
+            return f"x>={number(self.min)}"
+        return None
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with a value of this option, or None."""
+        if value is None or isinstance(value, bool):
+            return None
+        if self.duration:
+            try:
+                parse_duration(value)
+            except ValueError as e:
+                return str(e)
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{value} is not a finite number"
+        if isinstance(value, (int, float)):
+            low_ok = (self.min is None or value >= self.min) and (self.above is None or value > self.above)
+            if not low_ok or (self.max is not None and value > self.max):
+                return f"{number(value)} is not in the range {self.range_text()}"
+        return None
+
+
+def number(value: float) -> str:
+    """A bound or value as typed: 4294967295, 0.001, 1e-09."""
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
+
+
+def option(default: Any = None, help: str = "", *, factory=None, **declared) -> Any:
+    """A settings field that is also an option (Declared's arguments)."""
+    metadata = {"option": Declared(help, **declared)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class PretrainSettings:
+    """Everything `pipeline pretrain` can be told; without a preset, shape or step count the model is sized
+    to time_budget."""
+    data: list[Path] = option(help="File or directory (.txt .md .jsonl .json .csv .parquet); repeatable.",
+                              flags=("--data", "-d"), metavar="PATH", factory=list)
+    text_field: Optional[str] = option(None, "Field holding the text in structured files (auto-detected by default).",
+                                       metavar="FIELD")
+    # the model and the run
+    preset: Optional[Preset] = option(None, "Model shape: tiny, small (124M), medium (355M), large (774M) (default: "
+                                            "sized to the data, the machine and --time-budget).")
+    time_budget: str = option("12m", "Without --preset/--max-steps/--tokens: time for pretraining, model size and "
+                                     "tokens chosen to fit (e.g. 90s, 15m, 1h).", duration=True, metavar="DURATION")
+    max_steps: Optional[int] = option(None, "Optimizer steps (default: the preset's); 0 exports the model at "
+                                            "initialisation (an untrained baseline).", min=0)
+    tokens: Optional[int] = option(None, "Train on this many tokens instead of --max-steps.", min=1)
+    seq_len: Optional[int] = option(None, "Tokens per training sequence.", min=1)
+    batch_size: Optional[int] = option(None, "Sequences per optimizer step (global).", min=1)
+    grad_accum: int = option(1, "Split each step's batch into this many micro-batches.", min=1)
+    lr: Optional[float] = option(None, "Peak learning rate.", above=0)
+    seed: int = option(1337, "Random seed (weights, data order).", min=0, max=SEED_MAX)
+    vocab_size: Optional[int] = option(None, "Tokenizer vocabulary size (at least its 256 bytes and end-of-text).",
+                                       min=MIN_VOCAB_SIZE)
+    n_layer: Optional[int] = option(None, "Override the preset's number of layers.", min=1)
+    n_head: Optional[int] = option(None, "Override the preset's attention heads.", min=1)
+    n_embd: Optional[int] = option(None, "Override the preset's hidden size.", min=1)
+    eval_every: int = option(100, "Validation every N steps.", min=1)
+    checkpoint_every: int = option(100, "Checkpoint every N steps.", min=1)
+    log_every: int = option(10, "Log metrics every N steps.", min=1)
+    resume: bool = option(False, "Continue from the latest checkpoint in the workspace (under any plan).")
+    # the job
+    nproc: Optional[int] = option(None, "Processes on this node (default: number of GPUs, 1 on CPU).", min=1)
+    nnodes: int = option(1, "Nodes in the job.", min=1)
+    node_rank: int = option(0, "This node's rank (multi-node): 0 to --nnodes - 1.", min=0)
+    master_addr: Optional[str] = option(None, "Address of node 0 (multi-node).")
+    master_port: Optional[int] = option(None, "Port on node 0 (multi-node).", min=1, max=MAX_PORT)
+    ray: Optional[str] = option(None, "Train on a Ray cluster (Ray Train): local, auto, or the head's address; "
+                                      "--nproc is then the number of workers.")
+    max_failures: int = option(0, "With --ray: dead workers replaced (resuming from the latest checkpoint) up to N "
+                                  "times.", min=0)
+    # the plan: degrees given (or inferred), or the planner's with strategy "auto"
+    strategy: Optional[Strategy] = option(None, "Parallelism; auto is the planner's top plan (see pipeline plan) "
+                                                "(default: from the degrees).")
+    dp: Optional[int] = option(None, "Data-parallel degree (DDP for ddp, FSDP otherwise).", min=1)
+    dp_replicate: Optional[int] = option(None, "Replicate degree (with --dp-shard: HSDP).", min=1)
+    dp_shard: Optional[int] = option(None, "FSDP shard degree.", min=1)
+    tp: Optional[int] = option(None, "Tensor-parallel degree.", min=1)
+    pp: Optional[int] = option(None, "Pipeline-parallel degree.", min=1)
+    pp_schedule: PipelineSchedule = option("1f1b", "Pipeline schedule.")
+    microbatches: Optional[int] = option(None, "Pipeline microbatches per step (default: --pp).", min=1)
+    stages_per_rank: Optional[int] = option(None, "Pipeline stages per rank (multi-stage schedules; default 2).", min=1)
+    pp_split: Optional[str] = option(None, "Layers per pipeline stage, e.g. 5,3 (default: even).")
+    autotune: Optional[int] = option(None, "With --strategy auto: run 4 steps of each of the planner's top K plans and "
+                                           "keep the measured fastest.", min=1)
+    cluster: Optional[Path] = option(None, "With --strategy auto: cluster TOML file (needed for several nodes; default: "
+                                           "measure this machine).")
+    # how each rank runs (RuntimeOptions); None: on with a GPU
+    bf16: Optional[bool] = option(None, "bf16 autocast (default: on with a GPU).", flags=("--bf16/--no-bf16",))
+    compile: bool = option(False, "torch.compile each block.", flags=("--compile",))
+    ac: bool = option(False, "Activation checkpointing of each block.", flags=("--ac",))
+    fused_adamw: Optional[bool] = option(None, "Fused AdamW (default: on with a GPU).", flags=("--fused-adamw/--no-fused-adamw",))
+    dist_timeout: float = option(300.0, "Seconds a collective may wait for a peer before the job fails.", above=0)
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            problem = f.metadata["option"].problem(getattr(self, f.name))
+            if problem is not None:
+                raise OptionError(flag(f), problem)
+        self.time_budget_seconds = parse_duration(self.time_budget)
+
+    @property
+    def auto(self) -> bool:
+        return self.strategy == "auto"
+
+    @property
+    def shape_given(self) -> bool:
+        """Anything that fixes the model's shape or the run's length: then nothing is sized."""
+        return any(v is not None for v in (self.preset, self.max_steps, self.tokens, self.n_layer, self.n_head, self.n_embd,
+                                           self.seq_len, self.batch_size))
+
+
+class OptionError(PipelineError):
+    """A setting out of its declared range; `option` is its flag (--lr)."""
+
+    def __init__(self, option: str, problem: str):
+        super().__init__(f"{option}: {problem}")
+        self.option, self.problem = option, problem
+
+
+def flag(f: dataclasses.Field) -> str:
+    """A field's option as the user types it: its first flag, else --field-name."""
+    declared = f.metadata["option"]
+    return declared.flags[0].split("/")[0] if declared.flags else "--" + f.name.replace("_", "-")
