@@ -24,7 +24,7 @@ from typing import Annotated, Literal, Optional
 import typer
 from typer.core import TyperGroup
 
-from common.console import err, out, quiet_libraries
+from common.console import err, out
 from common.durations import parse_duration
 from common.errors import PipelineError
 from common.workspace import WORKSPACE_ENV, Workspace
@@ -195,7 +195,6 @@ def root(
     version: Annotated[bool, typer.Option("--version", callback=show_version, is_eager=True, help="Print the version and exit.")] = False,
 ) -> None:
     """Embedding pipeline: pretrain -> embed -> index -> search."""
-    quiet_libraries()
 
 
 def options_of(settings_class):

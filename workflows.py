@@ -30,13 +30,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.console import info
+from common.console import info, quiet_libraries
 from common.errors import PipelineError, UnknownDocument
 from common.manifest import read_manifest, require
 from common.workspace import Workspace, file_sha256, model_fingerprint
 
 if TYPE_CHECKING:  # the documents' type only: the readers import DuckDB, which light commands do without
     from common.readers import Document
+
+quiet_libraries()  # the libraries' own notices reach no user, of the CLI or of these functions
 
 
 def pretrain(ws: Workspace, settings, adapt: bool = True) -> dict:

@@ -85,8 +85,7 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
     `prediction`, the planner's step time and peak memory for this plan (from the caller), is logged
     beside what the run measures. Returns a summary (on rank 0; other ranks get {}).
     """
-    plan, options = plan or ParallelConfig(), options or RuntimeOptions()
-    plan.validate(cfg.model, cfg)
+    plan, options = plan or ParallelConfig(), options or RuntimeOptions()  # the plan as validated by run_pretrain
     par = build_mesh(plan, options.timeout_s)
     reset_peak_memory(par.device)
     main = par.rank == 0

@@ -279,3 +279,20 @@ def test_a_damaged_index_or_store_file_is_named_with_what_to_run(trained_workspa
     assert result.returncode == 2 and len(error.splitlines()) == 1 and error.startswith("error: "), error
     named = file.parent if damaged == "bm25" else file  # the BM25 index is its directory
     assert str(named) in error and ("pipeline index --rebuild" in error if damaged != "store" else "pipeline embed" in error)
+
+
+def test_the_readmes_workflows_example_builds_a_consistent_workspace(corpus_file, tmp_path, monkeypatch, capsys):
+    """The README's second Python example (building a workspace with workflows.py), run as written on a
+    folder of documents, with a budget of seconds instead of minutes."""
+    readme = (REPO / "README.md").read_text()
+    code = readme.split("## Python API", 1)[1].split("```python\n", 2)[2].split("```", 1)[0]
+    assert 'time_budget="5m"' in code
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    shutil.copy(corpus_file, docs / "corpus.jsonl")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code.replace('time_budget="5m"', 'time_budget="15s"'), "README.md", "exec"), {})
+    mode, problems = capsys.readouterr().out.splitlines()[-2:]
+    assert mode in ("dense", "lexical", "hybrid") and problems == "[]"
+    manifest = json.loads((tmp_path / "my-workspace" / "manifest.json").read_text())
+    assert {"tokenizer", "model", "tuned", "embedder", "index", "search"} <= set(manifest)
