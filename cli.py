@@ -9,6 +9,7 @@ A first run, on your own documents:
 Every command reads and writes the workspace: --workspace DIR (before the command or after it),
 else $PIPELINE_WORKSPACE, else ./workspace. Each command's --help has examples.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,13 +25,12 @@ from typing import Annotated, Literal, Optional
 import typer
 from typer.core import TyperGroup
 
+import workflows
 from common.console import err, out
 from common.durations import parse_duration
 from common.errors import PipelineError
 from common.workspace import WORKSPACE_ENV, Workspace
 from pretrain.settings import MAX_PORT, SEED_MAX, OptionError, Preset, PretrainSettings
-
-import workflows
 
 try:  # typer vendors click from 0.2x on; before, it used click itself
     from typer._click.exceptions import BadParameter, NoArgsIsHelpError, UsageError
@@ -78,7 +78,9 @@ def number_message(e: BadParameter) -> str | None:
                 return f"{value} is not a finite number"
         except (TypeError, ValueError):
             pass
-        return f"{value} is not in the range {number_range(getattr(e.param, 'min', None), getattr(e.param, 'max', None))}"
+        return (
+            f"{value} is not in the range {number_range(getattr(e.param, 'min', None), getattr(e.param, 'max', None))}"
+        )
     if kind in ("int_parsing", "int_from_float", "int_type"):
         return f"'{value}' is not a whole number"
     if kind in ("float_parsing", "float_type"):
@@ -88,7 +90,13 @@ def number_message(e: BadParameter) -> str | None:
 
 def number_range(low, high) -> str:
     """A range as typer's --help shows it: x>=1, 0<=x<=1."""
-    return f"{low}<=x<={high}" if low is not None and high is not None else f"x>={low}" if low is not None else f"x<={high}"
+    return (
+        f"{low}<=x<={high}"
+        if low is not None and high is not None
+        else f"x>={low}"
+        if low is not None
+        else f"x<={high}"
+    )
 
 
 class Commands(TyperGroup):
@@ -103,7 +111,9 @@ class Commands(TyperGroup):
             return super().invoke(ctx)
 
 
-app = typer.Typer(cls=Commands, help=__doc__, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_show_locals=False)
+app = typer.Typer(
+    cls=Commands, help=__doc__, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_show_locals=False
+)
 
 # Choices, as each stage spells them (tests/test_cli.py checks they agree); the CLI doesn't import the
 # stages to read them, so that `pipeline --help` and light commands start fast.
@@ -170,14 +180,50 @@ def complete_pair_kinds(incomplete: str) -> list[str]:
     return [",".join([*chosen, kind]) for kind in PAIR_KINDS if kind.startswith(last) and kind not in chosen]
 
 
-WorkspaceOption = Annotated[Path, typer.Option("--workspace", "-w", envvar=WORKSPACE_ENV, metavar="DIR", callback=command_workspace,
-                                               help="Workspace directory (also accepted before the command).")]
-DataOption = Annotated[Optional[list[Path]], typer.Option("--data", "-d", metavar="PATH", help="File or directory (.txt .md .jsonl .json .csv .parquet); repeatable.")]
-TextFieldOption = Annotated[Optional[str], typer.Option(metavar="FIELD", help="Field holding the text in structured files (auto-detected by default).")]
+WorkspaceOption = Annotated[
+    Path,
+    typer.Option(
+        "--workspace",
+        "-w",
+        envvar=WORKSPACE_ENV,
+        metavar="DIR",
+        callback=command_workspace,
+        help="Workspace directory (also accepted before the command).",
+    ),
+]
+DataOption = Annotated[
+    Optional[list[Path]],
+    typer.Option(
+        "--data", "-d", metavar="PATH", help="File or directory (.txt .md .jsonl .json .csv .parquet); repeatable."
+    ),
+]
+TextFieldOption = Annotated[
+    Optional[str],
+    typer.Option(metavar="FIELD", help="Field holding the text in structured files (auto-detected by default)."),
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
-ModeOption = Annotated[Optional[SearchMode], typer.Option(help="Retriever (default: the mode `pipeline index` or `pipeline eval --set-default` measured best, else lexical).")]
-WhereOption = Annotated[Optional[str], typer.Option(metavar="SQL", help="Only documents for which this DuckDB SQL condition holds, over their metadata fields (the columns of the input files), doc_id, title and source, e.g. \"year >= 2015 AND journal = 'Nature'\".")]
-DenseWeightOption = Annotated[Optional[float], typer.Option(min=0, max=1, callback=finite, help="Hybrid only: weight of the dense ranking in the fusion (lexical gets 1 - it) [default: the workspace's, set by eval --set-default, else 0.5].")]
+ModeOption = Annotated[
+    Optional[SearchMode],
+    typer.Option(
+        help="Retriever (default: the mode `pipeline index` or `pipeline eval --set-default` measured best, else lexical)."
+    ),
+]
+WhereOption = Annotated[
+    Optional[str],
+    typer.Option(
+        metavar="SQL",
+        help="Only documents for which this DuckDB SQL condition holds, over their metadata fields (the columns of the input files), doc_id, title and source, e.g. \"year >= 2015 AND journal = 'Nature'\".",
+    ),
+]
+DenseWeightOption = Annotated[
+    Optional[float],
+    typer.Option(
+        min=0,
+        max=1,
+        callback=finite,
+        help="Hybrid only: weight of the dense ranking in the fusion (lexical gets 1 - it) [default: the workspace's, set by eval --set-default, else 0.5].",
+    ),
+]
 
 
 def show_version(value: bool) -> None:
@@ -190,9 +236,19 @@ def show_version(value: bool) -> None:
 
 @app.callback()
 def root(
-    workspace: Annotated[Optional[Path], typer.Option("--workspace", "-w", metavar="DIR", show_default=False,
-                                                      help="Workspace directory for the command that follows [default: $PIPELINE_WORKSPACE, else ./workspace].")] = None,
-    version: Annotated[bool, typer.Option("--version", callback=show_version, is_eager=True, help="Print the version and exit.")] = False,
+    workspace: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--workspace",
+            "-w",
+            metavar="DIR",
+            show_default=False,
+            help="Workspace directory for the command that follows [default: $PIPELINE_WORKSPACE, else ./workspace].",
+        ),
+    ] = None,
+    version: Annotated[
+        bool, typer.Option("--version", callback=show_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     """Embedding pipeline: pretrain -> embed -> index -> search."""
 
@@ -208,16 +264,28 @@ def options_of(settings_class):
         own = inspect.signature(command).parameters
         command_hints = typing.get_type_hints(command, include_extras=True)
         parameters = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
-        parameters += [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=command_hints[p.name]) for p in own.values()
-                       if p.name != "settings"]
+        parameters += [
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=command_hints[p.name])
+            for p in own.values()
+            if p.name != "settings"
+        ]
         for f in dataclasses.fields(settings_class):
             declared = f.metadata["option"]
             has_factory = f.default_factory is not dataclasses.MISSING
             annotation = Optional[hints[f.name]] if has_factory else hints[f.name]
-            help_text = f"{declared.help.rstrip('.')} [{declared.range_text()}]." if declared.range_text() else declared.help
-            default = typer.Option(None if has_factory else f.default, *declared.flags, help=help_text, metavar=declared.metavar,
-                                   show_default=not has_factory)
-            parameters.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
+            help_text = (
+                f"{declared.help.rstrip('.')} [{declared.range_text()}]." if declared.range_text() else declared.help
+            )
+            default = typer.Option(
+                None if has_factory else f.default,
+                *declared.flags,
+                help=help_text,
+                metavar=declared.metavar,
+                show_default=not has_factory,
+            )
+            parameters.append(
+                inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+            )
         fields = {f.name for f in dataclasses.fields(settings_class)}
 
         @functools.wraps(command)
@@ -232,11 +300,13 @@ def options_of(settings_class):
         with_settings.__signature__ = inspect.Signature(parameters)
         with_settings.__annotations__ = {p.name: p.annotation for p in parameters}
         return with_settings
+
     return decorate
 
 
 def user_errors(command):
     """Print a PipelineError as one line on stderr and exit 2, instead of a traceback."""
+
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
@@ -252,6 +322,7 @@ def user_errors(command):
                 raise
             err.print(f"error: {damaged}", style="red")
             raise typer.Exit(2)
+
     return wrapper
 
 
@@ -261,7 +332,13 @@ def user_errors(command):
 def pretrain(
     settings: PretrainSettings,
     workspace: WorkspaceOption = Path("workspace"),
-    adapt: Annotated[bool, typer.Option("--adapt/--no-adapt", help="After pretraining, adapt the model to retrieval on the same documents (`pipeline tune` with its defaults, its steps in proportion to --time-budget: 500 at 12m), so `pipeline embed` uses it.")] = True,
+    adapt: Annotated[
+        bool,
+        typer.Option(
+            "--adapt/--no-adapt",
+            help="After pretraining, adapt the model to retrieval on the same documents (`pipeline tune` with its defaults, its steps in proportion to --time-budget: 500 at 12m), so `pipeline embed` uses it.",
+        ),
+    ] = True,
     json_output: JsonOption = False,
 ):
     """Train a tokenizer and a GPT-2 on your documents, export it in Hugging Face format, and adapt it to retrieval.
@@ -297,12 +374,23 @@ def embed(
     workspace: WorkspaceOption = Path("workspace"),
     data: DataOption = None,
     text_field: TextFieldOption = None,
-    model: Annotated[Optional[Path], typer.Option(help="A sentence-transformers model directory (default: the workspace's pretrained model).")] = None,
-    chunk_tokens: Annotated[Optional[int], typer.Option(min=MIN_CHUNK_TOKENS, help="Tokens per chunk (default: the model's maximum input less 32 for the title).")] = None,
+    model: Annotated[
+        Optional[Path],
+        typer.Option(help="A sentence-transformers model directory (default: the workspace's pretrained model)."),
+    ] = None,
+    chunk_tokens: Annotated[
+        Optional[int],
+        typer.Option(
+            min=MIN_CHUNK_TOKENS, help="Tokens per chunk (default: the model's maximum input less 32 for the title)."
+        ),
+    ] = None,
     overlap: Annotated[int, typer.Option(min=0, help="Tokens shared by consecutive chunks.")] = 32,
     batch_size: Annotated[int, typer.Option(min=1, help="Chunks per forward pass.")] = 64,
     prune: Annotated[bool, typer.Option(help="Remove stored documents that are no longer in the source.")] = False,
-    ray: Annotated[Optional[str], typer.Option(help="Embed on a Ray cluster: local, auto, or the head's address (needs the ray extra).")] = None,
+    ray: Annotated[
+        Optional[str],
+        typer.Option(help="Embed on a Ray cluster: local, auto, or the head's address (needs the ray extra)."),
+    ] = None,
     json_output: JsonOption = False,
 ):
     """Chunk and embed documents into the workspace's DuckDB store (only new or changed ones; of a JSON-lines
@@ -319,7 +407,9 @@ def embed(
     """
     from embed.run import EmbedSettings
 
-    settings = EmbedSettings(model_dir=model, chunk_tokens=chunk_tokens, overlap=overlap, batch_size=batch_size, prune=prune, ray=ray)
+    settings = EmbedSettings(
+        model_dir=model, chunk_tokens=chunk_tokens, overlap=overlap, batch_size=batch_size, prune=prune, ray=ray
+    )
     summary = workflows.embed(Workspace(workspace), list(data or []), text_field, settings)
     if json_output:
         out.print_json(json.dumps(summary))
@@ -329,9 +419,20 @@ def embed(
 @user_errors
 def index(
     workspace: WorkspaceOption = Path("workspace"),
-    index_type: Annotated[IndexType, typer.Option("--type", help="FAISS index type: flat is exact; auto is flat below 50,000 vectors, HNSW above.")] = "auto",
-    rebuild: Annotated[bool, typer.Option("--rebuild", help="Build in full even when the last build could be updated.")] = False,
-    language: Annotated[str, typer.Option(metavar="CODE", help="BM25's analyzer: auto (the collection's language, detected), none (no stop words or stemming), or an ISO 639-1 code (en, de, ru, ja, ...); another than the last build's builds in full.")] = "auto",
+    index_type: Annotated[
+        IndexType,
+        typer.Option("--type", help="FAISS index type: flat is exact; auto is flat below 50,000 vectors, HNSW above."),
+    ] = "auto",
+    rebuild: Annotated[
+        bool, typer.Option("--rebuild", help="Build in full even when the last build could be updated.")
+    ] = False,
+    language: Annotated[
+        str,
+        typer.Option(
+            metavar="CODE",
+            help="BM25's analyzer: auto (the collection's language, detected), none (no stop words or stemming), or an ISO 639-1 code (en, de, ru, ja, ...); another than the last build's builds in full.",
+        ),
+    ] = "auto",
     json_output: JsonOption = False,
 ):
     """Build the FAISS and BM25 indexes over the stored chunks, or update the last build with what changed.
@@ -368,9 +469,24 @@ def search(
     mode: ModeOption = None,
     dense_weight: DenseWeightOption = None,
     where: WhereOption = None,
-    source: Annotated[Optional[str], typer.Option(metavar="GLOB", help="Only documents whose source file matches this glob, absolute or relative to the current directory, e.g. 'docs/*.md'.")] = None,
-    title: Annotated[Optional[str], typer.Option(metavar="TEXT", help="Only documents whose title contains this text (case-insensitive).")] = None,
-    json_output: Annotated[bool, typer.Option("--json", help="One JSON object per result line (with the document's metadata and the snippet's highlighted character ranges).")] = False,
+    source: Annotated[
+        Optional[str],
+        typer.Option(
+            metavar="GLOB",
+            help="Only documents whose source file matches this glob, absolute or relative to the current directory, e.g. 'docs/*.md'.",
+        ),
+    ] = None,
+    title: Annotated[
+        Optional[str],
+        typer.Option(metavar="TEXT", help="Only documents whose title contains this text (case-insensitive)."),
+    ] = None,
+    json_output: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="One JSON object per result line (with the document's metadata and the snippet's highlighted character ranges).",
+        ),
+    ] = False,
 ):
     """Search the indexed documents; one row per document, with the passage of its best chunk that best
     matches the query, the query's terms highlighted.
@@ -389,8 +505,9 @@ def search(
     from search.engine import SearchEngine, short_text
 
     engine = SearchEngine(Workspace(workspace), load_model=False)
-    hits = engine.search_many([query], k, mode, command_line_filter(where, source, title), dense_weight,
-                              names=[f'"{short_text(query, 40)}"'])[0]
+    hits = engine.search_many(
+        [query], k, mode, command_line_filter(where, source, title), dense_weight, names=[f'"{short_text(query, 40)}"']
+    )[0]
     if json_output:
         for hit in hits:
             print(json.dumps(hit.to_dict(), ensure_ascii=False))
@@ -401,7 +518,11 @@ def search(
     for hit in hits:
         about = Text.assemble(hit.title, "\n", (hit.source, "dim")) if hit.title else Text(hit.source, "dim")
         if hit.metadata:
-            about.append("\n" + ", ".join(f"{name}: {json.dumps(value, ensure_ascii=False)}" for name, value in hit.metadata.items()), "dim")
+            about.append(
+                "\n"
+                + ", ".join(f"{name}: {json.dumps(value, ensure_ascii=False)}" for name, value in hit.metadata.items()),
+                "dim",
+            )
         snippet = Text(hit.snippet)  # user text, never read as markup
         for start, end in hit.highlights:
             snippet.stylize("bold yellow", start, end)
@@ -413,21 +534,34 @@ def command_line_filter(where: str | None, source: str | None = None, title: str
     """--where, --source and --title as one filter (all must hold), or None."""
     from search.filters import DocumentFilter
 
-    structured = {**({"source": {"glob": source}} if source else {}), **({"title": {"contains": title}} if title else {})}
+    structured = {
+        **({"source": {"glob": source}} if source else {}),
+        **({"title": {"contains": title}} if title else {}),
+    }
     return DocumentFilter.of(structured, where)
 
 
 @app.command(name="eval", short_help="nDCG@10, Recall@100, MRR@10 on judged (BEIR-format) queries")
 @user_errors
 def eval_command(
-    queries: Annotated[Path, typer.Option(help="BEIR queries.jsonl: {\"_id\": ..., \"text\": ...} per line.")],
+    queries: Annotated[Path, typer.Option(help='BEIR queries.jsonl: {"_id": ..., "text": ...} per line.')],
     qrels: Annotated[Path, typer.Option(help="BEIR qrels .tsv: query-id, corpus-id, score (header line optional).")],
     workspace: WorkspaceOption = Path("workspace"),
-    mode: Annotated[Optional[EvalMode], typer.Option(help="Retriever, or all of them (default: the search default).")] = None,
-    k: Annotated[int, typer.Option("-k", min=1, max=MAX_K, help="Documents retrieved per query (Recall@100 needs 100).")] = 100,
+    mode: Annotated[
+        Optional[EvalMode], typer.Option(help="Retriever, or all of them (default: the search default).")
+    ] = None,
+    k: Annotated[
+        int, typer.Option("-k", min=1, max=MAX_K, help="Documents retrieved per query (Recall@100 needs 100).")
+    ] = 100,
     dense_weight: DenseWeightOption = None,
     where: WhereOption = None,
-    set_default: Annotated[bool, typer.Option("--set-default", help="With --mode all: make the best mode (by nDCG@10), and the --dense-weight used, this workspace's default for search and serve.")] = False,
+    set_default: Annotated[
+        bool,
+        typer.Option(
+            "--set-default",
+            help="With --mode all: make the best mode (by nDCG@10), and the --dense-weight used, this workspace's default for search and serve.",
+        ),
+    ] = False,
     json_output: JsonOption = False,
 ):
     """Retrieval quality on judged queries: nDCG@10, Recall@100 and MRR@10 (pytrec_eval).
@@ -440,13 +574,17 @@ def eval_command(
         pipeline eval --queries q.jsonl --qrels qrels.tsv --mode all --set-default
         pipeline eval --queries q.jsonl --qrels qrels.tsv --where "year >= 2015"   # on a part of the collection
     """
-    reports = workflows.evaluate(Workspace(workspace), queries, qrels, mode, k, dense_weight, command_line_filter(where), set_default)
+    reports = workflows.evaluate(
+        Workspace(workspace), queries, qrels, mode, k, dense_weight, command_line_filter(where), set_default
+    )
     if json_output:
         out.print_json(json.dumps(reports if len(reports) > 1 else reports[0]))
         return
     for r in reports:
-        out.print(f"{r['mode']:8} nDCG@10 {r['ndcg@10']:.4f}  Recall@100 {r['recall@100']:.4f}  MRR@10 {r['mrr@10']:.4f}  "
-                  f"({r['queries']} queries, {r['queries_per_s']:.1f}/s)")
+        out.print(
+            f"{r['mode']:8} nDCG@10 {r['ndcg@10']:.4f}  Recall@100 {r['recall@100']:.4f}  MRR@10 {r['mrr@10']:.4f}  "
+            f"({r['queries']} queries, {r['queries_per_s']:.1f}/s)"
+        )
 
 
 @app.command(short_help="tune the pretrained model into a sentence embedder (contrastive)")
@@ -455,19 +593,77 @@ def tune(
     workspace: WorkspaceOption = Path("workspace"),
     data: DataOption = None,
     text_field: TextFieldOption = None,
-    pairs_from: Annotated[str, typer.Option(metavar="KIND,...", callback=pair_kinds, autocompletion=complete_pair_kinds,
-                                            help="Pairs the corpus gives, comma-separated kinds: title, ict, neighbours, dropout.")] = "title,ict,neighbours",
-    hard_negatives: Annotated[bool, typer.Option("--hard-negatives/--no-hard-negatives", help="Give each pair a negative mined with BM25 (a document sharing the anchor's words that is not its own).")] = True,
-    pairs: Annotated[Optional[Path], typer.Option(help="Labelled pairs, JSON lines: {\"query\": ..., \"document\": text} or {\"query\": ..., \"doc_id\": ...}.")] = None,
-    architecture: Annotated[Architecture, typer.Option(help="static (the GPT-2's token embeddings, mean of a text's tokens; fast, best on CPU), transformer (the whole GPT-2 plus pooling), or auto: static, and the transformer too if its steps fit --time-budget here (batches of up to 256, its own learning rate), the better on held-out documents kept.")] = "auto",
-    time_budget: Annotated[str, typer.Option(callback=duration, metavar="DURATION", help="With --architecture auto: the time the transformer's tuning may take (e.g. 90s, 15m, 1h).")] = "12m",
-    pooling: Annotated[Pooling, typer.Option(help="With --architecture transformer: mean, weightedmean (position-weighted, SGPT) or lasttoken.")] = "mean",
-    dimensions: Annotated[int, typer.Option(min=1, help="With --architecture static: the width of its token vectors (the pretrained model's, then random ones).")] = 1024,
+    pairs_from: Annotated[
+        str,
+        typer.Option(
+            metavar="KIND,...",
+            callback=pair_kinds,
+            autocompletion=complete_pair_kinds,
+            help="Pairs the corpus gives, comma-separated kinds: title, ict, neighbours, dropout.",
+        ),
+    ] = "title,ict,neighbours",
+    hard_negatives: Annotated[
+        bool,
+        typer.Option(
+            "--hard-negatives/--no-hard-negatives",
+            help="Give each pair a negative mined with BM25 (a document sharing the anchor's words that is not its own).",
+        ),
+    ] = True,
+    pairs: Annotated[
+        Optional[Path],
+        typer.Option(
+            help='Labelled pairs, JSON lines: {"query": ..., "document": text} or {"query": ..., "doc_id": ...}.'
+        ),
+    ] = None,
+    architecture: Annotated[
+        Architecture,
+        typer.Option(
+            help="static (the GPT-2's token embeddings, mean of a text's tokens; fast, best on CPU), transformer (the whole GPT-2 plus pooling), or auto: static, and the transformer too if its steps fit --time-budget here (batches of up to 256, its own learning rate), the better on held-out documents kept."
+        ),
+    ] = "auto",
+    time_budget: Annotated[
+        str,
+        typer.Option(
+            callback=duration,
+            metavar="DURATION",
+            help="With --architecture auto: the time the transformer's tuning may take (e.g. 90s, 15m, 1h).",
+        ),
+    ] = "12m",
+    pooling: Annotated[
+        Pooling,
+        typer.Option(
+            help="With --architecture transformer: mean, weightedmean (position-weighted, SGPT) or lasttoken."
+        ),
+    ] = "mean",
+    dimensions: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="With --architecture static: the width of its token vectors (the pretrained model's, then random ones).",
+        ),
+    ] = 1024,
     steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 500,
-    batch_size: Annotated[int, typer.Option(min=2, help="Pairs per batch; the other pairs are each one's negatives. A batch holds each document once, so at most a third as many pairs as there are documents.")] = 1024,
-    mini_batch: Annotated[Optional[int], typer.Option(min=1, help="Use CachedMultipleNegativesRankingLoss with this many texts per pass (large batches, little memory).")] = None,
-    lr: Annotated[Optional[float], typer.Option(callback=positive, help="Peak learning rate [x>0] [default: 5e-2 static, 3e-4 transformer].")] = None,
-    max_seq_length: Annotated[int, typer.Option(min=1, help="Tokens per training text (longer ones are truncated).")] = 128,
+    batch_size: Annotated[
+        int,
+        typer.Option(
+            min=2,
+            help="Pairs per batch; the other pairs are each one's negatives. A batch holds each document once, so at most a third as many pairs as there are documents.",
+        ),
+    ] = 1024,
+    mini_batch: Annotated[
+        Optional[int],
+        typer.Option(
+            min=1,
+            help="Use CachedMultipleNegativesRankingLoss with this many texts per pass (large batches, little memory).",
+        ),
+    ] = None,
+    lr: Annotated[
+        Optional[float],
+        typer.Option(callback=positive, help="Peak learning rate [x>0] [default: 5e-2 static, 3e-4 transformer]."),
+    ] = None,
+    max_seq_length: Annotated[
+        int, typer.Option(min=1, help="Tokens per training text (longer ones are truncated).")
+    ] = 128,
     seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Random seed (pairs, order, weights).")] = 0,
     json_output: JsonOption = False,
 ):
@@ -494,9 +690,20 @@ def tune(
     """
     from embed.tune import TuneSettings
 
-    settings = TuneSettings(architecture=architecture, pooling=pooling, dimensions=dimensions, pair_kinds=tuple(k.strip() for k in pairs_from.split(",") if k.strip()),
-                            pairs_file=pairs, hard_negatives=hard_negatives, steps=steps, batch_size=batch_size, mini_batch=mini_batch, lr=lr,
-                            max_seq_length=max_seq_length, seed=seed)
+    settings = TuneSettings(
+        architecture=architecture,
+        pooling=pooling,
+        dimensions=dimensions,
+        pair_kinds=tuple(k.strip() for k in pairs_from.split(",") if k.strip()),
+        pairs_file=pairs,
+        hard_negatives=hard_negatives,
+        steps=steps,
+        batch_size=batch_size,
+        mini_batch=mini_batch,
+        lr=lr,
+        max_seq_length=max_seq_length,
+        seed=seed,
+    )
     summary = workflows.tune(Workspace(workspace), list(data or []), text_field, settings, parse_duration(time_budget))
     if json_output:
         out.print_json(json.dumps(summary))
@@ -506,9 +713,17 @@ def tune(
 @user_errors
 def serve(
     workspace: WorkspaceOption = Path("workspace"),
-    host: Annotated[str, typer.Option(help="Address to listen on (loopback by default; 0.0.0.0 exposes it to the network).")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option(help="Address to listen on (loopback by default; 0.0.0.0 exposes it to the network).")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=MAX_PORT, help="TCP port.")] = 8000,
-    api_key: Annotated[Optional[str], typer.Option(envvar="PIPELINE_API_KEY", help="Require this key (X-API-Key header or ?api_key=) on every request but /health.")] = None,
+    api_key: Annotated[
+        Optional[str],
+        typer.Option(
+            envvar="PIPELINE_API_KEY",
+            help="Require this key (X-API-Key header or ?api_key=) on every request but /health.",
+        ),
+    ] = None,
 ):
     """Serve search over HTTP: a web page at /, the JSON API (/search, /documents, /health), docs at /docs.
 
@@ -555,19 +770,33 @@ def status(workspace: WorkspaceOption = Path("workspace"), json_output: JsonOpti
 @user_errors
 def plan(
     workspace: WorkspaceOption = Path("workspace"),
-    preset: Annotated[Preset, typer.Option(help="Model shape: tiny, small (124M), medium (355M), large (774M).")] = "small",
-    model_config: Annotated[Optional[Path], typer.Option(help="JSON model shape instead of --preset (our fields, or a Hugging Face GPT-2 config.json).")] = None,
+    preset: Annotated[
+        Preset, typer.Option(help="Model shape: tiny, small (124M), medium (355M), large (774M).")
+    ] = "small",
+    model_config: Annotated[
+        Optional[Path],
+        typer.Option(help="JSON model shape instead of --preset (our fields, or a Hugging Face GPT-2 config.json)."),
+    ] = None,
     seq_len: Annotated[Optional[int], typer.Option(min=1, help="Tokens per sequence (default: the preset's).")] = None,
-    global_batch: Annotated[Optional[int], typer.Option(min=1, help="Sequences per optimizer step (default: the preset's).")] = None,
+    global_batch: Annotated[
+        Optional[int], typer.Option(min=1, help="Sequences per optimizer step (default: the preset's).")
+    ] = None,
     vocab_size: Annotated[Optional[int], typer.Option(min=1, help="Vocabulary size (default: the preset's).")] = None,
-    cluster: Annotated[Optional[Path], typer.Option(help="Cluster TOML file for what-if planning (default: measure this machine).")] = None,
-    nproc: Annotated[Optional[int], typer.Option(min=1, help="Processes (default: all devices of --cluster, or this machine's GPUs, 1 on CPU).")] = None,
+    cluster: Annotated[
+        Optional[Path], typer.Option(help="Cluster TOML file for what-if planning (default: measure this machine).")
+    ] = None,
+    nproc: Annotated[
+        Optional[int],
+        typer.Option(min=1, help="Processes (default: all devices of --cluster, or this machine's GPUs, 1 on CPU)."),
+    ] = None,
     dp: Annotated[Optional[int], typer.Option(min=1, help="Only plans with this data-parallel degree.")] = None,
     tp: Annotated[Optional[int], typer.Option(min=1, help="Only plans with this tensor-parallel degree.")] = None,
     pp: Annotated[Optional[int], typer.Option(min=1, help="Only plans with this pipeline degree.")] = None,
     bf16: Annotated[bool, typer.Option("--bf16", help="Plan for bf16 autocast (2-byte activations).")] = False,
     top: Annotated[int, typer.Option(min=1, help="Rows of the table.")] = 15,
-    remeasure: Annotated[bool, typer.Option(help="Measure this machine again instead of using the cached measurement.")] = False,
+    remeasure: Annotated[
+        bool, typer.Option(help="Measure this machine again instead of using the cached measurement.")
+    ] = False,
     json_output: JsonOption = False,
 ):
     """Rank every parallel plan by predicted step time, from measured (or described) hardware and network.
@@ -594,8 +823,10 @@ def plan(
     if json_output:
         out.print_json(json.dumps(result.to_dict()))
         return
-    table = Table(title=f"{len(result.ranked)} plans fit on {result.cluster.describe()} ({len(result.rejected)} do not); "
-                        f"global batch {work.global_batch} × {work.seq_len} tokens")
+    table = Table(
+        title=f"{len(result.ranked)} plans fit on {result.cluster.describe()} ({len(result.rejected)} do not); "
+        f"global batch {work.global_batch} × {work.seq_len} tokens"
+    )
     for column in ("#", "plan", "step ms", "tokens/s", "MiB/device", "main costs"):
         table.add_column(column, justify="right" if column in ("#", "step ms", "tokens/s", "MiB/device") else "left")
     for row in table_rows(result, top):

@@ -25,6 +25,7 @@ Stages never import each other (tests/test_layout.py); this module is where they
                  index/'s refresh, the same two functions `pipeline embed` and `pipeline index` use
     status       what the workspace holds, and whether its parts belong together (the manifest's checks)
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -95,12 +96,22 @@ def index(ws: Workspace, kind: str = "auto", rebuild: bool = False, language: st
         summary = refresh_indexes(ws, kind, rebuild, language)
         if summary["update"] == "full":
             embedder = require(ws, "embedder", "run `pipeline embed` first")
-            summary["search"] = choose_default_mode(ws, load_embedder(embedder.model_dir(ws)), summary["embedder_fingerprint"])
+            summary["search"] = choose_default_mode(
+                ws, load_embedder(embedder.model_dir(ws)), summary["embedder_fingerprint"]
+            )
     return summary
 
 
-def evaluate(ws: Workspace, queries: Path, qrels: Path, mode: str | None = None, k: int = 100, dense_weight: float | None = None,
-             filters=None, set_default: bool = False) -> list[dict]:
+def evaluate(
+    ws: Workspace,
+    queries: Path,
+    qrels: Path,
+    mode: str | None = None,
+    k: int = 100,
+    dense_weight: float | None = None,
+    filters=None,
+    set_default: bool = False,
+) -> list[dict]:
     """`pipeline eval`: nDCG@10, Recall@100 and MRR@10 per mode (mode "all": every mode the index has); with
     set_default the best by nDCG@10, with the dense weight used, becomes the workspace's default mode."""
     from search.calibrate import record_default_mode
@@ -118,9 +129,14 @@ def evaluate(ws: Workspace, queries: Path, qrels: Path, mode: str | None = None,
     reports = [evaluate_queries(engine, texts, judged, m, k, dense_weight, filters) for m in modes]
     if set_default:
         best = max(reports, key=lambda r: r["ndcg@10"])
-        record_default_mode(ws, best["mode"], engine.resolve_dense_weight(dense_weight), engine.index_entry.embedder_fingerprint,
-                            "judged queries", {"ndcg@10": {r["mode"]: r["ndcg@10"] for r in reports}, "queries": str(queries),
-                                               "qrels": str(qrels)})
+        record_default_mode(
+            ws,
+            best["mode"],
+            engine.resolve_dense_weight(dense_weight),
+            engine.index_entry.embedder_fingerprint,
+            "judged queries",
+            {"ndcg@10": {r["mode"]: r["ndcg@10"] for r in reports}, "queries": str(queries), "qrels": str(qrels)},
+        )
         info(f"default mode for this workspace: {best['mode']} (nDCG@10 {best['ndcg@10']:.4f})")
     return reports
 
@@ -130,10 +146,9 @@ def write_documents(ws: Workspace, engine, upserts: list[Document], deletes: lis
     served model) and delete `deletes` in one publish (embed/ingest.py upsert_documents), then update the
     indexes (index/build.py refresh_indexes, an update even past its rebuild share: the server must answer
     quickly). The caller holds the workspace's writer lock."""
+    from common.store import Store
     from embed.ingest import Embedding, content_hash, upsert_documents
     from index.build import refresh_indexes
-
-    from common.store import Store
 
     embedder = require(ws, "embedder", "run `pipeline embed` first")
     with Store(ws.db_path) as store:
@@ -147,12 +162,20 @@ def write_documents(ws: Workspace, engine, upserts: list[Document], deletes: lis
         if not todo and not deletes:
             return {"stored": 0, "unchanged": len(upserts), "deleted": 0, "store_generation": store.generation()}
         with engine.embedding_model() as (model, tokenizer):
-            embedding = Embedding(model, tokenizer, embedder.model_dir(ws), embedder.fingerprint, embedder.chunk_tokens, embedder.overlap)
+            embedding = Embedding(
+                model, tokenizer, embedder.model_dir(ws), embedder.fingerprint, embedder.chunk_tokens, embedder.overlap
+            )
             stored_entry = upsert_documents(ws, store, embedding, todo, digests, remove=deletes)
     index = refresh_indexes(ws, full_build_allowed=False)
-    return {"stored": len(todo), "unchanged": len(upserts) - len(todo), "deleted": len(deletes),
-            "store_generation": stored_entry.store_generation,
-            "index": {key: index[key] for key in ("update", "update_reason", "vectors", "delta_vectors", "deleted_in_base")}}
+    return {
+        "stored": len(todo),
+        "unchanged": len(upserts) - len(todo),
+        "deleted": len(deletes),
+        "store_generation": stored_entry.store_generation,
+        "index": {
+            key: index[key] for key in ("update", "update_reason", "vectors", "delta_vectors", "deleted_in_base")
+        },
+    }
 
 
 def serve(ws: Workspace, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None) -> None:
@@ -167,8 +190,10 @@ def status(ws: Workspace) -> dict:
     from common.store import Store
 
     if not ws.manifest_path.exists():
-        raise PipelineError(f"no workspace at {ws.root} (no {ws.manifest_path.name}): `pipeline pretrain` "
-                            "or `pipeline embed --model DIR` makes one")
+        raise PipelineError(
+            f"no workspace at {ws.root} (no {ws.manifest_path.name}): `pipeline pretrain` "
+            "or `pipeline embed --model DIR` makes one"
+        )
     manifest = read_manifest(ws)
     parts: dict[str, dict] = {}
     problems: list[str] = []
@@ -177,7 +202,10 @@ def status(ws: Workspace) -> dict:
     if tok:
         path = ws.tokenizer_dir / "tokenizer.json"
         ok = path.exists() and file_sha256(path) == tok.sha256
-        parts["tokenizer"] = {"state": "ok" if ok else "changed", "detail": f"{tok.vocab_size} tokens, trained on {tok.documents} documents"}
+        parts["tokenizer"] = {
+            "state": "ok" if ok else "changed",
+            "detail": f"{tok.vocab_size} tokens, trained on {tok.documents} documents",
+        }
         if not ok:
             problems.append(f"{path} differs from the tokenizer recorded in the manifest")
     else:
@@ -187,8 +215,10 @@ def status(ws: Workspace) -> dict:
     if model:
         current = model_fingerprint(ws.model_dir) if ws.model_dir.exists() else None
         ok = current == model.fingerprint
-        parts["model"] = {"state": "ok" if ok else "changed",
-                          "detail": f"{model.preset} preset, {model.parameters / 1e6:.1f}M parameters, {model.steps} steps, id {model.fingerprint}"}
+        parts["model"] = {
+            "state": "ok" if ok else "changed",
+            "detail": f"{model.preset} preset, {model.parameters / 1e6:.1f}M parameters, {model.steps} steps, id {model.fingerprint}",
+        }
         if not ok:
             problems.append(f"{ws.model_dir} differs from the model recorded in the manifest")
     else:
@@ -196,13 +226,18 @@ def status(ws: Workspace) -> dict:
 
     tuned = manifest.tuned
     if tuned:
-        detail = (f"{tuned.architecture} embedder, {tuned.steps} steps, "
-                  f"loss {tuned.first_loss or 0:.3f} -> {tuned.final_loss or 0:.3f}, id {tuned.fingerprint}")
+        detail = (
+            f"{tuned.architecture} embedder, {tuned.steps} steps, "
+            f"loss {tuned.first_loss or 0:.3f} -> {tuned.final_loss or 0:.3f}, id {tuned.fingerprint}"
+        )
         if not (ws.root / tuned.path).exists():
             parts["tuned"] = {"state": "missing", "detail": f"{ws.root / tuned.path} is gone: run `pipeline tune`"}
         elif not tuned.tuned_from(ws):
             # Not a fault: embed then uses the pretrained model (and says so).
-            parts["tuned"] = {"state": "stale", "detail": f"{detail}; tuned from an older pretrained model: run `pipeline tune`"}
+            parts["tuned"] = {
+                "state": "stale",
+                "detail": f"{detail}; tuned from an older pretrained model: run `pipeline tune`",
+            }
         else:
             parts["tuned"] = {"state": "ok", "detail": detail}
     else:
@@ -217,10 +252,15 @@ def status(ws: Workspace) -> dict:
         model_dir = emb.model_dir(ws)
         current = model_fingerprint(model_dir) if model_dir.exists() else None
         state = "ok" if current == emb.fingerprint else "stale"
-        parts["vectors"] = {"state": state, "detail": f"{counts['documents']} documents, {counts['chunks']} chunks, "
-                                                      f"{counts['vectors']} vectors from model {emb.fingerprint} ({model_dir})"}
+        parts["vectors"] = {
+            "state": state,
+            "detail": f"{counts['documents']} documents, {counts['chunks']} chunks, "
+            f"{counts['vectors']} vectors from model {emb.fingerprint} ({model_dir})",
+        }
         if state != "ok":
-            problems.append(f"the stored vectors were made by model {emb.fingerprint}, but {model_dir} is now {current}: run `pipeline embed`")
+            problems.append(
+                f"the stored vectors were made by model {emb.fingerprint}, but {model_dir} is now {current}: run `pipeline embed`"
+            )
     else:
         parts["vectors"] = {"state": "missing", "detail": "run `pipeline embed`"}
 
@@ -233,20 +273,35 @@ def status(ws: Workspace) -> dict:
             problems.append(f"{ws.root / missing[0]} is missing: run `pipeline index`")
         elif emb and not idx.built_by(emb):
             state = "stale"
-            problems.append("the index was built from another model's vectors (or another chunking): run `pipeline index`")
+            problems.append(
+                "the index was built from another model's vectors (or another chunking): run `pipeline index`"
+            )
         elif idx.stale_reason(generation):
             state = "stale"
             problems.append(idx.stale_reason(generation))
         lexical = f", BM25 lexical index ({idx.language})" if idx.lexical_path else ", no lexical index"
-        delta = (f" ({idx.delta_vectors} in the delta, {idx.deleted_in_base} deleted from the base)"
-                 if idx.delta_vectors or idx.deleted_in_base else "")
+        delta = (
+            f" ({idx.delta_vectors} in the delta, {idx.deleted_in_base} deleted from the base)"
+            if idx.delta_vectors or idx.deleted_in_base
+            else ""
+        )
         parts["index"] = {"state": state, "detail": f"{idx.type}, {idx.vectors} vectors{delta}{lexical}"}
         measured = manifest.search
         if measured and measured.measured_for(idx):
-            weight = f", dense weight {measured.dense_weight}" if measured.default_mode == "hybrid" and measured.dense_weight is not None else ""
-            parts["search"] = {"state": "ok", "detail": f"default mode {measured.default_mode}{weight} (chosen on {measured.chosen_by})"}
+            weight = (
+                f", dense weight {measured.dense_weight}"
+                if measured.default_mode == "hybrid" and measured.dense_weight is not None
+                else ""
+            )
+            parts["search"] = {
+                "state": "ok",
+                "detail": f"default mode {measured.default_mode}{weight} (chosen on {measured.chosen_by})",
+            }
         else:
-            parts["search"] = {"state": "default", "detail": "default mode lexical; `pipeline index` or `pipeline eval --mode all --set-default` measures the best"}
+            parts["search"] = {
+                "state": "default",
+                "detail": "default mode lexical; `pipeline index` or `pipeline eval --mode all --set-default` measures the best",
+            }
     else:
         parts["index"] = {"state": "missing", "detail": "run `pipeline index`"}
     return {"workspace": str(ws.root), "parts": parts, "problems": problems}

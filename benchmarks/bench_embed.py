@@ -7,6 +7,7 @@ Target: ratio (pipeline docs/s / encode docs/s) >= 1.0.
 
     python benchmarks/bench_embed.py [--workspace DIR] [--docs N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,16 +48,28 @@ def main() -> None:
     summary = run_embed(ws, [data], None, EmbedSettings())
     pipeline_s = summary["seconds"]
     from common.store import Store
+
     with Store(ws.db_path, read_only=True) as store:
         pipeline_tokens = store.con.execute("SELECT sum(n_tokens) FROM chunks").fetchall()[0][0]
 
-    write_result("embed", {
-        "documents": len(docs), "model": str(source / "model"),
-        "encode_seconds": baseline_s, "encode_docs_per_s": len(docs) / baseline_s, "encode_tokens": baseline_tokens,
-        "pipeline_seconds": pipeline_s, "pipeline_docs_per_s": len(docs) / pipeline_s,
-        "pipeline_chunks": summary["chunks"], "pipeline_tokens": pipeline_tokens, "chunk_tokens": summary["chunk_tokens"], "overlap": summary["overlap"],
-        "ratio_pipeline_over_encode": baseline_s / pipeline_s, "target_ratio": 1.0,
-    })
+    write_result(
+        "embed",
+        {
+            "documents": len(docs),
+            "model": str(source / "model"),
+            "encode_seconds": baseline_s,
+            "encode_docs_per_s": len(docs) / baseline_s,
+            "encode_tokens": baseline_tokens,
+            "pipeline_seconds": pipeline_s,
+            "pipeline_docs_per_s": len(docs) / pipeline_s,
+            "pipeline_chunks": summary["chunks"],
+            "pipeline_tokens": pipeline_tokens,
+            "chunk_tokens": summary["chunk_tokens"],
+            "overlap": summary["overlap"],
+            "ratio_pipeline_over_encode": baseline_s / pipeline_s,
+            "target_ratio": 1.0,
+        },
+    )
 
 
 if __name__ == "__main__":

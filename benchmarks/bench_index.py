@@ -6,6 +6,7 @@ approximate indexes start to pay off). Exact search (flat) is the baseline in th
 
     python benchmarks/bench_index.py [--workspace DIR] [--synthetic N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,8 @@ from benchmarks_common import SCIFACT, pipeline, pretrained_workspace, write_res
 def measure(kind: str, ids: np.ndarray, vectors: np.ndarray, queries: np.ndarray) -> dict:
     import faiss
 
-    from index.faiss_index import make_index
     from index.build import exact_neighbours, recall_at_10
+    from index.faiss_index import make_index
 
     start = time.perf_counter()
     index = make_index(kind, vectors, ids)
@@ -32,11 +33,17 @@ def measure(kind: str, ids: np.ndarray, vectors: np.ndarray, queries: np.ndarray
         t = time.perf_counter()
         index.search(q[None, :], 10)
         latencies.append(time.perf_counter() - t)
-    return {"type": kind, "vectors": int(len(ids)), "build_s": build_s,
-            "search_ms_p50": 1000 * float(np.percentile(latencies, 50)),
-            "search_ms_p99": 1000 * float(np.percentile(latencies, 99)),
-            "recall_at_10": 1.0 if kind == "flat" else recall_at_10(index, *exact_neighbours(ids, vectors, sample=len(queries))),
-            "bytes": int(faiss.serialize_index(index).nbytes)}
+    return {
+        "type": kind,
+        "vectors": int(len(ids)),
+        "build_s": build_s,
+        "search_ms_p50": 1000 * float(np.percentile(latencies, 50)),
+        "search_ms_p99": 1000 * float(np.percentile(latencies, 99)),
+        "recall_at_10": 1.0
+        if kind == "flat"
+        else recall_at_10(index, *exact_neighbours(ids, vectors, sample=len(queries))),
+        "bytes": int(faiss.serialize_index(index).nbytes),
+    }
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ is this process's. JSON to benchmarks/results/million.json.
 
     .venv/bin/python benchmarks/bench_million.py --workspace WORKSPACE [--vectors 1000000] [--queries 1000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,22 +32,30 @@ def synthetic_vectors(base: np.ndarray, n: int, seed: int) -> np.ndarray:
     out = np.empty((n, base.shape[1]), np.float32)
     for start in range(0, n, 100_000):
         m = min(100_000, n - start)
-        part = base[rng.integers(len(base), size=m)] + rng.uniform(0, 1, (m, 1)).astype(np.float32) * base[rng.integers(len(base), size=m)]
+        part = (
+            base[rng.integers(len(base), size=m)]
+            + rng.uniform(0, 1, (m, 1)).astype(np.float32) * base[rng.integers(len(base), size=m)]
+        )
         part += rng.standard_normal(part.shape, dtype=np.float32) * np.float32(0.5 / np.sqrt(base.shape[1]))
-        out[start:start + m] = part / np.linalg.norm(part, axis=1, keepdims=True)
+        out[start : start + m] = part / np.linalg.norm(part, axis=1, keepdims=True)
     return out
 
 
 def queries_per_second(search, queries: np.ndarray) -> tuple[float, np.ndarray]:
     start, found = time.perf_counter(), []
     for i in range(0, len(queries), BATCH):
-        found.append(search(queries[i:i + BATCH]))
+        found.append(search(queries[i : i + BATCH]))
     return len(queries) / (time.perf_counter() - start), np.concatenate(found)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workspace", type=Path, required=True, help="a workspace after `pipeline embed` (its vectors seed the synthetic ones)")
+    parser.add_argument(
+        "--workspace",
+        type=Path,
+        required=True,
+        help="a workspace after `pipeline embed` (its vectors seed the synthetic ones)",
+    )
     parser.add_argument("--vectors", type=int, default=1_000_000)
     parser.add_argument("--queries", type=int, default=1000)
     args = parser.parse_args()
@@ -67,16 +76,30 @@ def main() -> None:
 
     built = build_faiss("auto", ids, vectors, "benchmark")
     index = built["index"]
-    faiss.cvar.distance_compute_blas_threshold = FLAT_BLAS_MIN_QUERIES * vectors.shape[1]  # as search sets it (load_index)
+    faiss.cvar.distance_compute_blas_threshold = (
+        FLAT_BLAS_MIN_QUERIES * vectors.shape[1]
+    )  # as search sets it (load_index)
     approximate_qps, found = queries_per_second(lambda q: index.search(q, 10)[1], queries)
-    exact_qps, truth = queries_per_second(lambda q: faiss.knn(q, vectors, 10, metric=faiss.METRIC_INNER_PRODUCT)[1], queries)
+    exact_qps, truth = queries_per_second(
+        lambda q: faiss.knn(q, vectors, 10, metric=faiss.METRIC_INNER_PRODUCT)[1], queries
+    )
     recall = float(np.mean([len(set(t) & set(f)) / 10 for t, f in zip(truth, found)]))
-    result = {"vectors": args.vectors, "dim": int(vectors.shape[1]), "queries": args.queries, "type": built["type"],
-              "reason": built["reason"], "build_s": built["build_seconds"], "search_setting": built["search_setting"],
-              "recall_at_10_tuning_sample": built["recall_at_10"], "recall_at_10_new_queries": recall,
-              "approximate_qps": approximate_qps, "exact_qps": exact_qps, "speedup": approximate_qps / exact_qps,
-              "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-              "targets": {"recall_at_10": TARGET_RECALL, "speedup": 5}}
+    result = {
+        "vectors": args.vectors,
+        "dim": int(vectors.shape[1]),
+        "queries": args.queries,
+        "type": built["type"],
+        "reason": built["reason"],
+        "build_s": built["build_seconds"],
+        "search_setting": built["search_setting"],
+        "recall_at_10_tuning_sample": built["recall_at_10"],
+        "recall_at_10_new_queries": recall,
+        "approximate_qps": approximate_qps,
+        "exact_qps": exact_qps,
+        "speedup": approximate_qps / exact_qps,
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "targets": {"recall_at_10": TARGET_RECALL, "speedup": 5},
+    }
     write_result("million", result)
 
 

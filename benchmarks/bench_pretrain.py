@@ -6,6 +6,7 @@ SciFact with the tiny preset and with the GPT-2 small shape (a few steps).
 
     python benchmarks/bench_pretrain.py
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,20 @@ from benchmarks_common import SCIFACT, pipeline, write_result
 
 CASES = {
     "tiny": ["--preset", "tiny", "--max-steps", "60", "--log-every", "10"],
-    "gpt2-small-shape": ["--preset", "small", "--vocab-size", "8192", "--seq-len", "256", "--batch-size", "4",
-                         "--max-steps", "6", "--log-every", "1"],
+    "gpt2-small-shape": [
+        "--preset",
+        "small",
+        "--vocab-size",
+        "8192",
+        "--seq-len",
+        "256",
+        "--batch-size",
+        "4",
+        "--max-steps",
+        "6",
+        "--log-every",
+        "1",
+    ],
 }
 
 
@@ -29,8 +42,19 @@ def main() -> None:
     results = {}
     for name, args in CASES.items():
         ws = Path(tempfile.mkdtemp()) / name
-        pipeline("pretrain", "-w", str(ws), "--data", str(SCIFACT / "corpus.jsonl"), "--eval-every", "1000",
-                 "--checkpoint-every", "1000", "--no-adapt", *args)
+        pipeline(
+            "pretrain",
+            "-w",
+            str(ws),
+            "--data",
+            str(SCIFACT / "corpus.jsonl"),
+            "--eval-every",
+            "1000",
+            "--checkpoint-every",
+            "1000",
+            "--no-adapt",
+            *args,
+        )
         steps = [json.loads(l) for l in (ws / "metrics.jsonl").read_text().splitlines() if '"train"' in l]
         steady = steps[1:] or steps  # the first interval includes warm-up
         results[name] = {

@@ -12,6 +12,7 @@ every step, so an interrupted run keeps what it measured).
 --model: a sentence-transformers directory; the issue's figures are for the static embedder
 `pipeline tune` makes (WORKSPACE/tuned after `pipeline pretrain`, whose adaptation runs tune).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,16 +38,28 @@ def synthetic_documents(n: int, seed: int, first_id: int = 0) -> list[dict]:
     sentences = [s for r in rows for s in re.split(r"(?<=[.!?])\s+", r["text"]) if len(s) > 20]
     titles = [r["title"] for r in rows]
     rng = random.Random(seed)
-    return [{"_id": f"synthetic-{first_id + i}", "title": rng.choice(titles),
-             "text": " ".join(rng.choices(sentences, k=rng.randint(4, 9))), "year": rng.randint(1990, 2025)}
-            for i in range(n)]
+    return [
+        {
+            "_id": f"synthetic-{first_id + i}",
+            "title": rng.choice(titles),
+            "text": " ".join(rng.choices(sentences, k=rng.randint(4, 9))),
+            "year": rng.randint(1990, 2025),
+        }
+        for i in range(n)
+    ]
 
 
 def run_measured(args: list[str]) -> dict:
     """Run `pipeline ARGS`; wall seconds and the peak RSS of the process with its children."""
     start = time.perf_counter()
-    process = subprocess.Popen([sys.executable, str(REPO / "cli.py"), *args], cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "cli.py"), *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     parent, peak = psutil.Process(process.pid), 0
     while process.poll() is None:
         try:
@@ -58,20 +71,33 @@ def run_measured(args: list[str]) -> dict:
     seconds = time.perf_counter() - start
     if process.returncode != 0:
         raise SystemExit(f"pipeline {' '.join(args)} failed:\n{stderr[-3000:]}")
-    return {"seconds": round(seconds, 2), "peak_rss_gb": round(peak / 2**30, 3), "stdout": stdout, "log": stderr.strip().splitlines()[-6:]}
+    return {
+        "seconds": round(seconds, 2),
+        "peak_rss_gb": round(peak / 2**30, 3),
+        "stdout": stdout,
+        "log": stderr.strip().splitlines()[-6:],
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, required=True, help="sentence-transformers directory (the static embedder tune made)")
+    parser.add_argument(
+        "--model", type=Path, required=True, help="sentence-transformers directory (the static embedder tune made)"
+    )
     parser.add_argument("--documents", type=int, default=100_000)
     parser.add_argument("--update-share", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "scale.json")
     args = parser.parse_args()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"documents": args.documents, "model": str(args.model.resolve()), "seed": args.seed, "targets": TARGETS,
-              "cpus": os.cpu_count(), "load_average_before": os.getloadavg()}
+    result = {
+        "documents": args.documents,
+        "model": str(args.model.resolve()),
+        "seed": args.seed,
+        "targets": TARGETS,
+        "cpus": os.cpu_count(),
+        "load_average_before": os.getloadavg(),
+    }
 
     def save():
         args.out.write_text(json.dumps(result, indent=2) + "\n")
@@ -86,7 +112,10 @@ def main() -> None:
         def step(name: str, command: list[str]) -> dict:
             measured = run_measured([*command, "-w", ws, "--json"])
             summary = json.loads(measured.pop("stdout"))
-            result[name] = {**measured, "summary": {k: v for k, v in summary.items() if not isinstance(v, (dict, list)) or k == "search"}}
+            result[name] = {
+                **measured,
+                "summary": {k: v for k, v in summary.items() if not isinstance(v, (dict, list)) or k == "search"},
+            }
             print(f"{name}: {measured['seconds']}s, peak RSS {measured['peak_rss_gb']} GB", flush=True)
             save()
             return summary
@@ -98,7 +127,9 @@ def main() -> None:
         result["embed_plus_index_s"] = round(full, 2)
         result["chunks"] = embedded["chunks"]
 
-        added = synthetic_documents(max(1, int(args.documents * args.update_share)), args.seed + 1, first_id=args.documents)
+        added = synthetic_documents(
+            max(1, int(args.documents * args.update_share)), args.seed + 1, first_id=args.documents
+        )
         with data.open("a") as f:
             f.write("".join(json.dumps(d) + "\n" for d in added))
         step("update_embed", ["embed", "--data", str(data), "--model", str(args.model.resolve())])
@@ -107,11 +138,28 @@ def main() -> None:
         result["update_documents"] = len(added)
         result["update_s"] = round(update, 2)
         result["update_ratio"] = round(update / full, 4)
-        result["peak_rss_gb"] = max(result[s]["peak_rss_gb"] for s in ("embed", "index", "update_embed", "update_index"))
+        result["peak_rss_gb"] = max(
+            result[s]["peak_rss_gb"] for s in ("embed", "index", "update_embed", "update_index")
+        )
         result["load_average_after"] = os.getloadavg()
         save()
-    print(json.dumps({k: result[k] for k in ("documents", "chunks", "embed_docs_per_s", "embed_plus_index_s", "update_s",
-                                             "update_ratio", "peak_rss_gb")}, indent=2))
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in (
+                    "documents",
+                    "chunks",
+                    "embed_docs_per_s",
+                    "embed_plus_index_s",
+                    "update_s",
+                    "update_ratio",
+                    "peak_rss_gb",
+                )
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ training pairs and the held-out pairs, the pair mix, and the default mode.
 
 Results (2 CPU cores): see the closing notes of the search-quality issue; benchmarks/results/ is not committed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,12 @@ from benchmarks_common import REPO, SCIFACT, pipeline, running_server, write_res
 
 sys.path.insert(0, str(REPO))
 
-REFERENCES = {"our BM25 (earlier run)": 0.689, "all-MiniLM-L6-v2 dense / hybrid / its lexical (earlier run)": [0.662, 0.728, 0.679],
-              "best published static embedding model": 0.594, "unsupervised Contriever": 0.649}
+REFERENCES = {
+    "our BM25 (earlier run)": 0.689,
+    "all-MiniLM-L6-v2 dense / hybrid / its lexical (earlier run)": [0.662, 0.728, 0.679],
+    "best published static embedding model": 0.594,
+    "unsupervised Contriever": 0.649,
+}
 
 
 def log(message: str) -> None:
@@ -71,6 +76,7 @@ def manifest(ws: Path) -> dict:
 @dataclass(frozen=True)
 class Collection:
     """A BEIR folder and the split of its qrels that is measured."""
+
     root: Path
     split: str = "test"
 
@@ -108,8 +114,15 @@ def chain(ws: Path, pretrain_args: list[str], model: Path | None = None, tune_ar
             seconds["pretrain_s"] = timed(f"pretrain {ws.name}", *pretrain, "--no-adapt")
             seconds["adapt_s"] = timed(f"tune {ws.name}", "tune", "-w", str(ws), "--data", str(DATA.corpus), *tune_args)
     if "index" not in (manifest(ws) if (ws / "manifest.json").exists() else {}):
-        seconds["embed_s"] = timed(f"embed {ws.name}", "embed", "-w", str(ws), "--data", str(DATA.corpus),
-                                   *(["--model", str(model)] if model else []))
+        seconds["embed_s"] = timed(
+            f"embed {ws.name}",
+            "embed",
+            "-w",
+            str(ws),
+            "--data",
+            str(DATA.corpus),
+            *(["--model", str(model)] if model else []),
+        )
         seconds["index_s"] = timed(f"index {ws.name}", "index", "-w", str(ws))
     return seconds
 
@@ -117,20 +130,38 @@ def chain(ws: Path, pretrain_args: list[str], model: Path | None = None, tune_ar
 def evaluate(ws: Path) -> dict[str, dict]:
     """nDCG@10, Recall@100, MRR@10 on the measured queries for every mode and for the default."""
     judged = ["--queries", str(DATA.queries), "--qrels", str(DATA.qrels)]
-    rows = {r["mode"]: r for r in json.loads(pipeline("eval", "-w", str(ws), *judged, "--mode", "all", "--json").stdout)}
+    rows = {
+        r["mode"]: r for r in json.loads(pipeline("eval", "-w", str(ws), *judged, "--mode", "all", "--json").stdout)
+    }
     default = json.loads(pipeline("eval", "-w", str(ws), *judged, "--json").stdout)
     rows["default"] = {**default, "default_mode": default["mode"]}
     keys = ("ndcg@10", "recall@100", "mrr@10", "queries_per_s", "dense_weight")
-    return {mode: {k: r.get(k) for k in keys} | ({"is": r["default_mode"]} if mode == "default" else {}) for mode, r in rows.items()}
+    return {
+        mode: {k: r.get(k) for k in keys} | ({"is": r["default_mode"]} if mode == "default" else {})
+        for mode, r in rows.items()
+    }
 
 
 def shape_args(ws: Path) -> list[str]:
     """The model shape and batch the sized default chain chose, to pretrain the same model for other step counts."""
     model = manifest(ws)["model"]
     config = model["config"]
-    return ["--n-layer", str(config["n_layer"]), "--n-head", str(config["n_head"]), "--n-embd", str(config["n_embd"]),
-            "--vocab-size", str(config["vocab_size"]), "--seq-len", str(model["seq_len"]), "--batch-size", str(model["batch_size"]),
-            "--lr", str(model["lr"])]
+    return [
+        "--n-layer",
+        str(config["n_layer"]),
+        "--n-head",
+        str(config["n_head"]),
+        "--n-embd",
+        str(config["n_embd"]),
+        "--vocab-size",
+        str(config["vocab_size"]),
+        "--seq-len",
+        str(model["seq_len"]),
+        "--batch-size",
+        str(model["batch_size"]),
+        "--lr",
+        str(model["lr"]),
+    ]
 
 
 def load_test(ws: Path, requests: int, concurrency: int, mode: str | None) -> dict:
@@ -150,12 +181,15 @@ def load_test(ws: Path, requests: int, concurrency: int, mode: str | None) -> di
             if not hasattr(local, "client"):
                 local.client = httpx.Client(base_url=base, timeout=60)
             start = time.perf_counter()
-            params = {"q": texts[i % len(texts)], "k": 10} | ({"mode": mode} if mode else {})  # no mode: the workspace's default
+            params = {"q": texts[i % len(texts)], "k": 10} | (
+                {"mode": mode} if mode else {}
+            )  # no mode: the workspace's default
             response = local.client.get("/search", params=params)
             elapsed = time.perf_counter() - start
             with lock:
                 latencies.append(elapsed)
                 errors += response.status_code != 200
+
         for i in range(2 * concurrency):  # warm-up, not counted
             one(i)
         latencies.clear()
@@ -165,9 +199,17 @@ def load_test(ws: Path, requests: int, concurrency: int, mode: str | None) -> di
             list(pool.map(one, range(requests)))
         wall = time.perf_counter() - start
     ordered = sorted(latencies)
-    return {"requests": requests, "concurrency": concurrency, "mode": mode, "errors": errors, "seconds": wall,
-            "requests_per_s": requests / wall, "p50_ms": 1000 * statistics.median(ordered),
-            "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], "mean_ms": 1000 * statistics.fmean(ordered)}
+    return {
+        "requests": requests,
+        "concurrency": concurrency,
+        "mode": mode,
+        "errors": errors,
+        "seconds": wall,
+        "requests_per_s": requests / wall,
+        "p50_ms": 1000 * statistics.median(ordered),
+        "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+        "mean_ms": 1000 * statistics.fmean(ordered),
+    }
 
 
 def targets(rows: dict, reference: dict | None) -> dict:
@@ -176,13 +218,17 @@ def targets(rows: dict, reference: dict | None) -> dict:
     reference BM25; on SciFact, the absolute figures too."""
     chain = rows["default chain"]
     best = max(chain[mode]["ndcg@10"] for mode in ("lexical", "dense", "hybrid"))
-    found = {"default >= best mode - 0.01": [chain["default"]["ndcg@10"] - best, chain["default"]["ndcg@10"] >= best - 0.01]}
+    found = {
+        "default >= best mode - 0.01": [chain["default"]["ndcg@10"] - best, chain["default"]["ndcg@10"] >= best - 0.01]
+    }
     if reference:
         gap = chain["lexical"]["ndcg@10"] - reference["ndcg@10"]
         found["lexical within 0.02 of the reference BM25"] = [gap, abs(gap) <= 0.02 or gap > 0]
     if DATA.root == SCIFACT.resolve():
-        found |= {"default >= 0.698": [chain["default"]["ndcg@10"], chain["default"]["ndcg@10"] >= 0.698],
-                  "dense >= 0.59": [chain["dense"]["ndcg@10"], chain["dense"]["ndcg@10"] >= 0.59]}
+        found |= {
+            "default >= 0.698": [chain["default"]["ndcg@10"], chain["default"]["ndcg@10"] >= 0.698],
+            "dense >= 0.59": [chain["dense"]["ndcg@10"], chain["dense"]["ndcg@10"] >= 0.59],
+        }
     random_init = rows.get("random init (--max-steps 0)")
     if random_init and DATA.root == SCIFACT.resolve():
         gap = chain["dense"]["ndcg@10"] - random_init["dense"]["ndcg@10"]
@@ -194,14 +240,24 @@ def main() -> None:
     global DATA
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=SCIFACT, help="a BEIR folder (default: SciFact)")
-    parser.add_argument("--split", default="test", help="the qrels measured (qrels/SPLIT.tsv): settings are chosen on train, never test")
-    parser.add_argument("--workdir", type=Path, help="where the workspaces go (default: the temp dir's bench-search-quality/COLLECTION)")
+    parser.add_argument(
+        "--split", default="test", help="the qrels measured (qrels/SPLIT.tsv): settings are chosen on train, never test"
+    )
+    parser.add_argument(
+        "--workdir", type=Path, help="where the workspaces go (default: the temp dir's bench-search-quality/COLLECTION)"
+    )
     parser.add_argument("--time-budget", default="12m", help="pretrain's --time-budget for the default chain")
-    parser.add_argument("--curve", default="", help="comma-separated pretraining step counts for the budget curve, e.g. 0,500,1000,2000")
+    parser.add_argument(
+        "--curve", default="", help="comma-separated pretraining step counts for the budget curve, e.g. 0,500,1000,2000"
+    )
     parser.add_argument("--skip-random", action="store_true", help="skip the random-init chain")
     parser.add_argument("--model", type=Path, help="an external sentence-transformers model directory as a reference")
-    parser.add_argument("--adaptation", choices=("chained", "transformer"), default="chained",
-                        help="chained: pretrain's own (static) adaptation; transformer: `pipeline tune --architecture transformer`")
+    parser.add_argument(
+        "--adaptation",
+        choices=("chained", "transformer"),
+        default="chained",
+        help="chained: pretrain's own (static) adaptation; transformer: `pipeline tune --architecture transformer`",
+    )
     parser.add_argument("--tune-steps", type=int, default=500, help="with --adaptation transformer: its --steps")
     parser.add_argument("--requests", type=int, default=0, help="server load test requests (0: none)")
     parser.add_argument("--concurrency", type=int, default=16)
@@ -213,24 +269,43 @@ def main() -> None:
         if not path.is_file():
             parser.error(f"--data {args.data}: no {path.relative_to(DATA.root)}")
 
-    result: dict = {"data": str(DATA.root), "queries": args.split, "references": REFERENCES if DATA.root == SCIFACT.resolve() else {},
-                    "reference_bm25": DATA.reference_bm25(), "timings_s": {}, "rows": {}}
-    tune_args = None if args.adaptation == "chained" else ["--architecture", "transformer", "--steps", str(args.tune_steps), "--mini-batch", "256"]
+    result: dict = {
+        "data": str(DATA.root),
+        "queries": args.split,
+        "references": REFERENCES if DATA.root == SCIFACT.resolve() else {},
+        "reference_bm25": DATA.reference_bm25(),
+        "timings_s": {},
+        "rows": {},
+    }
+    tune_args = (
+        None
+        if args.adaptation == "chained"
+        else ["--architecture", "transformer", "--steps", str(args.tune_steps), "--mini-batch", "256"]
+    )
     suffix = "" if tune_args is None else "-transformer"
     result["adaptation"] = args.adaptation if tune_args is None else " ".join(["pipeline tune", *tune_args])
     default_ws = args.workdir / f"default{suffix}"
     result["timings_s"]["default"] = chain(default_ws, ["--time-budget", args.time_budget], tune_args=tune_args)
     result["rows"]["default chain"] = evaluate(default_ws)
     chosen = manifest(default_ws)
-    result["default_chain"] = {"model": {k: chosen["model"].get(k) for k in ("preset", "steps", "parameters", "config", "seq_len", "batch_size",
-                                                                         "lr", "final_val_loss")},
-                               "adaptation": chosen.get("tuned"), "search_default": chosen.get("search"),
-                               "bm25_analyzer": chosen.get("index", {}).get("analyzer")}
+    result["default_chain"] = {
+        "model": {
+            k: chosen["model"].get(k)
+            for k in ("preset", "steps", "parameters", "config", "seq_len", "batch_size", "lr", "final_val_loss")
+        },
+        "adaptation": chosen.get("tuned"),
+        "search_default": chosen.get("search"),
+        "bm25_analyzer": chosen.get("index", {}).get("analyzer"),
+    }
     runs = [] if args.skip_random else [("random init (--max-steps 0)", 0)]
-    runs += [(f"curve: {steps} pretraining steps", steps) for steps in (int(x) for x in args.curve.split(",") if x.strip())]
+    runs += [
+        (f"curve: {steps} pretraining steps", steps) for steps in (int(x) for x in args.curve.split(",") if x.strip())
+    ]
     for label, steps in runs:
         ws = args.workdir / f"steps-{steps}{suffix}"
-        result["timings_s"][label] = chain(ws, shape_args(default_ws) + ["--max-steps", str(steps)], tune_args=tune_args)
+        result["timings_s"][label] = chain(
+            ws, shape_args(default_ws) + ["--max-steps", str(steps)], tune_args=tune_args
+        )
         result["rows"][label] = evaluate(ws)
     if args.model:
         ws = args.workdir / f"external-{args.model.name}"
@@ -240,11 +315,18 @@ def main() -> None:
         log("load test")
         result["server_load"] = load_test(default_ws, args.requests, args.concurrency, None)
     result["targets"] = targets(result["rows"], result["reference_bm25"])
-    write_result("search_quality" if DATA.root == SCIFACT.resolve() and args.split == "test" else f"search_quality-{DATA.root.name}-{args.split}", result)
+    write_result(
+        "search_quality"
+        if DATA.root == SCIFACT.resolve() and args.split == "test"
+        else f"search_quality-{DATA.root.name}-{args.split}",
+        result,
+    )
     print("\n| run | lexical | dense | hybrid | default (mode) |\n|---|---|---|---|---|")
     for name, rows in result["rows"].items():
-        print(f"| {name} | {rows['lexical']['ndcg@10']:.4f} | {rows['dense']['ndcg@10']:.4f} | {rows['hybrid']['ndcg@10']:.4f} "
-              f"| {rows['default']['ndcg@10']:.4f} ({rows['default']['is']}) |")
+        print(
+            f"| {name} | {rows['lexical']['ndcg@10']:.4f} | {rows['dense']['ndcg@10']:.4f} | {rows['hybrid']['ndcg@10']:.4f} "
+            f"| {rows['default']['ndcg@10']:.4f} ({rows['default']['is']}) |"
+        )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Client and server share this machine (2 cores here): the figures include the cli
 
     python benchmarks/bench_serve.py [--workspace DIR] [--time-budget 12m] [--requests 2000] [--concurrency 16]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,12 @@ def prepared_workspace(path: Path, time_budget: str) -> Path:
 
 def percentiles(seconds: list[float]) -> dict:
     ms = 1000 * np.asarray(seconds)
-    return {"p50_ms": float(np.percentile(ms, 50)), "p90_ms": float(np.percentile(ms, 90)), "p99_ms": float(np.percentile(ms, 99)),
-            "mean_ms": float(ms.mean())}
+    return {
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p90_ms": float(np.percentile(ms, 90)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "mean_ms": float(ms.mean()),
+    }
 
 
 def step_costs(ws: Path, queries: list[str]) -> dict:
@@ -51,7 +56,18 @@ def step_costs(ws: Path, queries: list[str]) -> dict:
     torch.set_num_threads(1)  # as `pipeline serve` runs
     faiss.omp_set_num_threads(1)
     engine = SearchEngine(Workspace(ws))
-    costs = {name: [] for name in ("encode", "faiss", "bm25", "best_chunk_per_document", "fusion", "row_lookup_and_snippet", "search_hybrid_total")}
+    costs = {
+        name: []
+        for name in (
+            "encode",
+            "faiss",
+            "bm25",
+            "best_chunk_per_document",
+            "fusion",
+            "row_lookup_and_snippet",
+            "search_hybrid_total",
+        )
+    }
     for query in queries:
         t0 = time.perf_counter()
         vector = engine.embed_queries([query])
@@ -77,8 +93,12 @@ def step_costs(ws: Path, queries: list[str]) -> dict:
         costs["fusion"].append(t5 - t4)
         costs["row_lookup_and_snippet"].append(t6 - t5)
         costs["search_hybrid_total"].append(t7 - t6)
-    return {"vectors": len(engine.corpus.chunk_ids), "index_type": engine.dense[0].kind, "documents": len(engine.corpus.doc_ids),
-            "steps": {name: percentiles(values) for name, values in costs.items()}}
+    return {
+        "vectors": len(engine.corpus.chunk_ids),
+        "index_type": engine.dense[0].kind,
+        "documents": len(engine.corpus.doc_ids),
+        "steps": {name: percentiles(values) for name, values in costs.items()},
+    }
 
 
 async def load(base: str, mode: str, queries: list[str], n_requests: int, concurrency: int) -> dict:
@@ -109,7 +129,9 @@ async def load(base: str, mode: str, queries: list[str], n_requests: int, concur
 
     try:
         for _ in range(2):  # warm-up: connections, caches
-            await asyncio.gather(*(c.get("/search", params={"q": q, "k": 10, "mode": mode}) for c, q in zip(clients, queries)))
+            await asyncio.gather(
+                *(c.get("/search", params={"q": q, "k": 10, "mode": mode}) for c, q in zip(clients, queries))
+            )
         cpu = time.process_time()
         start = time.perf_counter()
         await asyncio.gather(*(worker(c) for c in clients))
@@ -117,8 +139,16 @@ async def load(base: str, mode: str, queries: list[str], n_requests: int, concur
         client_cpu = time.process_time() - cpu
     finally:
         await asyncio.gather(*(c.aclose() for c in clients))
-    return {"mode": mode, "requests": n_requests, "concurrency": concurrency, "errors": errors, "statuses": statuses,
-            "requests_per_s": n_requests / wall, **percentiles(latencies), "client_cpu_ms_per_request": 1000 * client_cpu / n_requests}
+    return {
+        "mode": mode,
+        "requests": n_requests,
+        "concurrency": concurrency,
+        "errors": errors,
+        "statuses": statuses,
+        "requests_per_s": n_requests / wall,
+        **percentiles(latencies),
+        "client_cpu_ms_per_request": 1000 * client_cpu / n_requests,
+    }
 
 
 def served(base: str, server_pid: int, mode: str, queries: list[str], n_requests: int, concurrency: int) -> dict:
@@ -142,14 +172,23 @@ def main() -> None:
     args = parser.parse_args()
 
     ws = prepared_workspace(args.workspace, args.time_budget)
-    queries = [json.loads(line)["text"] for line in (SCIFACT / "queries.jsonl").read_text().splitlines() if line.strip()]
-    steps = step_costs(ws, queries[:args.step_queries])
+    queries = [
+        json.loads(line)["text"] for line in (SCIFACT / "queries.jsonl").read_text().splitlines() if line.strip()
+    ]
+    steps = step_costs(ws, queries[: args.step_queries])
 
     with running_server(ws) as base:
         server_pid = server_process(base)
         http = [served(base, server_pid, mode, queries, args.requests, args.concurrency) for mode in MODES]
-    write_result("serve", {"workspace": str(ws), "in_process": steps, "http": http,
-                           "note": "client and server on the same machine; other jobs may share it: compare ratios within one run"})
+    write_result(
+        "serve",
+        {
+            "workspace": str(ws),
+            "in_process": steps,
+            "http": http,
+            "note": "client and server on the same machine; other jobs may share it: compare ratios within one run",
+        },
+    )
 
 
 def server_process(base: str) -> int:

@@ -7,6 +7,7 @@ from other work falls on both alike.
 
 WS is any workspace with an index (for status and a lexical search, which load no model).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,13 @@ from benchmarks_common import REPO, write_result
 
 def import_ms(checkout: Path) -> float:
     """Cumulative microseconds of `import cli` as -X importtime reports it, in milliseconds."""
-    stderr = subprocess.run([sys.executable, "-X", "importtime", "-c", "import cli"], cwd=checkout,
-                            capture_output=True, text=True, check=True).stderr
+    stderr = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import cli"],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stderr
     last = stderr.strip().splitlines()[-1]  # "import time: self | cumulative | cli"
     return int(last.split("|")[1]) / 1000
 
@@ -40,8 +46,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=9)
     options = parser.parse_args()
     ws = str(options.workspace.resolve())
-    commands = {"--help": ["--help"], "search --help": ["search", "--help"], "status": ["status", "-w", ws],
-                "search --mode lexical": ["search", "-w", ws, "cells", "--mode", "lexical", "-k", "3"]}
+    commands = {
+        "--help": ["--help"],
+        "search --help": ["search", "--help"],
+        "status": ["status", "-w", ws],
+        "search --mode lexical": ["search", "-w", ws, "cells", "--mode", "lexical", "-k", "3"],
+    }
     checkouts = {"this": REPO, **({"other": options.checkout.resolve()} if options.checkout else {})}
     samples: dict = {name: {"import cli (ms)": [], **{c: [] for c in commands}} for name in checkouts}
     for _ in range(options.runs):
@@ -49,8 +59,10 @@ def main() -> None:
             samples[name]["import cli (ms)"].append(import_ms(checkout))
             for command, args in commands.items():
                 samples[name][command].append(wall_s(checkout, args))
-    result = {name: {what: round(statistics.median(values), 3) for what, values in measured.items()}
-              for name, measured in samples.items()}
+    result = {
+        name: {what: round(statistics.median(values), 3) for what, values in measured.items()}
+        for name, measured in samples.items()
+    }
     result["checkouts"] = {name: str(path) for name, path in checkouts.items()}
     result["runs"] = options.runs
     write_result("startup", result)

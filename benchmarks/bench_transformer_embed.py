@@ -15,6 +15,7 @@ difference between the two's vectors. (bench_embed.py measures the whole `pipeli
 wide, WordPiece vocabulary of 30,522 trained on the corpus, mean pooling) with random weights: nothing is
 downloaded, and its speed is that of the real model's shape.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,43 +37,66 @@ def minilm_shaped(directory: Path) -> Path:
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
-    texts = [f"{row['title']}\n{row['text']}" for row in map(json.loads, (SCIFACT / "corpus.jsonl").read_text().splitlines())]
+    texts = [
+        f"{row['title']}\n{row['text']}" for row in map(json.loads, (SCIFACT / "corpus.jsonl").read_text().splitlines())
+    ]
     words = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     words.normalizer = normalizers.BertNormalizer(lowercase=True)
     words.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     words.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=30_522, special_tokens=specials))
-    words.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    words.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
     bert = directory / "bert"
-    PreTrainedTokenizerFast(tokenizer_object=words, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
-                            sep_token="[SEP]", mask_token="[MASK]").save_pretrained(bert)
-    BertModel(BertConfig(vocab_size=words.get_vocab_size(), hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
-                         intermediate_size=1536, max_position_embeddings=512)).save_pretrained(bert)
+    PreTrainedTokenizerFast(
+        tokenizer_object=words,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    ).save_pretrained(bert)
+    BertModel(
+        BertConfig(
+            vocab_size=words.get_vocab_size(),
+            hidden_size=384,
+            num_hidden_layers=6,
+            num_attention_heads=12,
+            intermediate_size=1536,
+            max_position_embeddings=512,
+        )
+    ).save_pretrained(bert)
     transformer = Transformer(str(bert), max_seq_length=256)  # all-MiniLM-L6-v2 reads 256 tokens
-    SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean"), Normalize()],
-                        device="cpu").save(str(directory))
+    SentenceTransformer(
+        modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean"), Normalize()], device="cpu"
+    ).save(str(directory))
     return directory
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, help="a sentence-transformers directory with a transformer (e.g. WORKSPACE/model)")
-    parser.add_argument("--minilm-shaped", type=Path, help="make (once) and use a random model of all-MiniLM-L6-v2's shape here")
+    parser.add_argument(
+        "--model", type=Path, help="a sentence-transformers directory with a transformer (e.g. WORKSPACE/model)"
+    )
+    parser.add_argument(
+        "--minilm-shaped", type=Path, help="make (once) and use a random model of all-MiniLM-L6-v2's shape here"
+    )
     parser.add_argument("--documents", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     if (args.model is None) == (args.minilm_shaped is None):
         parser.error("give one of --model and --minilm-shaped")
 
-    from embed.chunking import chunk_texts
-    from embed.ingest import chunk_and_embed
     from common.embedder import embedding_text, load_embedder, token_limit
     from common.readers import Document
-    from embed.run import EmbedSettings, TITLE_TOKENS
+    from embed.chunking import chunk_texts
+    from embed.ingest import chunk_and_embed
+    from embed.run import TITLE_TOKENS, EmbedSettings
 
     model_dir = args.model or minilm_shaped(args.minilm_shaped)
     model = load_embedder(model_dir, device="cpu")
-    rows = [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()[:args.documents]]
+    rows = [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()[: args.documents]]
     docs = [Document(r["_id"], r.get("title", ""), "corpus.jsonl", r["text"]) for r in rows]
     settings = EmbedSettings()
     chunk_tokens = max(32, token_limit(model) - TITLE_TOKENS)
@@ -80,11 +104,18 @@ def main() -> None:
     def reference() -> np.ndarray:
         chunked = chunk_texts([d.text for d in docs], model.tokenizer, chunk_tokens, settings.overlap)
         texts = [embedding_text(d.title, c.text) for d, chunks in zip(docs, chunked) for c in chunks]
-        return model.encode(texts, batch_size=settings.batch_size, normalize_embeddings=True, convert_to_numpy=True,
-                            show_progress_bar=False)
+        return model.encode(
+            texts,
+            batch_size=settings.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
 
     def ours() -> np.ndarray:
-        return chunk_and_embed(docs, model, model.tokenizer, chunk_tokens, settings.overlap, 0, batch_size=settings.batch_size)[1]
+        return chunk_and_embed(
+            docs, model, model.tokenizer, chunk_tokens, settings.overlap, 0, batch_size=settings.batch_size
+        )[1]
 
     ours()  # warm-up: the first forward passes allocate
     timings = {"sentence_transformers_encode": [], "pipeline_embed": []}
@@ -98,10 +129,19 @@ def main() -> None:
     difference = float(np.abs(vectors - expected).max())
     cosine = (vectors * expected).sum(axis=1)
     rates = {name: len(docs) / min(seconds) for name, seconds in timings.items()}
-    result = {"model": str(model_dir), "documents": len(docs), "chunks": len(vectors), "chunk_tokens": chunk_tokens,
-              "seconds": timings, "docs_per_s": rates, "speedup": rates["pipeline_embed"] / rates["sentence_transformers_encode"],
-              "target_speedup": 1.5, "max_abs_difference": difference, "min_cosine": float(cosine.min()),
-              "note": "best of the repeats for each; a later chunk of a long document may differ by its first token (chunking's tokens vs the chunk text's)"}
+    result = {
+        "model": str(model_dir),
+        "documents": len(docs),
+        "chunks": len(vectors),
+        "chunk_tokens": chunk_tokens,
+        "seconds": timings,
+        "docs_per_s": rates,
+        "speedup": rates["pipeline_embed"] / rates["sentence_transformers_encode"],
+        "target_speedup": 1.5,
+        "max_abs_difference": difference,
+        "min_cosine": float(cosine.min()),
+        "note": "best of the repeats for each; a later chunk of a long document may differ by its first token (chunking's tokens vs the chunk text's)",
+    }
     write_result("transformer_embed", result)
 
 

@@ -1,5 +1,6 @@
 """Helpers shared by the benchmark scripts: where data and results live, a pretrained workspace, and a
 running `pipeline serve` (`running_server`, the tests' own helper: tests/server.py)."""
+
 from __future__ import annotations
 
 import json
@@ -31,15 +32,35 @@ def pipeline(*args: str) -> subprocess.CompletedProcess:
 def pretrained_workspace(path: Path, steps: int = 300) -> Path:
     """A workspace whose tiny model was pretrained on all of SciFact (reused if already there)."""
     if not (path / "model" / "model.safetensors").exists():
-        pipeline("pretrain", "-w", str(path), "--data", str(SCIFACT / "corpus.jsonl"), "--preset", "tiny",
-                 "--max-steps", str(steps), "--log-every", "50", "--eval-every", str(steps), "--no-adapt")
+        pipeline(
+            "pretrain",
+            "-w",
+            str(path),
+            "--data",
+            str(SCIFACT / "corpus.jsonl"),
+            "--preset",
+            "tiny",
+            "--max-steps",
+            str(steps),
+            "--log-every",
+            "50",
+            "--eval-every",
+            str(steps),
+            "--no-adapt",
+        )
     return path
 
 
 def write_result(name: str, result: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    result = {"benchmark": name, "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": platform.machine(),
-              "cpus": torch.get_num_threads(), "torch": torch.__version__, **result}
+    result = {
+        "benchmark": name,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": platform.machine(),
+        "cpus": torch.get_num_threads(),
+        "torch": torch.__version__,
+        **result,
+    }
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

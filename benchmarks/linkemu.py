@@ -27,6 +27,7 @@ takes either as its `setup`). `stats` counts what was delayed (collectives by ki
 
 A benchmark and test tool: it patches torch.distributed, so the product never imports it.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -72,8 +73,10 @@ class EmulatedLinks:
         added delay) inside one."""
         intra = intra or Link(0.0, float("inf"))
         pick = lambda a, b: intra if a // per_site == b // per_site else inter  # noqa: E731
-        return cls([[0.0 if a == b else pick(a, b).latency_s for b in range(n)] for a in range(n)],
-                   [[float("inf") if a == b else pick(a, b).bandwidth_Bps for b in range(n)] for a in range(n)])
+        return cls(
+            [[0.0 if a == b else pick(a, b).latency_s for b in range(n)] for a in range(n)],
+            [[float("inf") if a == b else pick(a, b).bandwidth_Bps for b in range(n)] for a in range(n)],
+        )
 
 
 stats: Counter = Counter()  # "<kind>" -> calls, "<kind>_bytes" -> bytes, "delay_s" -> seconds slept (callers)
@@ -82,6 +85,7 @@ _sender: "_DeferredSender | None" = None
 
 
 # ---------------------------------------------------------------- groups and delays
+
 
 def _group_ranks(group) -> list[int]:
     """Global ranks of a c10d group, a (mesh, dim) pair, a mesh, a rank list or a group name."""
@@ -178,6 +182,7 @@ class _DeferredSender:
 
 # ---------------------------------------------------------------- installing
 
+
 def install(links: EmulatedLinks) -> None:
     """Patch torch.distributed in this process so every transfer pays its emulated link (idempotent)."""
     global _links, _sender
@@ -189,9 +194,21 @@ def install(links: EmulatedLinks) -> None:
         _links = links
         return
     _links = links
-    orig = {name: getattr(c10d, name) for name in (
-        "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter_tensor",
-        "reduce_scatter_single", "broadcast", "isend", "send", "destroy_process_group")}
+    orig = {
+        name: getattr(c10d, name)
+        for name in (
+            "all_reduce",
+            "all_gather",
+            "all_gather_into_tensor",
+            "all_gather_single",
+            "reduce_scatter_tensor",
+            "reduce_scatter_single",
+            "broadcast",
+            "isend",
+            "send",
+            "destroy_process_group",
+        )
+    }
     _sender = _DeferredSender(orig["isend"])
 
     def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
@@ -239,10 +256,18 @@ def install(links: EmulatedLinks) -> None:
         _sender.flush()
         return orig["destroy_process_group"](group)
 
-    patched = dict(all_reduce=all_reduce, all_gather=all_gather, all_gather_into_tensor=all_gather_into_tensor,
-                   all_gather_single=all_gather_single, reduce_scatter_tensor=reduce_scatter_tensor,
-                   reduce_scatter_single=reduce_scatter_single, broadcast=broadcast, isend=isend, send=send,
-                   destroy_process_group=destroy_process_group)
+    patched = dict(
+        all_reduce=all_reduce,
+        all_gather=all_gather,
+        all_gather_into_tensor=all_gather_into_tensor,
+        all_gather_single=all_gather_single,
+        reduce_scatter_tensor=reduce_scatter_tensor,
+        reduce_scatter_single=reduce_scatter_single,
+        broadcast=broadcast,
+        isend=isend,
+        send=send,
+        destroy_process_group=destroy_process_group,
+    )
     for name, fn in patched.items():
         fn.__name__ = fn.__qualname__ = name
         setattr(c10d, name, fn)  # P2POp checks `op in [isend, irecv]` against the module's own names
@@ -269,7 +294,11 @@ def _patch_functional_collectives(funcol) -> None:
         _delay_collective("reduce_scatter", _nbytes(self), group)
         return orig_rs(self, reduceOp, scatter_dim, group, tag)
 
-    funcol.all_reduce, funcol.all_gather_single, funcol.reduce_scatter_single = all_reduce, all_gather_single, reduce_scatter_single
+    funcol.all_reduce, funcol.all_gather_single, funcol.reduce_scatter_single = (
+        all_reduce,
+        all_gather_single,
+        reduce_scatter_single,
+    )
 
 
 def _patch_ddp() -> None:
@@ -293,4 +322,3 @@ def install_from_env() -> bool:
         return False
     install(EmulatedLinks.from_json(spec))
     return True
-

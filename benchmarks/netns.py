@@ -8,6 +8,7 @@ netem, so added latency still comes from benchmarks/linkemu.py. Needs root and i
     with VethSites(mbit=100) as sites:
         sites.launch(runs, per_site=2, module="benchmarks.planner_worker")
 """
+
 from __future__ import annotations
 
 import json
@@ -20,9 +21,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from pretrain.launch import RunSpec, torchrun_args
 from pretrain.planner.cluster import Cluster
 from pretrain.planner.measure import MeasureSettings
-from pretrain.launch import RunSpec, torchrun_args
 
 NAMESPACES = ("pipeline-site0", "pipeline-site1")
 DEVICES = ("pveth0", "pveth1")
@@ -60,8 +61,23 @@ class VethSites:
             _run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
             _run("ip", "-n", ns, "link", "set", dev, "up")
             _run("ip", "-n", ns, "link", "set", "lo", "up")  # a site's own ranks talk over loopback
-            _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{self.mbit:g}mbit",
-                 "burst", str(burst), "latency", "1s")
+            _run(
+                "tc",
+                "-n",
+                ns,
+                "qdisc",
+                "add",
+                "dev",
+                dev,
+                "root",
+                "tbf",
+                "rate",
+                f"{self.mbit:g}mbit",
+                "burst",
+                str(burst),
+                "latency",
+                "1s",
+            )
         return self
 
     def __exit__(self, *exc) -> None:
@@ -76,14 +92,32 @@ class VethSites:
         """The planner's own measurement (pretrain.planner.measure.measure_rank), its ranks split over the
         two sites, so the link matrix it finds crosses the real link (and the emulated latency in `env`)."""
         per_site = world // 2
-        code = ("import json, sys; from benchmarks.linkemu import install_from_env; from pretrain.planner.measure import measure_rank; "
-                "measure_rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], json.loads(sys.argv[5]), install_from_env)")
+        code = (
+            "import json, sys; from benchmarks.linkemu import install_from_env; from pretrain.planner.measure import measure_rank; "
+            "measure_rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], json.loads(sys.argv[5]), install_from_env)"
+        )
         with tempfile.TemporaryDirectory() as tmp:
             store, result = str(Path(tmp) / "store"), Path(tmp) / "cluster.json"
-            procs = [subprocess.Popen(["ip", "netns", "exec", NAMESPACES[r // per_site], sys.executable, "-c", code, str(r),
-                                       str(world), store, str(result), json.dumps(asdict(settings))],
-                                      env={**os.environ, **env, "GLOO_SOCKET_IFNAME": DEVICES[r // per_site]})
-                     for r in range(world)]
+            procs = [
+                subprocess.Popen(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        NAMESPACES[r // per_site],
+                        sys.executable,
+                        "-c",
+                        code,
+                        str(r),
+                        str(world),
+                        store,
+                        str(result),
+                        json.dumps(asdict(settings)),
+                    ],
+                    env={**os.environ, **env, "GLOO_SOCKET_IFNAME": DEVICES[r // per_site]},
+                )
+                for r in range(world)
+            ]
             codes = [p.wait() for p in procs]
             if any(codes):
                 raise RuntimeError(f"the cluster measurement across sites failed (exit codes {codes})")
@@ -97,8 +131,19 @@ class VethSites:
         spec = json.dumps([asdict(r) for r in runs])
         procs = []
         for k, (ns, dev) in enumerate(zip(NAMESPACES, DEVICES)):
-            cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "torch.distributed.run",
-                   *torchrun_args(per_site, 2, k, ADDRESSES[0], PORT), "-m", module, spec]
+            cmd = [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                *torchrun_args(per_site, 2, k, ADDRESSES[0], PORT),
+                "-m",
+                module,
+                spec,
+            ]
             procs.append(subprocess.Popen(cmd, env={**os.environ, "GLOO_SOCKET_IFNAME": dev}))
         while all(p.poll() is None for p in procs):
             time.sleep(0.2)

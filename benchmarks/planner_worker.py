@@ -8,6 +8,7 @@ activations and buffers, like the planner's estimate. The benchmark's memory job
 slows every large allocation) set MALLOC_MMAP_THRESHOLD_ so that freed tensors go back to the OS and
 the resident set follows the live tensors.
 """
+
 from __future__ import annotations
 
 import gc
@@ -44,8 +45,13 @@ def worker(spec_json: str) -> None:
             gc.collect()
             Path("/proc/self/clear_refs").write_text("5")
             base = _status_kb("VmRSS")
-            train(Workspace(Path(run["workspace"])), train_config_from_dict(run["train"]), plan=plan,
-                  options=RuntimeOptions(**run["options"]), export=False)
+            train(
+                Workspace(Path(run["workspace"])),
+                train_config_from_dict(run["train"]),
+                plan=plan,
+                options=RuntimeOptions(**run["options"]),
+                export=False,
+            )
             peak = _status_kb("VmHWM") - base
             rank = dist.get_rank() if dist.is_initialized() else 0
             (Path(run["workspace"]) / f"mem_rank{rank}.json").write_text(json.dumps({"peak_added_mb": peak / 1024}))

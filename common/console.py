@@ -4,6 +4,7 @@ Both consoles print text as it is: no rich markup, emoji codes or highlighting i
 document title like "[/b] :warning:" or a file name with brackets comes out verbatim. Styles are given
 as rich Text (see warn), never as markup inside a string.
 """
+
 import logging
 import warnings
 
@@ -26,6 +27,8 @@ def quiet_libraries() -> None:
     """Keep the libraries' own notices from the user (our messages say what matters): workflows.py calls
     this when imported, for the CLI and the Python API alike. Their progress bars are off through common/__init__.py's environment."""
     # torch.distributed.checkpoint saving or loading in a single process: that is what we mean it to do.
-    warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized", category=UserWarning)
+    warnings.filterwarnings(
+        "ignore", message="torch.distributed is disabled, unavailable or uninitialized", category=UserWarning
+    )
     # sentence-transformers' trainer: the no-duplicates batch sampler's notice that a small corpus repeats pairs.
     logging.getLogger("sentence_transformers").setLevel(logging.ERROR)

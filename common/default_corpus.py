@@ -5,6 +5,7 @@ It is on every machine that runs this tool and needs no download. Modules are pa
 trains on it and records DEFAULT_CORPUS_SOURCE as its sources; embed and tune without --data find that
 marker in the manifest and read the same documents again.
 """
+
 from __future__ import annotations
 
 import ast
@@ -31,7 +32,8 @@ def stdlib_documents(max_documents: int | None = None) -> Iterator[Document]:
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
         docstrings = [
-            doc for node in ast.walk(tree)
+            doc
+            for node in ast.walk(tree)
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
             and (doc := ast.get_docstring(node))
         ]

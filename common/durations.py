@@ -1,5 +1,6 @@
 """Durations as the commands take them (--time-budget 90s, 15m, 1.5h): light, so that cli.py can check one
 where the option is declared without importing a stage."""
+
 from __future__ import annotations
 
 import math

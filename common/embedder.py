@@ -2,6 +2,7 @@
 
 Embed and search both load the model through here so a query is encoded exactly as the documents were.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,8 +34,8 @@ def load_embedder(path: Path, device: str | None = None):
     static_dir = static_embedding_dir(path)
     if static_dir is not None:
         return StaticEmbedder(static_dir)
-    from sentence_transformers import SentenceTransformer
     import torch
+    from sentence_transformers import SentenceTransformer
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = SentenceTransformer(str(path), device=device, local_files_only=True)
@@ -69,7 +70,9 @@ class StaticEmbedder:
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-        self.table = np.ascontiguousarray(load_file(str(directory / "model.safetensors"))["embedding.weight"], dtype=np.float32)
+        self.table = np.ascontiguousarray(
+            load_file(str(directory / "model.safetensors"))["embedding.weight"], dtype=np.float32
+        )
         self.token_ids = TokenIds(self.tokenizer)
         # How texts' token vectors are averaged: numpy, one text at a time (1.9M tokens/s here), or torch's
         # embedding_bag (5.7M tokens/s on 2 cores) which costs ~2 s to import: worth it for a large embed
@@ -82,7 +85,9 @@ class StaticEmbedder:
     def embed_ids(self, ids: list[list[int]]) -> np.ndarray:
         """L2-normalised mean of each list's token vectors; an empty list gives zeros."""
         out = np.zeros((len(ids), self.table.shape[1]), np.float32)
-        if not self.mean_with_torch or sum(map(len, ids)) <= SMALL_BATCH_TOKENS:  # a query: numpy costs less than a torch call
+        if (
+            not self.mean_with_torch or sum(map(len, ids)) <= SMALL_BATCH_TOKENS
+        ):  # a query: numpy costs less than a torch call
             for row, text_ids in zip(out, ids):
                 if text_ids:
                     self.table.take(text_ids, axis=0).mean(axis=0, out=row)
@@ -91,13 +96,14 @@ class StaticEmbedder:
 
             table = torch.from_numpy(self.table)
             for start in range(0, len(ids), STATIC_BATCH_TEXTS):
-                batch = ids[start:start + STATIC_BATCH_TEXTS]
+                batch = ids[start : start + STATIC_BATCH_TEXTS]
                 lengths = np.fromiter(map(len, batch), np.int64, len(batch))
                 flat = np.fromiter(itertools.chain.from_iterable(batch), np.int64, int(lengths.sum()))
                 offsets = np.concatenate([[0], np.cumsum(lengths[:-1])])
                 # One multi-threaded gather-and-average for the batch (a bag's mean); an empty bag gives zeros.
-                out[start:start + len(batch)] = torch.nn.functional.embedding_bag(
-                    torch.from_numpy(flat), table, torch.from_numpy(offsets), mode="mean").numpy()
+                out[start : start + len(batch)] = torch.nn.functional.embedding_bag(
+                    torch.from_numpy(flat), table, torch.from_numpy(offsets), mode="mean"
+                ).numpy()
         out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out
 
@@ -121,7 +127,9 @@ class TokenIds:
         # (its own encode_batch makes a task per text, which cost more than the encoding here).
         share = -(-len(texts) // threads)
         with ThreadPoolExecutor(threads) as pool:
-            parts = pool.map(lambda start: [encode(text) for text in texts[start:start + share]], range(0, len(texts), share))
+            parts = pool.map(
+                lambda start: [encode(text) for text in texts[start : start + share]], range(0, len(texts), share)
+            )
             return list(itertools.chain.from_iterable(parts))
 
 
@@ -147,8 +155,10 @@ def gpt2_byte_alphabet() -> dict[str, int]:
 
 
 # Texts on which the fast tokenizer must give exactly the model's own tokens before it is used.
-TOKENIZER_CHECK_TEXTS = ["Hello world! It's 2024: naïve café, 東京, emoji 🙂 and\ttabs\n\n  spaced   out.\r\n",
-                         "don't we'll they've I'm she'd x'll 3.14159 -- ++ == <|endoftext|> ___ \u00a0nbsp\x1ccontrol"]
+TOKENIZER_CHECK_TEXTS = [
+    "Hello world! It's 2024: naïve café, 東京, emoji 🙂 and\ttabs\n\n  spaced   out.\r\n",
+    "don't we'll they've I'm she'd x'll 3.14159 -- ++ == <|endoftext|> ___ \u00a0nbsp\x1ccontrol",
+]
 
 
 def fast_byte_level_bpe(spec: dict, tokenizer):
@@ -164,9 +174,17 @@ def fast_byte_level_bpe(spec: dict, tokenizer):
 
     model = spec.get("model") or {}
     pre = spec.get("pre_tokenizer") or {}
-    if (spec.get("normalizer") is not None or model.get("type") != "BPE" or model.get("dropout")
-            or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") or model.get("byte_fallback")
-            or pre.get("type") != "ByteLevel" or pre.get("add_prefix_space") or not pre.get("use_regex", True)):
+    if (
+        spec.get("normalizer") is not None
+        or model.get("type") != "BPE"
+        or model.get("dropout")
+        or model.get("continuing_subword_prefix")
+        or model.get("end_of_word_suffix")
+        or model.get("byte_fallback")
+        or pre.get("type") != "ByteLevel"
+        or pre.get("add_prefix_space")
+        or not pre.get("use_regex", True)
+    ):
         return None
     alphabet = gpt2_byte_alphabet()
     special = {t["content"]: t["id"] for t in spec.get("added_tokens", [])}
@@ -178,7 +196,9 @@ def fast_byte_level_bpe(spec: dict, tokenizer):
         return None
     if len(ranks) < 256 or any(a >= b for a, b in zip(merged_ids, merged_ids[1:])):
         return None
-    encoder = tiktoken.Encoding("workspace-bpe", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=special)
+    encoder = tiktoken.Encoding(
+        "workspace-bpe", pat_str=GPT2_SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=special
+    )
     expected = [e.ids for e in tokenizer.encode_batch(TOKENIZER_CHECK_TEXTS, add_special_tokens=False)]
     return encoder if encoder.encode_batch(TOKENIZER_CHECK_TEXTS, allowed_special="all") == expected else None
 
@@ -220,8 +240,10 @@ def truncate_to_model(model, texts: list[str], tokenizer=None) -> tuple[list[str
     averages every token, so a text is cut to what chunks hold. `tokenizer`: text_tokenizer(model), made
     once by a caller that truncates often (wrapping a static model's tokenizer copies it)."""
     limit = token_limit(model)
-    offsets = (tokenizer or text_tokenizer(model))(texts, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-    cut = [text if len(spans) <= limit else text[:spans[limit - 1][1]] for text, spans in zip(texts, offsets)]
+    offsets = (tokenizer or text_tokenizer(model))(texts, add_special_tokens=False, return_offsets_mapping=True)[
+        "offset_mapping"
+    ]
+    cut = [text if len(spans) <= limit else text[: spans[limit - 1][1]] for text, spans in zip(texts, offsets)]
     return cut, [len(spans) for spans in offsets]
 
 
@@ -249,12 +271,16 @@ def encode(model, texts: list[str], batch_size: int = 64, on_batch: Callable[[in
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         vectors = np.zeros((len(texts), model.get_embedding_dimension()), np.float32)
         for start in range(0, len(texts), batch_size):
-            batch = order[start:start + batch_size]
+            batch = order[start : start + batch_size]
             vectors[batch] = encode(model, [texts[i] for i in batch], batch_size)
             on_batch(start + len(batch))
         return vectors
-    vectors = np.asarray(model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
-                                      convert_to_numpy=True, show_progress_bar=False), dtype=np.float32)
+    vectors = np.asarray(
+        model.encode(
+            texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+        ),
+        dtype=np.float32,
+    )
     if on_batch is not None:
         on_batch(len(texts))
     return vectors
@@ -270,8 +296,9 @@ def fed_token_ids(model, tokenizer) -> bool:
     return is_static(model) or special_token_frame(tokenizer) is not None
 
 
-def embed_token_ids(model, token_ids: list[list[int]], batch_size: int = 64,
-                    on_batch: Callable[[int], None] | None = None) -> np.ndarray:
+def embed_token_ids(
+    model, token_ids: list[list[int]], batch_size: int = 64, on_batch: Callable[[int], None] | None = None
+) -> np.ndarray:
     """L2-normalised vectors of texts given as their token ids (no special tokens): a static model's mean
     token vector, STATIC_BATCH_TEXTS at a time, or a transformer's forward passes (encode_token_ids).
     on_batch(number of texts embedded so far) follows each batch."""
@@ -279,7 +306,7 @@ def embed_token_ids(model, token_ids: list[list[int]], batch_size: int = 64,
         return encode_token_ids(model, token_ids, batch_size, on_batch)
     vectors = np.zeros((len(token_ids), model.get_embedding_dimension()), np.float32)
     for start in range(0, len(token_ids), STATIC_BATCH_TEXTS):
-        vectors[start:start + STATIC_BATCH_TEXTS] = model.embed_ids(token_ids[start:start + STATIC_BATCH_TEXTS])
+        vectors[start : start + STATIC_BATCH_TEXTS] = model.embed_ids(token_ids[start : start + STATIC_BATCH_TEXTS])
         if on_batch is not None:
             on_batch(min(start + STATIC_BATCH_TEXTS, len(token_ids)))
     return vectors
@@ -293,18 +320,19 @@ def special_token_frame(tokenizer) -> tuple[list[int], list[int]] | None:
     for probe in ("a probe text", "Another, longer probe text: 42 words?"):
         plain = tokenizer(probe, add_special_tokens=False)["input_ids"]
         framed = tokenizer(probe)["input_ids"]
-        starts = [s for s in range(len(framed) - len(plain) + 1) if framed[s:s + len(plain)] == plain]
+        starts = [s for s in range(len(framed) - len(plain) + 1) if framed[s : s + len(plain)] == plain]
         if not plain or not starts:
             return None
-        this = (framed[:starts[0]], framed[starts[0] + len(plain):])
+        this = (framed[: starts[0]], framed[starts[0] + len(plain) :])
         if frame not in (None, this):
             return None
         frame = this
     return frame
 
 
-def encode_token_ids(model, token_ids: list[list[int]], batch_size: int = 64,
-                     on_batch: Callable[[int], None] | None = None) -> np.ndarray:
+def encode_token_ids(
+    model, token_ids: list[list[int]], batch_size: int = 64, on_batch: Callable[[int], None] | None = None
+) -> np.ndarray:
     """What `encode` gives for the texts these token ids (no special tokens) came from, for a
     sentence-transformers model, without tokenizing again: the model's special tokens are put around each
     list, which is cut to the model's input length as its tokenizer would, and the lists run longest first
@@ -324,13 +352,13 @@ def encode_token_ids(model, token_ids: list[list[int]], batch_size: int = 64,
     with torch.inference_mode():
         masked = padding_needs_mask(model, inputs[order[0]] if inputs else [])
         for start in range(0, len(order), batch_size):
-            batch = order[start:start + batch_size]
+            batch = order[start : start + batch_size]
             longest = max(1, len(inputs[batch[0]]))
             ids = torch.full((len(batch), longest), pad, dtype=torch.long)
             mask = torch.zeros((len(batch), longest), dtype=torch.long)
             for row, i in enumerate(batch):
-                ids[row, :len(inputs[i])] = torch.tensor(inputs[i], dtype=torch.long)
-                mask[row, :len(inputs[i])] = 1
+                ids[row, : len(inputs[i])] = torch.tensor(inputs[i], dtype=torch.long)
+                mask[row, : len(inputs[i])] = 1
             vectors[batch] = _sentence_embeddings(model, ids, mask, masked).float().numpy()
             if on_batch is not None:
                 on_batch(start + len(batch))
@@ -364,6 +392,8 @@ def padding_needs_mask(model, probe_ids: list[int]) -> bool:
     ids = torch.tensor([probe_ids, probe_ids[:half] + [model.tokenizer.pad_token_id or 0] * (len(probe_ids) - half)])
     mask = torch.tensor([[1] * len(probe_ids), [1] * half + [0] * (len(probe_ids) - half)])
     with torch.inference_mode():
-        same = torch.allclose(_sentence_embeddings(model, ids, mask, True), _sentence_embeddings(model, ids, mask, False), atol=1e-5)
+        same = torch.allclose(
+            _sentence_embeddings(model, ids, mask, True), _sentence_embeddings(model, ids, mask, False), atol=1e-5
+        )
     model._pipeline_padding_needs_mask = not same
     return not same

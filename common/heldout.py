@@ -11,6 +11,7 @@ sentence marks) gives a span of about SPAN_WORDS words instead (common/language.
 for a span, its title if the title is not just the text's beginning: so any collection with some text is
 measured, whatever its language or punctuation.
 """
+
 from __future__ import annotations
 
 import collections
@@ -28,8 +29,9 @@ def is_held_out(doc_id: str) -> bool:
     return int.from_bytes(digest, "big") % 100 < HELD_OUT_PERCENT
 
 
-def held_out_pairs(documents: list[tuple[str, str, str]], rng: random.Random, language: str,
-                   limit: int) -> dict[str, tuple[str, str, str]]:
+def held_out_pairs(
+    documents: list[tuple[str, str, str]], rng: random.Random, language: str, limit: int
+) -> dict[str, tuple[str, str, str]]:
     """Up to `limit` held-out pairs, doc_id -> (query, shortened text, kind), from (doc_id, title, text)
     documents in random order: from the held-out documents, or from all of them when those give none, so
     any collection with text is measured. A title several documents share is no query for one of them."""
@@ -66,12 +68,16 @@ def held_out_pair(title: str, text: str, rng: random.Random, language: str = "en
     candidates = [i for i, part in enumerate(parts) if word_count(part) >= MIN_QUERY_WORDS]
     if len(parts) >= 3 and candidates:
         i = rng.choice(candidates)
-        return parts[i], " ".join(parts[:i] + parts[i + 1:]), unit.removesuffix("s")
+        return parts[i], " ".join(parts[:i] + parts[i + 1 :]), unit.removesuffix("s")
     if len(parts) == 2 and candidates:  # two parts: the shorter one that is long enough is the query
         i = min(candidates, key=lambda k: word_count(parts[k]))
         return parts[i], parts[1 - i], unit.removesuffix("s")
     title = " ".join(title.split())
-    if (word_count(title) >= 2 or (has_cjk(title) and len(title) >= 2)) and text.strip() and after_title(text, title) is None:
+    if (
+        (word_count(title) >= 2 or (has_cjk(title) and len(title) >= 2))
+        and text.strip()
+        and after_title(text, title) is None
+    ):
         return title, " ".join(text.split()), "title"
     return None
 
@@ -90,5 +96,5 @@ def after_title(text: str, title: str) -> str | None:
             return None
         matched += 1
         if matched == len(letters):
-            return text[at + 1:].lstrip(" .:;,-\u2013\u2014")
+            return text[at + 1 :].lstrip(" .:;,-\u2013\u2014")
     return None

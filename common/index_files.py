@@ -2,6 +2,7 @@
 need of them, and nothing of how they are built. index/ writes these files and records them in the
 manifest's "index" section (common/manifest.py IndexEntry); search/ reads them only through here.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,8 +36,9 @@ def load_index(path: Path) -> faiss.Index:
     except FileNotFoundError:
         raise PipelineError(f"{path}: index file missing; run `pipeline index --rebuild`") from None
     except RuntimeError:  # FAISS's own message names neither the file nor what to do ("read error in : 918 != ...")
-        raise PipelineError(f"{path}: damaged FAISS index file (it cannot be read whole: truncated or overwritten?); "
-                            "run `pipeline index --rebuild`") from None
+        raise PipelineError(
+            f"{path}: damaged FAISS index file (it cannot be read whole: truncated or overwritten?); "
+            "run `pipeline index --rebuild`"
+        ) from None
     faiss.cvar.distance_compute_blas_threshold = FLAT_BLAS_MIN_QUERIES * index.d
     return index
-

@@ -16,6 +16,7 @@ read it from there.
   every text gives pairs and held-out queries. Chinese and Japanese, written without spaces, are counted in
   characters: CJK_CHARS_PER_WORD make a word.
 """
+
 from __future__ import annotations
 
 import collections
@@ -41,6 +42,7 @@ _NON_CJK_WORD = re.compile(f"[^\\W{CJK_RANGES}]+")
 class LanguageMix:
     """The collection's language (ISO 639-1, as langid reports it) and the share of each language found
     in the sample, most common first."""
+
     language: str
     shares: dict[str, float]
 
@@ -91,9 +93,9 @@ def spans(text: str, words: int = SPAN_WORDS) -> list[str]:
         return []
     tokens = text.split(" ")
     if len(tokens) * 3 >= word_count(text):  # spaced text: cut between words
-        return [" ".join(tokens[i:i + words]) for i in range(0, len(tokens), words)]
+        return [" ".join(tokens[i : i + words]) for i in range(0, len(tokens), words)]
     size = words * CJK_CHARS_PER_WORD
-    return [text[i:i + size].strip() for i in range(0, len(text), size) if text[i:i + size].strip()]
+    return [text[i : i + size].strip() for i in range(0, len(text), size) if text[i : i + size].strip()]
 
 
 def passages(text: str, language: str = "en", minimum: int = 3) -> tuple[list[str], str]:
@@ -122,7 +124,7 @@ def cjk_tokens(lowered: str) -> list[str]:
     for match in re.finditer(f"[{CJK_RANGES}]+|[^\\W{CJK_RANGES}]{{2,}}", lowered):
         run = match.group()
         if _CJK_CHAR.match(run):
-            tokens.extend([run] if len(run) == 1 else [run[i:i + 2] for i in range(len(run) - 1)])
+            tokens.extend([run] if len(run) == 1 else [run[i : i + 2] for i in range(len(run) - 1)])
         else:
             tokens.append(run)
     return tokens

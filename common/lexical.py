@@ -25,6 +25,7 @@ Base chunks the store no longer holds are skipped (tombstones). BM25 (Lucene's v
 k1 = 1.5, b = 0.75) is computed from the live chunks' statistics when the index is loaded, so an updated
 index scores every chunk exactly as one built from scratch over the same chunks.
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,14 +42,25 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse
 import Stemmer
-from bm25s.stopwords import (STOPWORDS_DANISH, STOPWORDS_DUTCH, STOPWORDS_EN, STOPWORDS_FRENCH, STOPWORDS_GERMAN, STOPWORDS_ITALIAN,
-                             STOPWORDS_NORWEGIAN, STOPWORDS_PORTUGUESE, STOPWORDS_RUSSIAN, STOPWORDS_SPANISH, STOPWORDS_SWEDISH,
-                             STOPWORDS_TURKISH)
+from bm25s.stopwords import (
+    STOPWORDS_DANISH,
+    STOPWORDS_DUTCH,
+    STOPWORDS_EN,
+    STOPWORDS_FRENCH,
+    STOPWORDS_GERMAN,
+    STOPWORDS_ITALIAN,
+    STOPWORDS_NORWEGIAN,
+    STOPWORDS_PORTUGUESE,
+    STOPWORDS_RUSSIAN,
+    STOPWORDS_SPANISH,
+    STOPWORDS_SWEDISH,
+    STOPWORDS_TURKISH,
+)
 
 from common.console import warn
+from common.embedder import embedding_text
 from common.errors import PipelineError
 from common.language import LanguageMix, cjk_tokens, detect_languages, has_cjk
-from common.embedder import embedding_text
 
 K1, B = 1.5, 0.75
 TOKENIZE_BATCH = 10_000  # chunks tokenized at once: bounds the memory the token strings take
@@ -56,16 +68,59 @@ SEGMENT_FILES = ("chunk_ids.npy", "lengths.npy", "indptr.npy", "rows.npy", "coun
 ANALYZER_FILE = "tokenizer.json"
 
 # Snowball stemmers (PyStemmer) by ISO 639-1 code; a language without one is not stemmed.
-SNOWBALL = {"ar": "arabic", "hy": "armenian", "eu": "basque", "ca": "catalan", "cs": "czech", "da": "danish", "nl": "dutch",
-            "en": "english", "eo": "esperanto", "et": "estonian", "fi": "finnish", "fr": "french", "de": "german", "el": "greek",
-            "hi": "hindi", "hu": "hungarian", "id": "indonesian", "ga": "irish", "it": "italian", "lt": "lithuanian",
-            "ne": "nepali", "no": "norwegian", "nb": "norwegian", "nn": "norwegian", "fa": "persian", "pl": "polish",
-            "pt": "portuguese", "ro": "romanian", "ru": "russian", "sr": "serbian", "es": "spanish", "sv": "swedish",
-            "ta": "tamil", "tr": "turkish", "yi": "yiddish"}
+SNOWBALL = {
+    "ar": "arabic",
+    "hy": "armenian",
+    "eu": "basque",
+    "ca": "catalan",
+    "cs": "czech",
+    "da": "danish",
+    "nl": "dutch",
+    "en": "english",
+    "eo": "esperanto",
+    "et": "estonian",
+    "fi": "finnish",
+    "fr": "french",
+    "de": "german",
+    "el": "greek",
+    "hi": "hindi",
+    "hu": "hungarian",
+    "id": "indonesian",
+    "ga": "irish",
+    "it": "italian",
+    "lt": "lithuanian",
+    "ne": "nepali",
+    "no": "norwegian",
+    "nb": "norwegian",
+    "nn": "norwegian",
+    "fa": "persian",
+    "pl": "polish",
+    "pt": "portuguese",
+    "ro": "romanian",
+    "ru": "russian",
+    "sr": "serbian",
+    "es": "spanish",
+    "sv": "swedish",
+    "ta": "tamil",
+    "tr": "turkish",
+    "yi": "yiddish",
+}
 # bm25s's stop-word lists by ISO 639-1 code; a language without one keeps every word.
-STOPWORDS = {"en": STOPWORDS_EN, "da": STOPWORDS_DANISH, "nl": STOPWORDS_DUTCH, "fr": STOPWORDS_FRENCH, "de": STOPWORDS_GERMAN,
-             "it": STOPWORDS_ITALIAN, "no": STOPWORDS_NORWEGIAN, "nb": STOPWORDS_NORWEGIAN, "pt": STOPWORDS_PORTUGUESE,
-             "ru": STOPWORDS_RUSSIAN, "es": STOPWORDS_SPANISH, "sv": STOPWORDS_SWEDISH, "tr": STOPWORDS_TURKISH}
+STOPWORDS = {
+    "en": STOPWORDS_EN,
+    "da": STOPWORDS_DANISH,
+    "nl": STOPWORDS_DUTCH,
+    "fr": STOPWORDS_FRENCH,
+    "de": STOPWORDS_GERMAN,
+    "it": STOPWORDS_ITALIAN,
+    "no": STOPWORDS_NORWEGIAN,
+    "nb": STOPWORDS_NORWEGIAN,
+    "pt": STOPWORDS_PORTUGUESE,
+    "ru": STOPWORDS_RUSSIAN,
+    "es": STOPWORDS_SPANISH,
+    "sv": STOPWORDS_SWEDISH,
+    "tr": STOPWORDS_TURKISH,
+}
 LANGUAGE_CHOICES = "auto (detected), none (no stop words or stemming), or an ISO 639-1 code (en, de, ru, ja, ...)"
 
 # bm25s's (and scikit-learn's) token pattern, r"\b\w\w+\b", as it matches: each run of two or more word
@@ -84,6 +139,7 @@ class Analyzer:
     characters (runs of CJK characters as bigrams, a text with CJK or full-width characters NFKC-normalised
     first), without the language's stop words, stemmed by its Snowball stemmer. A language without a
     stemmer or list goes without. An index written before languages were analysed keeps CJK runs whole."""
+
     language: str = "en"  # ISO 639-1, or "none"
     cjk_bigrams: bool = True
 
@@ -97,12 +153,20 @@ class Analyzer:
         return frozenset(STOPWORDS.get(self.language, ()))
 
     def describe(self) -> str:
-        return (f"{self.language} ({f'{self.stemmer} stemmer' if self.stemmer else 'no stemmer'}, "
-                f"{'stop words' if self.stopwords else 'no stop words'}, CJK {'as bigrams' if self.cjk_bigrams else 'runs whole'})")
+        return (
+            f"{self.language} ({f'{self.stemmer} stemmer' if self.stemmer else 'no stemmer'}, "
+            f"{'stop words' if self.stopwords else 'no stop words'}, CJK {'as bigrams' if self.cjk_bigrams else 'runs whole'})"
+        )
 
     def to_json(self) -> dict:
-        return {"language": self.language, "stemmer": self.stemmer, "stopwords": self.language if self.stopwords else None,
-                "cjk": "bigrams" if self.cjk_bigrams else None, "k1": K1, "b": B}
+        return {
+            "language": self.language,
+            "stemmer": self.stemmer,
+            "stopwords": self.language if self.stopwords else None,
+            "cjk": "bigrams" if self.cjk_bigrams else None,
+            "k1": K1,
+            "b": B,
+        }
 
     @classmethod
     def load(cls, directory: Path) -> "Analyzer":
@@ -119,8 +183,12 @@ class Analyzer:
 
     def words(self, texts: list[str]) -> list[list[str]]:
         """Each text's lower-cased words (CJK bigrams), stop words left out (not yet stemmed)."""
-        tokens = (cjk_tokens(unicodedata.normalize("NFKC", lowered)) if self.cjk_bigrams and has_cjk(lowered) else _WORDS(lowered)
-                  for lowered in map(str.lower, texts))
+        tokens = (
+            cjk_tokens(unicodedata.normalize("NFKC", lowered))
+            if self.cjk_bigrams and has_cjk(lowered)
+            else _WORDS(lowered)
+            for lowered in map(str.lower, texts)
+        )
         if not self.stopwords:
             return [list(text_tokens) for text_tokens in tokens]
         return [list(itertools.filterfalse(self.stopwords.__contains__, text_tokens)) for text_tokens in tokens]
@@ -160,6 +228,7 @@ def check_language(language: str) -> None:
 class Segment:
     """Term counts of some chunks, by term (CSC): the chunks of term t are rows[indptr[t]:indptr[t + 1]],
     with counts in counts[...]; term ids index the vocabulary of this segment and the ones before it."""
+
     chunk_ids: np.ndarray  # int64, one per row
     lengths: np.ndarray  # int32: tokens per row
     indptr: np.ndarray
@@ -174,7 +243,9 @@ class Segment:
         known = len(vocabulary)
         term_ids, lengths = [], []
         for start in range(0, len(rows), TOKENIZE_BATCH):
-            words = analyzer.words([embedding_text(title or "", text or "") for _, title, text in rows[start:start + TOKENIZE_BATCH]])
+            words = analyzer.words(
+                [embedding_text(title or "", text or "") for _, title, text in rows[start : start + TOKENIZE_BATCH]]
+            )
             stems = analyzer.stems(words)
             # Each distinct word's term id (new terms numbered in order of first use), then every word's in
             # one pass in C: a Python step per word was half of building the index (18M words at 100k chunks).
@@ -185,10 +256,18 @@ class Segment:
         lengths = np.array(lengths, dtype=np.int32)
         flat = np.concatenate(term_ids) if term_ids else np.zeros(0, np.int64)
         row_starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-        matrix = scipy.sparse.csr_matrix((np.ones(len(flat), np.float32), flat, row_starts), shape=(len(rows), len(vocabulary))).tocsc()
+        matrix = scipy.sparse.csr_matrix(
+            (np.ones(len(flat), np.float32), flat, row_starts), shape=(len(rows), len(vocabulary))
+        ).tocsc()
         matrix.sum_duplicates()
-        return cls(np.array([r[0] for r in rows], dtype=np.int64), lengths, matrix.indptr.astype(np.int64),
-                   matrix.indices.astype(np.int32), matrix.data.astype(np.float32), list(vocabulary)[known:])
+        return cls(
+            np.array([r[0] for r in rows], dtype=np.int64),
+            lengths,
+            matrix.indptr.astype(np.int64),
+            matrix.indices.astype(np.int32),
+            matrix.data.astype(np.float32),
+            list(vocabulary)[known:],
+        )
 
     def write(self, directory: Path) -> None:
         directory.mkdir()
@@ -245,7 +324,9 @@ class LexicalIndex:
     def _score(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """postings(), computed: BM25 with the document frequencies and average length of the live chunks."""
         n = len(self.chunk_ids)
-        entry_terms = [np.repeat(np.arange(len(segment.indptr) - 1), np.diff(segment.indptr)) for segment in self.segments]
+        entry_terms = [
+            np.repeat(np.arange(len(segment.indptr) - 1), np.diff(segment.indptr)) for segment in self.segments
+        ]
         document_frequency = np.zeros(len(self.vocabulary))
         total_length = 0
         for segment, live, terms in zip(self.segments, self._live_rows, entry_terms):
@@ -257,7 +338,9 @@ class LexicalIndex:
         for segment, position, live, terms in zip(self.segments, self._positions, self._live_rows, entry_terms):
             norm = (K1 * ((1 - B) + B * segment.lengths / average_length)).astype(np.float32)
             scores = idf[terms] * segment.counts / (segment.counts + norm[segment.rows])
-            scored.append((segment.indptr, position[segment.rows], np.where(live[segment.rows], scores, 0).astype(np.float32)))
+            scored.append(
+                (segment.indptr, position[segment.rows], np.where(live[segment.rows], scores, 0).astype(np.float32))
+            )
         return scored
 
     @classmethod
@@ -299,8 +382,10 @@ class LexicalIndex:
             index = cls([Segment.load(s) for s in segments], np.load(path / "chunk_ids.npy"), Analyzer.load(path))
             index.postings()  # scored now: a search pays nothing for it
         except (OSError, ValueError, EOFError, KeyError, IndexError) as e:  # a truncated or overwritten file
-            raise PipelineError(f"{path}: damaged BM25 index ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}); "
-                                "run `pipeline index --rebuild`") from None
+            raise PipelineError(
+                f"{path}: damaged BM25 index ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}); "
+                "run `pipeline index --rebuild`"
+            ) from None
         return index
 
     def search(self, query: str, n: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -310,7 +395,9 @@ class LexicalIndex:
         positions, scores = self.search_positions(query, n, mask)
         return self.chunk_ids[positions], scores
 
-    def search_positions(self, query: str, n: int, weight_mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def search_positions(
+        self, query: str, n: int, weight_mask: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The best n (positions in the corpus, i.e. in chunk-id order; BM25 scores), best first (ties by
         position); only chunks sharing a word with the query, and only where weight_mask (1.0 per allowed
         position) is set."""
@@ -322,8 +409,8 @@ class LexicalIndex:
         for indptr, entry_positions, entry_scores in self.postings():
             for t in terms:
                 if t < len(indptr) - 1:
-                    positions.append(entry_positions[indptr[t]:indptr[t + 1]])
-                    scores.append(entry_scores[indptr[t]:indptr[t + 1]])
+                    positions.append(entry_positions[indptr[t] : indptr[t + 1]])
+                    scores.append(entry_scores[indptr[t] : indptr[t + 1]])
         summed = np.bincount(np.concatenate(positions), weights=np.concatenate(scores), minlength=total + 1)[:total]
         if weight_mask is not None:
             summed *= weight_mask

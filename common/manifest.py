@@ -10,6 +10,7 @@ Whether the parts still belong together is asked of the sections themselves (`In
 `IndexEntry.stale_reason`, `SearchEntry.measured_for`, `TunedEntry.tuned_from`): search, the server,
 `pipeline status`, index updates and embed all use these, never their own comparison.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,6 +26,7 @@ from common.workspace import Workspace, atomic_write_json, model_fingerprint
 @dataclass
 class Section:
     """A section: its declared fields, and `report`, the rest of what its writer recorded."""
+
     NAME: ClassVar[str]
     report: dict[str, Any] = field(default_factory=dict, kw_only=True)
 
@@ -32,8 +34,13 @@ class Section:
     def from_json(cls, value: dict[str, Any]):
         declared = {f.name for f in dataclasses.fields(cls)} - {"report"}
         known = {name: value[name] for name in declared if name in value}
-        missing = [f.name for f in dataclasses.fields(cls) if f.name in declared - set(known)
-                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.name in declared - set(known)
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        ]
         if missing:
             raise PipelineError(f"manifest.json: the {cls.NAME} section has no '{missing[0]}'")
         return cls(**known, report={k: v for k, v in value.items() if k not in declared})
@@ -46,6 +53,7 @@ class Section:
 @dataclass
 class TokenizerEntry(Section):
     """Written by pretrain/data.py when the data is prepared."""
+
     NAME: ClassVar[str] = "tokenizer"
     path: str
     sha256: str
@@ -57,6 +65,7 @@ class TokenizerEntry(Section):
 @dataclass
 class ModelEntry(Section):
     """Written by pretrain/train.py when the model is exported."""
+
     NAME: ClassVar[str] = "model"
     path: str
     fingerprint: str
@@ -68,6 +77,7 @@ class ModelEntry(Section):
 @dataclass
 class TunedEntry(Section):
     """Written by embed/tune.py (`record_tuned`), for `pipeline tune` and the embedder choice alike."""
+
     NAME: ClassVar[str] = "tuned"
     path: str
     fingerprint: str
@@ -93,6 +103,7 @@ def embedder_key(fingerprint: str, chunk_tokens: int, overlap: int) -> str:
 @dataclass
 class EmbedderEntry(Section):
     """Written by embed/ingest.py (`upsert_documents`), for `pipeline embed` and the document API alike."""
+
     NAME: ClassVar[str] = "embedder"
     model_path: str  # relative to the workspace for its own models (Workspace.recorded_path)
     fingerprint: str
@@ -115,8 +126,10 @@ class EmbedderEntry(Section):
     def check_store(self, stored_key: str | None, db_path: Path) -> None:
         if stored_key != self.store_key:
             # Only a `pipeline embed` killed after it changed the store and before the manifest leaves this.
-            raise PipelineError(f"{db_path} holds vectors of another embedder than the manifest records "
-                                "(an interrupted `pipeline embed`?): run `pipeline embed` again")
+            raise PipelineError(
+                f"{db_path} holds vectors of another embedder than the manifest records "
+                "(an interrupted `pipeline embed`?): run `pipeline embed` again"
+            )
 
     def model_dir(self, ws: Workspace) -> Path:
         """The model the stored vectors were made with.
@@ -136,6 +149,7 @@ class EmbedderEntry(Section):
 @dataclass
 class IndexEntry(Section):
     """Written by index/files.py (`record`), for `pipeline index` and the document API's updates alike."""
+
     NAME: ClassVar[str] = "index"
     path: str  # the base FAISS index
     type: str
@@ -170,14 +184,17 @@ class IndexEntry(Section):
         if self.store_generation == store_generation:
             return None
         built_from = self.store_generation if self.store_generation is not None else "an older version"
-        return (f"the documents changed since the index was built (store generation {store_generation}, index built "
-                f"from {built_from}): run `pipeline index`")
+        return (
+            f"the documents changed since the index was built (store generation {store_generation}, index built "
+            f"from {built_from}): run `pipeline index`"
+        )
 
 
 @dataclass
 class SearchEntry(Section):
     """The default search mode. Written by search/calibrate.py (`record_default_mode`), for the measurement
     `pipeline index` makes and `pipeline eval --set-default` alike."""
+
     NAME: ClassVar[str] = "search"
     default_mode: str
     embedder_fingerprint: str
@@ -194,6 +211,7 @@ SECTIONS = (TokenizerEntry, ModelEntry, TunedEntry, EmbedderEntry, IndexEntry, S
 @dataclass
 class Manifest:
     """The workspace's manifest as read: a section is None until its writer has run."""
+
     tokenizer: TokenizerEntry | None = None
     model: ModelEntry | None = None
     tuned: TunedEntry | None = None
@@ -233,5 +251,7 @@ def read_json(ws: Workspace) -> dict[str, Any]:
     try:
         return json.loads(ws.manifest_path.read_text())
     except json.JSONDecodeError as e:
-        raise PipelineError(f"{ws.manifest_path}: corrupt manifest ({e}); the files it named are still there: "
-                            "run the stage that wrote them again") from e
+        raise PipelineError(
+            f"{ws.manifest_path}: corrupt manifest ({e}); the files it named are still there: "
+            "run the stage that wrote them again"
+        ) from e

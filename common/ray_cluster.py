@@ -1,9 +1,10 @@
 """Connecting to Ray, for the stages that can run on a Ray cluster (pretrain --ray, embed --ray).
 
-    local      a throw-away Ray cluster on this machine (for trying things out and for tests)
-    auto       the cluster this machine belongs to (after `ray start --head` / `ray start --address ...`)
-    HOST:PORT  a cluster's head node, e.g. ray://10.0.0.5:10001 or 10.0.0.5:6379
+local      a throw-away Ray cluster on this machine (for trying things out and for tests)
+auto       the cluster this machine belongs to (after `ray start --head` / `ray start --address ...`)
+HOST:PORT  a cluster's head node, e.g. ray://10.0.0.5:10001 or 10.0.0.5:6379
 """
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,13 @@ def connect(address: str, num_cpus: int | None = None):
     runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}}
     try:
         if address == "local":
-            ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=True,
-                     runtime_env=runtime_env, configure_logging=False)
+            ray.init(
+                num_cpus=num_cpus or os.cpu_count(),
+                include_dashboard=False,
+                log_to_driver=True,
+                runtime_env=runtime_env,
+                configure_logging=False,
+            )
         else:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=True, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as e:

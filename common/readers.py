@@ -7,6 +7,7 @@ id is its path relative to the --data directory given (its name when the file it
 same file gets the same id however the directory is typed. Structured formats (.json, .csv, .parquet)
 go through DuckDB's readers; .jsonl is parsed line by line so that a broken line is reported as file:line.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -50,6 +51,7 @@ class JsonLinesRead:
     those bytes, and (for a read resumed from an earlier run's) the ids of their documents. read_documents
     starts a file there and carries it on to the end, so a caller can keep it and next time read only what
     was appended (embed/appended.py)."""
+
     offset: int = 0
     lines: int = 0
     digest: "hashlib._Hash" = field(default_factory=hashlib.sha256)
@@ -73,20 +75,25 @@ def list_files(paths: Iterable[Path]) -> list[tuple[Path, str]]:
             raise PipelineError(f"{path}: no such file or directory")
         if path.is_dir():
             found = sorted(
-                p for p in path.rglob("*")
-                if p.is_file() and p.suffix.lower() in SUPPORTED_SUFFIXES
+                p
+                for p in path.rglob("*")
+                if p.is_file()
+                and p.suffix.lower() in SUPPORTED_SUFFIXES
                 and not any(part.startswith(".") for part in p.relative_to(path).parts)
             )
             files.extend((p, p.relative_to(path).as_posix()) for p in found)
         elif path.suffix.lower() in SUPPORTED_SUFFIXES:
             files.append((path, path.name))
         else:
-            raise PipelineError(f"{path}: unsupported file type '{path.suffix}' (supported: {', '.join(sorted(SUPPORTED_SUFFIXES))})")
+            raise PipelineError(
+                f"{path}: unsupported file type '{path.suffix}' (supported: {', '.join(sorted(SUPPORTED_SUFFIXES))})"
+            )
     return files
 
 
-def read_documents(paths: Iterable[Path], text_field: str | None = None,
-                   json_lines: dict[str, JsonLinesRead] | None = None) -> Iterator[Document]:
+def read_documents(
+    paths: Iterable[Path], text_field: str | None = None, json_lines: dict[str, JsonLinesRead] | None = None
+) -> Iterator[Document]:
     """Yield every non-empty document under `paths`. Raises PipelineError if none is found.
 
     json_lines (absolute path -> JsonLinesRead): where to start each JSON-lines file it names (the
@@ -95,7 +102,9 @@ def read_documents(paths: Iterable[Path], text_field: str | None = None,
     paths = [Path(p) for p in paths]
     files = list_files(paths)
     if not files:
-        raise PipelineError(f"no supported files ({', '.join(sorted(SUPPORTED_SUFFIXES))}) under {', '.join(map(str, paths))}")
+        raise PipelineError(
+            f"no supported files ({', '.join(sorted(SUPPORTED_SUFFIXES))}) under {', '.join(map(str, paths))}"
+        )
     seen: dict[str, str] = {}
     count = 0
     for file, name in files:
@@ -137,7 +146,9 @@ def _read_text_file(file: Path, doc_id: str) -> Iterator[tuple[Document, str]]:
     yield Document(id=doc_id, title=title, source=os.path.abspath(file), text=text), str(file)
 
 
-def _pick_field(fields: list[str], wanted: str | None, candidates: tuple[str, ...], file: Path, what: str) -> str | None:
+def _pick_field(
+    fields: list[str], wanted: str | None, candidates: tuple[str, ...], file: Path, what: str
+) -> str | None:
     if wanted is not None:
         if wanted not in fields:
             raise PipelineError(f"{file}: no {what} field '{wanted}' (fields: {', '.join(fields)})")
@@ -147,11 +158,17 @@ def _pick_field(fields: list[str], wanted: str | None, candidates: tuple[str, ..
 
 
 @functools.lru_cache(maxsize=256)
-def _field_roles(fields: tuple[str, ...], text_field: str | None, file: Path) -> tuple[str | None, str | None, str | None, str]:
+def _field_roles(
+    fields: tuple[str, ...], text_field: str | None, file: Path
+) -> tuple[str | None, str | None, str | None, str]:
     """The text, id and title fields among a row's fields, and the file's absolute path: the same for most
     rows of a file, so worked out once (per row it was half of reading 100,000 JSONL documents)."""
-    return (_pick_field(list(fields), text_field, TEXT_FIELDS, file, "text"), _pick_field(list(fields), None, ID_FIELDS, file, "id"),
-            _pick_field(list(fields), None, TITLE_FIELDS, file, "title"), os.path.abspath(file))
+    return (
+        _pick_field(list(fields), text_field, TEXT_FIELDS, file, "text"),
+        _pick_field(list(fields), None, ID_FIELDS, file, "id"),
+        _pick_field(list(fields), None, TITLE_FIELDS, file, "title"),
+        os.path.abspath(file),
+    )
 
 
 def _row_to_document(row: dict, file: Path, where: str, fallback_id: str, text_field: str | None) -> Document | None:
@@ -166,8 +183,13 @@ def _row_to_document(row: dict, file: Path, where: str, fallback_id: str, text_f
     doc_id = str(row[id_key]) if id_key and row.get(id_key) is not None else fallback_id
     title = str(row[title_key]) if title_key and row.get(title_key) is not None else ""
     metadata = {key: json_value(value) for key, value in row.items() if key not in (text_key, id_key, title_key)}
-    return Document(id=doc_id, title=title, source=source, text=text,
-                    metadata={key: value for key, value in metadata.items() if value is not None})  # a missing value is no field
+    return Document(
+        id=doc_id,
+        title=title,
+        source=source,
+        text=text,
+        metadata={key: value for key, value in metadata.items() if value is not None},
+    )  # a missing value is no field
 
 
 def json_value(value):
@@ -192,8 +214,15 @@ def json_value(value):
 
 def _kind(value: object) -> str:
     """What a value is, in JSON's words where it has them."""
-    names = {bool: "a boolean", int: "a number", float: "a number", dict: "an object", list: "an array", str: "a string",
-             type(None): "null"}
+    names = {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        type(None): "null",
+    }
     return names.get(type(value), f"a value of type {type(value).__name__}")
 
 
@@ -216,7 +245,9 @@ def read_json_lines(path: Path, read: JsonLinesRead | None = None) -> Iterator[t
             if not line.strip():
                 continue
             try:
-                row = json.loads(line.rstrip("\r\n"))  # without its line ending, so an error at its end is in its columns
+                row = json.loads(
+                    line.rstrip("\r\n")
+                )  # without its line ending, so an error at its end is in its columns
             except json.JSONDecodeError as e:
                 raise PipelineError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(row, dict):

@@ -23,12 +23,12 @@ loads the store once (`load_corpus`) and types each field into a column of its o
 
 All SQL against the store is in this module, and it takes bound parameters.
 """
+
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
-
-import json
 
 import duckdb
 import numpy as np
@@ -70,6 +70,7 @@ class ChunkRow:
 class Corpus:
     """What search reads, loaded once: documents by position, and chunks by position in chunk-id order
     (the order of the vectors in the FAISS index and of the BM25 corpus)."""
+
     generation: int
     doc_ids: list[str]
     titles: list[str]
@@ -94,20 +95,31 @@ def columns(rows: list[tuple], width: int) -> list[list]:
 def vector_table(ids: np.ndarray, vectors: np.ndarray) -> pa.Table:
     """(chunk_id, vector) rows as an Arrow table over the arrays' memory (pa.array would import pandas)."""
     flat = np.ascontiguousarray(vectors, dtype=np.float32)
-    return pa.Table.from_arrays([
-        pa.Array.from_buffers(pa.int64(), len(ids), [None, pa.py_buffer(np.ascontiguousarray(ids, dtype=np.int64))]),
-        pa.FixedSizeListArray.from_arrays(pa.Array.from_buffers(pa.float32(), flat.size, [None, pa.py_buffer(flat)]), flat.shape[1]),
-    ], names=["chunk_id", "vector"])
+    return pa.Table.from_arrays(
+        [
+            pa.Array.from_buffers(
+                pa.int64(), len(ids), [None, pa.py_buffer(np.ascontiguousarray(ids, dtype=np.int64))]
+            ),
+            pa.FixedSizeListArray.from_arrays(
+                pa.Array.from_buffers(pa.float32(), flat.size, [None, pa.py_buffer(flat)]), flat.shape[1]
+            ),
+        ],
+        names=["chunk_id", "vector"],
+    )
 
 
 def arrow_numbers(array: pa.Array, dtype) -> np.ndarray:
     """A fixed-width Arrow array without nulls as numpy, read in place: pyarrow's own to_numpy imports
     pandas, a quarter of a second of every command that reads chunk ids or vectors."""
-    return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * np.dtype(dtype).itemsize)
+    return np.frombuffer(
+        array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * np.dtype(dtype).itemsize
+    )
 
 
-DAMAGED_ADVICE = ("the file is damaged: restore it from a copy, or move it aside and run `pipeline embed` and "
-                  "`pipeline index` to build it again from the documents' sources")
+DAMAGED_ADVICE = (
+    "the file is damaged: restore it from a copy, or move it aside and run `pipeline embed` and "
+    "`pipeline index` to build it again from the documents' sources"
+)
 
 
 def damaged_store_error(error: BaseException) -> PipelineError | None:
@@ -138,8 +150,12 @@ class Store:
             self.con.execute("SET disabled_compression_methods = 'alp,alprd'")
         if bulk:
             self.con.execute("SET checkpoint_threshold = '4GB'")
-        self.has_metadata = "metadata" in {r[0] for r in self.con.execute(
-            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'documents'").fetchall()}
+        self.has_metadata = "metadata" in {
+            r[0]
+            for r in self.con.execute(
+                "SELECT column_name FROM duckdb_columns() WHERE table_name = 'documents'"
+            ).fetchall()
+        }
 
     def close(self) -> None:
         self.con.close()
@@ -168,14 +184,17 @@ class Store:
 
     def stored_documents(self, ids: list[str]) -> list[tuple[str, str, str, str, dict]]:
         """(doc_id, title, source, text, metadata) of these stored documents, to embed them again."""
-        rows = self.con.execute("SELECT doc_id, title, source, text, metadata FROM documents WHERE list_contains($ids, doc_id) ORDER BY doc_id",
-                                {"ids": ids}).fetchall()
+        rows = self.con.execute(
+            "SELECT doc_id, title, source, text, metadata FROM documents WHERE list_contains($ids, doc_id) ORDER BY doc_id",
+            {"ids": ids},
+        ).fetchall()
         return [(*row[:4], json.loads(row[4]) if row[4] else {}) for row in rows]
 
     def next_chunk_id(self) -> int:
         """The first id never given to a chunk (ids are not reused, so an old index never names a new chunk)."""
         highest = self.con.execute(
-            "SELECT greatest((SELECT max(chunk_id) FROM chunks), (SELECT max(chunk_id) FROM staged_chunks))").fetchall()[0][0]
+            "SELECT greatest((SELECT max(chunk_id) FROM chunks), (SELECT max(chunk_id) FROM staged_chunks))"
+        ).fetchall()[0][0]
         return max(int(self.get_meta("next_chunk_id") or 0), -1 if highest is None else highest + 1)
 
     def stage(self, dim: int, embedder: str, wanted: dict[str, str]) -> dict[str, str]:
@@ -201,7 +220,9 @@ class Store:
             raise
         return {doc_id: digest for doc_id, digest in staged.items() if wanted.get(doc_id) == digest}
 
-    def write_documents(self, docs: list[tuple[str, str, str, str, str, dict]], chunks: list[ChunkRow], vectors: np.ndarray) -> None:
+    def write_documents(
+        self, docs: list[tuple[str, str, str, str, str, dict]], chunks: list[ChunkRow], vectors: np.ndarray
+    ) -> None:
         """Stage these documents (doc_id, title, source, text, content_hash, metadata) with their chunks and
         vectors, atomically; search sees them once `publish` runs. They must not be staged already (`stage`
         returns those that are): nothing is deleted here, which cost 13 ms a call over 100,000 documents."""
@@ -212,12 +233,22 @@ class Store:
         try:
             # Each column as one list parameter, unnested: one insert per table, not one per row (executemany
             # took 1.3 ms per document); the vectors as an Arrow table over their own memory.
-            self.con.execute("INSERT INTO staged_documents (doc_id, title, source, text, content_hash, metadata) SELECT "
-                             + ", ".join(["unnest(?::VARCHAR[])"] * 5) + ", unnest(?::VARCHAR[])::JSON",
-                             [*columns([d[:5] for d in docs], 5), metadata])
-            self.con.execute("INSERT INTO staged_chunks SELECT unnest(?::BIGINT[]), unnest(?::VARCHAR[]), unnest(?::INTEGER[]), "
-                             "unnest(?::VARCHAR[]), unnest(?::INTEGER[]), unnest(?::INTEGER[]), unnest(?::INTEGER[])",
-                             [ids.tolist(), *columns([(c.doc_id, c.chunk_index, c.text, c.start_char, c.end_char, c.n_tokens) for c in chunks], 6)])
+            self.con.execute(
+                "INSERT INTO staged_documents (doc_id, title, source, text, content_hash, metadata) SELECT "
+                + ", ".join(["unnest(?::VARCHAR[])"] * 5)
+                + ", unnest(?::VARCHAR[])::JSON",
+                [*columns([d[:5] for d in docs], 5), metadata],
+            )
+            self.con.execute(
+                "INSERT INTO staged_chunks SELECT unnest(?::BIGINT[]), unnest(?::VARCHAR[]), unnest(?::INTEGER[]), "
+                "unnest(?::VARCHAR[]), unnest(?::INTEGER[]), unnest(?::INTEGER[]), unnest(?::INTEGER[])",
+                [
+                    ids.tolist(),
+                    *columns(
+                        [(c.doc_id, c.chunk_index, c.text, c.start_char, c.end_char, c.n_tokens) for c in chunks], 6
+                    ),
+                ],
+            )
             self.con.register("new_vectors", vector_table(ids, vectors))
             self.con.execute("INSERT INTO staged_vectors SELECT * FROM new_vectors")
             self.set_meta("next_chunk_id", str(next_id))
@@ -266,7 +297,10 @@ class Store:
         # The ids unnested in a subquery: a hash join, where `IN ?` compares the list with every row (quadratic
         # over a run). prefix is one of two constants, not user text.
         deleted = "(SELECT unnest(?::VARCHAR[]))"
-        self.con.execute(f"DELETE FROM {prefix}vectors WHERE chunk_id IN (SELECT chunk_id FROM {prefix}chunks WHERE doc_id IN {deleted})", [ids])
+        self.con.execute(
+            f"DELETE FROM {prefix}vectors WHERE chunk_id IN (SELECT chunk_id FROM {prefix}chunks WHERE doc_id IN {deleted})",
+            [ids],
+        )
         self.con.execute(f"DELETE FROM {prefix}chunks WHERE doc_id IN {deleted}", [ids])
         self.con.execute(f"DELETE FROM {prefix}documents WHERE doc_id IN {deleted}", [ids])
 
@@ -276,18 +310,25 @@ class Store:
     # ---- reading
     def counts(self) -> dict[str, int]:
         tables = self._tables()
-        return {t: self.con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0] if t in tables else 0
-                for t in ("documents", "chunks", "vectors")}
+        return {
+            t: self.con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0] if t in tables else 0
+            for t in ("documents", "chunks", "vectors")
+        }
 
     def chunk_ids(self) -> np.ndarray:
         """Every stored chunk id (int64), ascending."""
-        return self.con.execute("SELECT chunk_id FROM chunks ORDER BY chunk_id").fetchnumpy()["chunk_id"].astype(np.int64)
+        return (
+            self.con.execute("SELECT chunk_id FROM chunks ORDER BY chunk_id").fetchnumpy()["chunk_id"].astype(np.int64)
+        )
 
     def chunk_rows(self, ids: np.ndarray | None = None) -> list[tuple[int, str, str, str]]:
         """(chunk_id, doc_id, document title, chunk text) of every chunk, or of the chunks `ids`, in chunk_id order."""
         only, parameters = self._only(ids)
-        return self.con.execute(f"SELECT c.chunk_id, c.doc_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) {only} "
-                                "ORDER BY c.chunk_id", parameters).fetchall()
+        return self.con.execute(
+            f"SELECT c.chunk_id, c.doc_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) {only} "
+            "ORDER BY c.chunk_id",
+            parameters,
+        ).fetchall()
 
     def source_files(self) -> dict[str, tuple[str | None, int, int, str, str]]:
         """source -> (text_field, bytes, lines, sha256, documents_sha256): how far the last embed read each
@@ -311,7 +352,9 @@ class Store:
 
     def documents_from(self, source: str) -> list[tuple[str, str]]:
         """(doc_id, content_hash) of the stored documents whose source is `source`, by doc_id."""
-        return self.con.execute("SELECT doc_id, content_hash FROM documents WHERE source = ? ORDER BY doc_id", [source]).fetchall()
+        return self.con.execute(
+            "SELECT doc_id, content_hash FROM documents WHERE source = ? ORDER BY doc_id", [source]
+        ).fetchall()
 
     def chunk_documents(self) -> list[tuple[int, str]]:
         """(chunk_id, doc_id) of every chunk, in chunk_id order."""
@@ -323,7 +366,9 @@ class Store:
         parameters, or nothing."""
         if ids is None:
             return "", []
-        return "SEMI JOIN (SELECT unnest(?::BIGINT[]) AS chunk_id) USING (chunk_id)", [np.asarray(ids, dtype=np.int64).tolist()]
+        return "SEMI JOIN (SELECT unnest(?::BIGINT[]) AS chunk_id) USING (chunk_id)", [
+            np.asarray(ids, dtype=np.int64).tolist()
+        ]
 
     def document_texts(self) -> list[tuple[str, str, str]]:
         """(doc_id, title, text) of every document, by doc_id."""
@@ -335,19 +380,28 @@ class Store:
         self.con.execute("BEGIN TRANSACTION")
         try:
             generation = self.generation()
-            docs = self.con.execute(f"SELECT doc_id, title, source, text, {metadata} FROM documents ORDER BY doc_id").fetchall()
+            docs = self.con.execute(
+                f"SELECT doc_id, title, source, text, {metadata} FROM documents ORDER BY doc_id"
+            ).fetchall()
             chunks = self.con.execute(
                 """SELECT c.chunk_id, d.position, c.chunk_index > 0 AS starts_mid_text, c.text
                    FROM chunks c JOIN (SELECT doc_id, row_number() OVER (ORDER BY doc_id) - 1 AS position FROM documents) d USING (doc_id)
-                   ORDER BY c.chunk_id""").fetchnumpy()
+                   ORDER BY c.chunk_id"""
+            ).fetchnumpy()
         finally:
             self.con.execute("COMMIT")
-        return Corpus(generation=generation, doc_ids=[d[0] for d in docs], titles=[d[1] or "" for d in docs],
-                      sources=[d[2] or "" for d in docs], texts=[d[3] or "" for d in docs],
-                      metadata=[json.loads(d[4]) if d[4] else {} for d in docs],
-                      chunk_ids=chunks["chunk_id"].astype(np.int64), chunk_docs=chunks["position"].astype(np.int32),
-                      chunk_starts_mid_text=chunks["starts_mid_text"].astype(bool),
-                      chunk_texts=[t or "" for t in chunks["text"].tolist()])
+        return Corpus(
+            generation=generation,
+            doc_ids=[d[0] for d in docs],
+            titles=[d[1] or "" for d in docs],
+            sources=[d[2] or "" for d in docs],
+            texts=[d[3] or "" for d in docs],
+            metadata=[json.loads(d[4]) if d[4] else {} for d in docs],
+            chunk_ids=chunks["chunk_id"].astype(np.int64),
+            chunk_docs=chunks["position"].astype(np.int32),
+            chunk_starts_mid_text=chunks["starts_mid_text"].astype(bool),
+            chunk_texts=[t or "" for t in chunks["text"].tolist()],
+        )
 
     def load_vectors(self, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """All (chunk_ids int64, vectors float32 [n, dim]), or those of the chunks `ids`, in chunk_id order:
@@ -356,7 +410,9 @@ class Store:
         if not dim:
             return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
         only, parameters = self._only(ids)
-        table = self.con.sql(f"SELECT chunk_id, vector FROM vectors {only} ORDER BY chunk_id", params=parameters).to_arrow_table()
+        table = self.con.sql(
+            f"SELECT chunk_id, vector FROM vectors {only} ORDER BY chunk_id", params=parameters
+        ).to_arrow_table()
         ids = arrow_numbers(table.column("chunk_id").combine_chunks(), np.int64)
         flat = arrow_numbers(table.column("vector").combine_chunks().flatten(), np.float32)
         return ids, flat.reshape(-1, dim)

@@ -11,6 +11,7 @@ Layout (all paths relative to the workspace root):
     pipeline.duckdb      documents, chunks and vectors (common/store.py)
     index/               the FAISS index (faiss-<build>.index) and the BM25 index (lexical-<id>/)
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -96,7 +97,9 @@ def file_sha256(path: Path) -> str:
 def model_fingerprint(model_dir: Path) -> str:
     """A short id for a model directory: the hash of its weight and config files, so a retrained model gets a new id."""
     digest = hashlib.sha256()
-    files = sorted(p for p in model_dir.rglob("*") if p.is_file() and p.suffix in {".safetensors", ".json", ".bin", ".txt"})
+    files = sorted(
+        p for p in model_dir.rglob("*") if p.is_file() and p.suffix in {".safetensors", ".json", ".bin", ".txt"}
+    )
     if not files:
         raise PipelineError(f"{model_dir}: not a model directory (no weights or config files)")
     for p in files:
@@ -177,8 +180,10 @@ class Workspace:
         try:
             lock.acquire(timeout=wait)
         except Timeout:
-            raise PipelineError(f"{self.root}: another command is writing to this workspace (waited {wait:g}s for "
-                                f"{self.writer_lock_path.name}); try again when it has finished") from None
+            raise PipelineError(
+                f"{self.root}: another command is writing to this workspace (waited {wait:g}s for "
+                f"{self.writer_lock_path.name}); try again when it has finished"
+            ) from None
         try:
             yield
         finally:

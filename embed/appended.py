@@ -14,6 +14,7 @@ The documents before that point are then the stored ones, as reading them again 
 otherwise the whole file is read, as before. So is every file when a new model or chunking embeds every
 document again (embed/run.py).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -30,7 +31,9 @@ def documents_digest(pairs: list[tuple[str, str]]) -> str:
     return hashlib.sha256("\n".join(f"{doc_id}\x1f{digest}" for doc_id, digest in sorted(pairs)).encode()).hexdigest()
 
 
-def resume_points(store: Store, files: list[Path], text_field: str | None) -> tuple[dict[str, JsonLinesRead], dict[str, str]]:
+def resume_points(
+    store: Store, files: list[Path], text_field: str | None
+) -> tuple[dict[str, JsonLinesRead], dict[str, str]]:
     """Where to start reading each of these JSON-lines files (absolute path -> JsonLinesRead, for
     read_documents) and the stored documents before those points (doc_id -> content hash)."""
     recorded = store.source_files()
@@ -70,14 +73,28 @@ def _begins_with(file: Path, size: int, sha256: str, digest) -> bool:
     return digest.hexdigest() == sha256
 
 
-def record(store: Store, reads: dict[str, JsonLinesRead], text_field: str | None, documents: list[Document],
-           digests: dict[str, str], before: dict[str, str]) -> None:
+def record(
+    store: Store,
+    reads: dict[str, JsonLinesRead],
+    text_field: str | None,
+    documents: list[Document],
+    digests: dict[str, str],
+    before: dict[str, str],
+) -> None:
     """After a run that stored `documents` (with these content hashes) and kept `before`: record how far
     each JSON-lines file was read. A file whose last line has no line ending yet is not recorded (the line
     may still be growing): the next run reads it whole."""
-    pairs: dict[str, list[tuple[str, str]]] = {source: [(doc_id, before[doc_id]) for doc_id in read.ids] for source, read in reads.items()}
+    pairs: dict[str, list[tuple[str, str]]] = {
+        source: [(doc_id, before[doc_id]) for doc_id in read.ids] for source, read in reads.items()
+    }
     for doc in documents:
         if doc.source in pairs:
             pairs[doc.source].append((doc.id, digests[doc.id]))
-    store.record_source_files(list(reads), [(source, text_field, read.offset, read.lines, read.digest.hexdigest(), documents_digest(pairs[source]))
-                               for source, read in reads.items() if read.ends_with_newline])
+    store.record_source_files(
+        list(reads),
+        [
+            (source, text_field, read.offset, read.lines, read.digest.hexdigest(), documents_digest(pairs[source]))
+            for source, read in reads.items()
+            if read.ends_with_newline
+        ],
+    )

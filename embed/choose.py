@@ -19,6 +19,7 @@ A transformer that fails to tune (out of GPU memory, say) is reported and the st
 The manifest's "tuned" section records the kept embedder and, under "candidates", each one's score,
 time, or why it was skipped.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,10 +34,10 @@ from pathlib import Path
 import numpy as np
 
 from common.console import info
+from common.embedder import embedding_text, encode, load_embedder
 from common.errors import PipelineError
 from common.heldout import held_out_pairs
 from common.language import detect_languages
-from common.embedder import embedding_text, encode, load_embedder
 from common.readers import Document
 from common.workspace import Workspace, model_fingerprint, replace_directory
 from embed.tune import DEFAULT_LR, TUNED_DIR, TuneSettings, document_text, record_tuned, run_tune, transformer_student
@@ -52,11 +53,19 @@ MEASURE_DOCUMENTS = 20_000
 def transformer_settings(static: TuneSettings, pooling: str = "mean") -> TuneSettings:
     """The transformer candidate's settings: the static one's steps and pairs, a transformer's batch and rate."""
     batch = min(static.batch_size, TRANSFORMER_BATCH)
-    return replace(static, architecture="transformer", pooling=pooling, batch_size=batch, lr=None,
-                   mini_batch=TRANSFORMER_MINI_BATCH if batch > TRANSFORMER_MINI_BATCH else None)
+    return replace(
+        static,
+        architecture="transformer",
+        pooling=pooling,
+        batch_size=batch,
+        lr=None,
+        mini_batch=TRANSFORMER_MINI_BATCH if batch > TRANSFORMER_MINI_BATCH else None,
+    )
 
 
-def adapt(ws: Workspace, docs: list[Document], budget_seconds: float, static: TuneSettings, transformer_pooling: str = "mean") -> dict:
+def adapt(
+    ws: Workspace, docs: list[Document], budget_seconds: float, static: TuneSettings, transformer_pooling: str = "mean"
+) -> dict:
     """Tune the candidates the budget allows, keep the one that finds held-out documents best (module
     docstring), record it in the manifest and return its summary."""
     transformer = transformer_settings(static, transformer_pooling)
@@ -69,33 +78,56 @@ def adapt(ws: Workspace, docs: list[Document], budget_seconds: float, static: Tu
             step_seconds = transformer_step_seconds(ws, docs, transformer, budget_seconds)
             estimate = step_seconds * transformer.steps
             if estimate <= budget_seconds:
-                info(f"tuning the transformer too: {transformer.steps} steps of {transformer.batch_size} pairs, about "
-                     f"{estimate / 60:.1f} min here ({step_seconds:.2f} s a step), within the budget of {budget_seconds / 60:.1f} min")
-                candidates["transformer"] = run_tune(ws, docs, transformer, out_name=f"{workdir.name}/transformer", record=False)
+                info(
+                    f"tuning the transformer too: {transformer.steps} steps of {transformer.batch_size} pairs, about "
+                    f"{estimate / 60:.1f} min here ({step_seconds:.2f} s a step), within the budget of {budget_seconds / 60:.1f} min"
+                )
+                candidates["transformer"] = run_tune(
+                    ws, docs, transformer, out_name=f"{workdir.name}/transformer", record=False
+                )
             else:
-                skipped = {"skipped": f"{transformer.steps} steps of {transformer.batch_size} pairs would take about "
-                                      f"{estimate / 60:.0f} min here ({step_seconds:.2f} s a step, measured), over the budget "
-                                      f"of {budget_seconds / 60:.1f} min", "step_seconds": step_seconds}
+                skipped = {
+                    "skipped": f"{transformer.steps} steps of {transformer.batch_size} pairs would take about "
+                    f"{estimate / 60:.0f} min here ({step_seconds:.2f} s a step, measured), over the budget "
+                    f"of {budget_seconds / 60:.1f} min",
+                    "step_seconds": step_seconds,
+                }
         except (RuntimeError, PipelineError) as e:  # e.g. out of GPU memory: the static embedder stands
             skipped = {"skipped": f"tuning failed: {(str(e).splitlines() or [type(e).__name__])[0]}"}
         if skipped:
             info(f"the transformer embedder is not tuned: {skipped['skipped']}")
         language = detect_languages([d.text for d in docs]).language
-        gains = {name: held_out_gains(ws.root / summary["path"], docs, language) for name, summary in candidates.items()}
+        gains = {
+            name: held_out_gains(ws.root / summary["path"], docs, language) for name, summary in candidates.items()
+        }
         kept = better(gains)
         replace_directory(ws.root / candidates[kept]["path"], ws.root / TUNED_DIR)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    report = {name: {"held_out_ndcg@10": float(gains[name].mean()) if len(gains[name]) else None, "held_out_pairs": len(gains[name]),
-                     "seconds": summary["seconds"], "steps": summary["steps"], "batch_size": summary["batch_size"]}
-              for name, summary in candidates.items()}
+    report = {
+        name: {
+            "held_out_ndcg@10": float(gains[name].mean()) if len(gains[name]) else None,
+            "held_out_pairs": len(gains[name]),
+            "seconds": summary["seconds"],
+            "steps": summary["steps"],
+            "batch_size": summary["batch_size"],
+        }
+        for name, summary in candidates.items()
+    }
     if skipped:
         report["transformer"] = skipped
-    summary = {**candidates[kept], "path": TUNED_DIR, "fingerprint": model_fingerprint(ws.root / TUNED_DIR), "candidates": report}
+    summary = {
+        **candidates[kept],
+        "path": TUNED_DIR,
+        "fingerprint": model_fingerprint(ws.root / TUNED_DIR),
+        "candidates": report,
+    }
     record_tuned(ws, summary)
     measured = ", ".join(f"{name} {report[name]['held_out_ndcg@10'] or 0:.3f}" for name in candidates)
-    info(f"embedder kept: {kept} (dense nDCG@10 on {len(gains[kept])} held-out corpus pairs: {measured}); "
-         "`pipeline embed` now uses it")
+    info(
+        f"embedder kept: {kept} (dense nDCG@10 on {len(gains[kept])} held-out corpus pairs: {measured}); "
+        "`pipeline embed` now uses it"
+    )
     return summary
 
 
@@ -109,7 +141,9 @@ def better(gains: dict[str, np.ndarray]) -> str:
     return "transformer" if difference.mean() > standard_error else "static"
 
 
-def transformer_step_seconds(ws: Workspace, docs: list[Document], settings: TuneSettings, budget_seconds: float) -> float:
+def transformer_step_seconds(
+    ws: Workspace, docs: list[Document], settings: TuneSettings, budget_seconds: float
+) -> float:
     """Seconds one training step of the transformer candidate takes on this machine: the median of
     PROBE_STEPS steps of PROBE_PAIRS (anchor, positive, negative) triples after one to warm up, scaled to
     its batch (a step's cost grows with its texts) and by 4/3 for the cached loss's extra forward pass. A
@@ -157,7 +191,10 @@ def held_out_gains(model_dir: Path, docs: list[Document], language: str, seed: i
     others = [d for d in docs if d.id not in pairs]
     others = rng.sample(others, min(len(others), MEASURE_DOCUMENTS - len(pairs)))
     texts = [embedding_text(d.title, d.text) for d in others]
-    texts += [embedding_text("" if kind == "title" else titles[doc_id], shortened) for doc_id, (_, shortened, kind) in pairs.items()]
+    texts += [
+        embedding_text("" if kind == "title" else titles[doc_id], shortened)
+        for doc_id, (_, shortened, kind) in pairs.items()
+    ]
     model = load_embedder(model_dir)
     documents = encode(model, texts)
     queries = encode(model, [query for query, _, _ in pairs.values()])

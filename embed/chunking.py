@@ -1,4 +1,5 @@
 """Split documents into overlapping windows of tokens of the embedding model's own tokenizer."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

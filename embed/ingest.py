@@ -4,7 +4,8 @@ hash, chunks and their vectors).
 `pipeline embed` (embed/run.py, which decides what changed in the source), the server's document API
 (search/serve/, through workflows.py) and embed on Ray all store documents through `upsert_documents`, so a
 document stored any way is chunked, embedded, hashed, staged, published and recorded alike.
-""" 
+"""
+
 from __future__ import annotations
 
 import hashlib
@@ -16,10 +17,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from common.console import info
 from common.embedder import embed_token_ids, embedding_text, encode, fed_token_ids, model_token_ids
 from common.manifest import EmbedderEntry, embedder_key, write_section
 from common.readers import Document
-from common.console import info
 from common.store import ChunkRow, Store
 from common.workspace import Workspace
 from embed.chunking import chunk_texts, whole_text_chunk
@@ -29,6 +30,7 @@ from embed.chunking import chunk_texts, whole_text_chunk
 class Embedding:
     """What stored vectors are made with: the loaded model, its tokenizer (text_tokenizer), where it is
     (its fingerprint names it in the store and the manifest) and the chunking."""
+
     model: Any
     tokenizer: Any
     model_dir: Path
@@ -43,17 +45,28 @@ class Embedding:
         return self.model.get_embedding_dimension()
 
 
-def upsert_documents(ws: Workspace, store: Store, embedding: Embedding, documents: list[Document], digests: dict[str, str],
-                     remove: list[str] = (), replace_all: bool = False, group_size: int = 1024,
-                     on_progress: Callable[[float], None] | None = None) -> EmbedderEntry:
+def upsert_documents(
+    ws: Workspace,
+    store: Store,
+    embedding: Embedding,
+    documents: list[Document],
+    digests: dict[str, str],
+    remove: list[str] = (),
+    replace_all: bool = False,
+    group_size: int = 1024,
+    on_progress: Callable[[float], None] | None = None,
+) -> EmbedderEntry:
     """Store `documents` (doc_id -> content_hash in `digests`) and delete `remove`, in one publish: what
     search sees changes at once (common/store.py). `replace_all`: these documents are the whole store
     (a new model or chunking embeds everything again). Documents an interrupted run of the same embedder
     staged already are not embedded again. Each group of `group_size` documents is written while the next
     is embedded (DuckDB lets go of the GIL as it inserts). on_progress(documents embedded) follows each
     batch. The manifest's "embedder" section (this is its one writer) records the result."""
-    staged = store.stage(embedding.dim, embedder_key(embedding.fingerprint, embedding.chunk_tokens, embedding.overlap),
-                         {d.id: digests[d.id] for d in documents})
+    staged = store.stage(
+        embedding.dim,
+        embedder_key(embedding.fingerprint, embedding.chunk_tokens, embedding.overlap),
+        {d.id: digests[d.id] for d in documents},
+    )
     if staged:
         info(f"{len(staged)} of them were embedded by an interrupted run: resuming after them")
     to_embed = [d for d in documents if staged.get(d.id) != digests[d.id]]
@@ -61,10 +74,18 @@ def upsert_documents(ws: Workspace, store: Store, embedding: Embedding, document
     with ThreadPoolExecutor(1) as writer:
         written = None
         for g in range(0, len(to_embed), group_size):
-            group = to_embed[g:g + group_size]
-            rows, vectors = chunk_and_embed(group, embedding.model, embedding.tokenizer, embedding.chunk_tokens, embedding.overlap,
-                                            next_id, embedding.embed_inputs,
-                                            on_progress and (lambda share: on_progress(g + len(group) * share)), embedding.batch_size)
+            group = to_embed[g : g + group_size]
+            rows, vectors = chunk_and_embed(
+                group,
+                embedding.model,
+                embedding.tokenizer,
+                embedding.chunk_tokens,
+                embedding.overlap,
+                next_id,
+                embedding.embed_inputs,
+                on_progress and (lambda share: on_progress(g + len(group) * share)),
+                embedding.batch_size,
+            )
             next_id += len(rows)
             if written is not None:
                 written.result()  # one group in writing at a time; its error is raised here
@@ -77,10 +98,17 @@ def upsert_documents(ws: Workspace, store: Store, embedding: Embedding, document
     if replace_all or documents or remove:
         store.publish(replace_all=replace_all, remove=list(remove))
     counts = store.counts()
-    entry = EmbedderEntry(model_path=ws.recorded_path(embedding.model_dir), fingerprint=embedding.fingerprint, dim=embedding.dim,
-                          chunk_tokens=embedding.chunk_tokens, overlap=embedding.overlap, documents=counts["documents"],
-                          chunks=counts["chunks"], store_generation=store.generation(),
-                          report={"embedded_documents": len(to_embed), "embedded_chunks": chunks})
+    entry = EmbedderEntry(
+        model_path=ws.recorded_path(embedding.model_dir),
+        fingerprint=embedding.fingerprint,
+        dim=embedding.dim,
+        chunk_tokens=embedding.chunk_tokens,
+        overlap=embedding.overlap,
+        documents=counts["documents"],
+        chunks=counts["chunks"],
+        store_generation=store.generation(),
+        report={"embedded_documents": len(to_embed), "embedded_chunks": chunks},
+    )
     write_section(ws, entry)
     return entry
 
@@ -95,14 +123,24 @@ def content_hash(doc: Document) -> str:
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
 
 
-def document_rows(docs: list[Document], digests: dict[str, str] | None = None) -> list[tuple[str, str, str, str, str, dict]]:
+def document_rows(
+    docs: list[Document], digests: dict[str, str] | None = None
+) -> list[tuple[str, str, str, str, str, dict]]:
     """The rows Store.write_documents takes; digests: each document's content_hash, when known already."""
     return [(d.id, d.title, d.source, d.text, digests[d.id] if digests else content_hash(d), d.metadata) for d in docs]
 
 
-def chunk_and_embed(docs: list[Document], model, tokenizer, chunk_tokens: int, overlap: int, first_chunk_id: int,
-                    embed_inputs: Callable[[list[list[int]]], np.ndarray] | None = None,
-                    on_progress: Callable[[float], None] | None = None, batch_size: int = 64) -> tuple[list[ChunkRow], np.ndarray]:
+def chunk_and_embed(
+    docs: list[Document],
+    model,
+    tokenizer,
+    chunk_tokens: int,
+    overlap: int,
+    first_chunk_id: int,
+    embed_inputs: Callable[[list[list[int]]], np.ndarray] | None = None,
+    on_progress: Callable[[float], None] | None = None,
+    batch_size: int = 64,
+) -> tuple[list[ChunkRow], np.ndarray]:
     """The documents' chunks, numbered from first_chunk_id, and their vectors (the title, then the chunk).
 
     `tokenizer`: text_tokenizer(model). The model is fed token ids (fed_token_ids): each document is
@@ -114,7 +152,9 @@ def chunk_and_embed(docs: list[Document], model, tokenizer, chunk_tokens: int, o
     encode_token_ids does not know embeds each chunk's text. on_progress(share of the chunks embedded)
     follows each batch."""
     if not fed_token_ids(model, tokenizer):
-        return _chunk_and_embed_texts(docs, model, tokenizer, chunk_tokens, overlap, first_chunk_id, on_progress, batch_size)
+        return _chunk_and_embed_texts(
+            docs, model, tokenizer, chunk_tokens, overlap, first_chunk_id, on_progress, batch_size
+        )
     token_ids_of = model_token_ids(model)
     token_ids = token_ids_of([d.text for d in docs])
     long = [i for i, ids in enumerate(token_ids) if len(ids) > chunk_tokens]
@@ -123,7 +163,9 @@ def chunk_and_embed(docs: list[Document], model, tokenizer, chunk_tokens: int, o
     rows, inputs = [], []
     for i, doc in enumerate(docs):
         for c in chunks_of.get(i) or [whole_text_chunk(doc.text, token_ids[i])]:
-            rows.append(ChunkRow(first_chunk_id + len(rows), doc.id, c.index, c.text, c.start_char, c.end_char, c.n_tokens))
+            rows.append(
+                ChunkRow(first_chunk_id + len(rows), doc.id, c.index, c.text, c.start_char, c.end_char, c.n_tokens)
+            )
             inputs.append(title_ids[i] + c.token_ids if doc.title else c.token_ids)
     if not inputs:
         return rows, np.zeros((0, model.get_embedding_dimension()), np.float32)
@@ -135,14 +177,24 @@ def chunk_and_embed(docs: list[Document], model, tokenizer, chunk_tokens: int, o
     return rows, embed_token_ids(model, inputs, batch_size, on_progress and (lambda n: on_progress(n / len(inputs))))
 
 
-def _chunk_and_embed_texts(docs: list[Document], model, tokenizer, chunk_tokens: int, overlap: int, first_chunk_id: int,
-                           on_progress: Callable[[float], None] | None, batch_size: int) -> tuple[list[ChunkRow], np.ndarray]:
+def _chunk_and_embed_texts(
+    docs: list[Document],
+    model,
+    tokenizer,
+    chunk_tokens: int,
+    overlap: int,
+    first_chunk_id: int,
+    on_progress: Callable[[float], None] | None,
+    batch_size: int,
+) -> tuple[list[ChunkRow], np.ndarray]:
     """chunk_and_embed for a transformer that cannot be fed token ids: each chunk's text is encoded."""
     rows: list[ChunkRow] = []
     texts: list[str] = []
     for doc, chunks in zip(docs, chunk_texts([d.text for d in docs], tokenizer, chunk_tokens, overlap)):
         for c in chunks:
-            rows.append(ChunkRow(first_chunk_id + len(rows), doc.id, c.index, c.text, c.start_char, c.end_char, c.n_tokens))
+            rows.append(
+                ChunkRow(first_chunk_id + len(rows), doc.id, c.index, c.text, c.start_char, c.end_char, c.n_tokens)
+            )
             texts.append(embedding_text(doc.title, c.text))
     if not texts:
         return rows, np.zeros((0, model.get_embedding_dimension()), np.float32)

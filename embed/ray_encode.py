@@ -4,6 +4,7 @@ The driver still tokenizes and chunks the documents and writes DuckDB; the actor
 ids (embed/ingest.chunk_and_embed) and run only the model, so the stored vectors are the same as on one
 process.
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,8 +49,12 @@ class RayEncoder:
         rows = [{"row": i, "ids": ids} for i, ids in enumerate(inputs)]
         dataset = self.ray.data.from_items(rows, override_num_blocks=min(len(rows), self.workers * 4))
         embedded = dataset.map_batches(
-            ChunkEmbedder, fn_constructor_args=(self.model_dir, self.batch_size), batch_size=self.batch_size * 4,
-            compute=self.ray.data.ActorPoolStrategy(size=self.workers), num_cpus=1, batch_format="numpy",
+            ChunkEmbedder,
+            fn_constructor_args=(self.model_dir, self.batch_size),
+            batch_size=self.batch_size * 4,
+            compute=self.ray.data.ActorPoolStrategy(size=self.workers),
+            num_cpus=1,
+            batch_format="numpy",
         ).take_all()
         embedded.sort(key=lambda r: r["row"])
         return np.stack([np.asarray(r["vector"], dtype=np.float32) for r in embedded])

@@ -5,6 +5,7 @@ then every document is, the stored ones from their stored text. Documents are st
 group in one transaction, so an interrupted run resumes where it stopped; search sees the run's
 documents once they are all written, in one transaction (common/store.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -17,14 +18,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from common.console import err, info
 from common.default_corpus import DEFAULT_CORPUS_SOURCE, stdlib_documents
+from common.embedder import fed_token_ids, is_static, load_embedder, text_tokenizer, token_limit
 from common.errors import PipelineError
 from common.manifest import embedder_key, read_manifest
-from embed.ingest import Embedding, content_hash, upsert_documents
-from common.embedder import fed_token_ids, is_static, load_embedder, text_tokenizer, token_limit
 from common.readers import Document, JsonLinesRead, list_files, read_documents
 from common.store import Store
 from common.workspace import Workspace, model_fingerprint
 from embed import appended
+from embed.ingest import Embedding, content_hash, upsert_documents
 from embed.tune import default_model_dir
 
 
@@ -71,8 +72,9 @@ def source_documents(ws: Workspace, data: list[Path], text_field: str | None) ->
     return stdlib_documents() if paths is None else read_documents(paths, text_field)
 
 
-def read_source(ws: Workspace, paths: list[Path] | None, text_field: str | None,
-                resume: bool = True) -> tuple[list[Document], dict[str, JsonLinesRead], dict[str, str]]:
+def read_source(
+    ws: Workspace, paths: list[Path] | None, text_field: str | None, resume: bool = True
+) -> tuple[list[Document], dict[str, JsonLinesRead], dict[str, str]]:
     """The documents to look at: (those read, how far each JSON-lines file was read, the stored documents
     (doc_id -> content hash) of the lines of JSON-lines files read by earlier runs (embed/appended.py),
     which are read again only without `resume`)."""
@@ -99,15 +101,19 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
     if settings.chunk_tokens is None:
         settings.chunk_tokens = max(32, token_limit(model) - TITLE_TOKENS)
     if settings.chunk_tokens < MIN_CHUNK_TOKENS or not 0 <= settings.overlap < settings.chunk_tokens:
-        raise PipelineError(f"--chunk-tokens {settings.chunk_tokens} / --overlap {settings.overlap}: need chunk-tokens >= {MIN_CHUNK_TOKENS} and 0 <= overlap < chunk-tokens")
+        raise PipelineError(
+            f"--chunk-tokens {settings.chunk_tokens} / --overlap {settings.overlap}: need chunk-tokens >= {MIN_CHUNK_TOKENS} and 0 <= overlap < chunk-tokens"
+        )
     tokenizer = text_tokenizer(model)
     fingerprint = model_fingerprint(model_dir)
     key = embedder_key(fingerprint, settings.chunk_tokens, settings.overlap)
     embed_inputs = None  # here, unless on Ray
     if settings.ray:
         if not fed_token_ids(model, tokenizer):
-            raise PipelineError(f"--ray: the model's tokenizer ({model_dir}) adds special tokens in a way the Ray path "
-                                "cannot reproduce from token ids; embed without --ray")
+            raise PipelineError(
+                f"--ray: the model's tokenizer ({model_dir}) adds special tokens in a way the Ray path "
+                "cannot reproduce from token ids; embed without --ray"
+            )
         from embed.ray_encode import RayEncoder
 
         ray_encoder = RayEncoder(settings.ray, model_dir, settings.batch_size)
@@ -125,39 +131,78 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
             todo = documents + kept
             digests = {d.id: content_hash(d) for d in todo}
             if stored:
-                info(f"the embedding model or chunking changed: all {len(todo)} documents are embedded again "
-                     f"({len(kept)} stored ones that are not in the source from their stored text)")
+                info(
+                    f"the embedding model or chunking changed: all {len(todo)} documents are embedded again "
+                    f"({len(kept)} stored ones that are not in the source from their stored text)"
+                )
         else:
             digests = {d.id: content_hash(d) for d in documents}
             todo = [d for d in documents if stored.get(d.id) != digests[d.id]]
             unchanged = len(documents) - len(todo) + len(read_before)
-            info(f"{len(documents) + len(read_before)} documents: {len(todo)} new or changed, {unchanged} unchanged"
-                 + (f" ({len(read_before)} of them in lines read before)" if read_before else ""))
+            info(
+                f"{len(documents) + len(read_before)} documents: {len(todo)} new or changed, {unchanged} unchanged"
+                + (f" ({len(read_before)} of them in lines read before)" if read_before else "")
+            )
         if gone:
-            info(f"pruning {len(gone)} stored documents no longer in the source" if settings.prune
-                 else f"{len(gone)} stored documents are not in the source (kept; --prune removes them)")
+            info(
+                f"pruning {len(gone)} stored documents no longer in the source"
+                if settings.prune
+                else f"{len(gone)} stored documents are not in the source (kept; --prune removes them)"
+            )
         if is_static(model):
             model.mean_with_torch = len(todo) >= TORCH_MEAN_DOCUMENTS
-        embedding = Embedding(model, tokenizer, model_dir, fingerprint, settings.chunk_tokens, settings.overlap,
-                              settings.batch_size, embed_inputs)
-        with Progress(TextColumn("embedding"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
-                      TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal) as bar:
+        embedding = Embedding(
+            model,
+            tokenizer,
+            model_dir,
+            fingerprint,
+            settings.chunk_tokens,
+            settings.overlap,
+            settings.batch_size,
+            embed_inputs,
+        )
+        with Progress(
+            TextColumn("embedding"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TimeRemainingColumn(),
+            console=err,
+            transient=True,
+            disable=not err.is_terminal,
+        ) as bar:
             task = bar.add_task("embed", total=len(todo), rate="")
             start = time.perf_counter()
 
             def advance(documents_done: float) -> None:  # with every encoded batch
-                bar.update(task, completed=documents_done, rate=f"{documents_done / (time.perf_counter() - start):.1f} docs/s")
+                bar.update(
+                    task, completed=documents_done, rate=f"{documents_done / (time.perf_counter() - start):.1f} docs/s"
+                )
 
-            entry = upsert_documents(ws, store, embedding, todo, digests, remove=gone if settings.prune else [],
-                                     replace_all=rebuild, on_progress=advance,
-                                     group_size=max(settings.group_size, RAY_GROUP_SIZE) if settings.ray else settings.group_size)
+            entry = upsert_documents(
+                ws,
+                store,
+                embedding,
+                todo,
+                digests,
+                remove=gone if settings.prune else [],
+                replace_all=rebuild,
+                on_progress=advance,
+                group_size=max(settings.group_size, RAY_GROUP_SIZE) if settings.ray else settings.group_size,
+            )
         appended.record(store, json_lines, text_field, documents, digests, read_before)
         elapsed = time.perf_counter() - start
 
     embedded = entry.report["embedded_documents"]
-    summary = {**entry.to_json(), "documents_read_before": len(read_before), "seconds": elapsed,
-               "docs_per_s": embedded / elapsed if elapsed else None}
+    summary = {
+        **entry.to_json(),
+        "documents_read_before": len(read_before),
+        "seconds": elapsed,
+        "docs_per_s": embedded / elapsed if elapsed else None,
+    }
     rate = f", {summary['docs_per_s']:.1f} docs/s" if embedded else ""
-    info(f"embedded {embedded} documents ({entry.report['embedded_chunks']} chunks) in {elapsed:.1f}s{rate}; store holds "
-         f"{entry.documents} documents, {entry.chunks} chunks")
+    info(
+        f"embedded {embedded} documents ({entry.report['embedded_chunks']} chunks) in {elapsed:.1f}s{rate}; store holds "
+        f"{entry.documents} documents, {entry.chunks} chunks"
+    )
     return summary

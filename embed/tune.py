@@ -39,6 +39,7 @@ negatives), and with each document once 0.594 of 512, 0.605 of 1,024. The tuned 
 sentence-transformers directory in the workspace (tuned/) and recorded in the manifest; embed uses it by
 default afterwards.
 """
+
 from __future__ import annotations
 
 import collections
@@ -52,11 +53,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from common.console import info, warn
+from common.embedder import embedding_text, ensure_pad_token
 from common.errors import PipelineError
 from common.heldout import after_title, is_held_out, shared_titles, title_key
 from common.language import detect_languages, passages
 from common.manifest import TunedEntry, read_manifest, write_section
-from common.embedder import embedding_text, ensure_pad_token
 from common.readers import Document, read_json_lines
 from common.workspace import Workspace, model_fingerprint, replace_directory
 
@@ -115,7 +116,9 @@ def tuned_model_dir(ws: Workspace) -> Path | None:
         warn(f"the tuned model {path} is missing: using the pretrained model (run `pipeline tune` again)")
         return None
     if not tuned.tuned_from(ws):
-        warn("the pretrained model changed since `pipeline tune`: using the pretrained model (run `pipeline tune` again)")
+        warn(
+            "the pretrained model changed since `pipeline tune`: using the pretrained model (run `pipeline tune` again)"
+        )
         return None
     return path
 
@@ -131,6 +134,7 @@ class PairSource:
     """A training document as pairs are drawn from it: its title when the title is a query of its own (not
     the text's first words, not shared with other documents), and its text cut into parts (sentences, or
     spans where it has too few: common/language.py)."""
+
     doc: Document
     title: str
     text: str
@@ -169,7 +173,7 @@ def pair_for(source: PairSource, kind: str, rng: random.Random, max_chars: int) 
             return source.title, text[:max_chars]
         size = rng.randint((len(parts) + 2) // 3, len(parts) - 1)
         lo = rng.randint(0, len(parts) - size)
-        return source.title, " ".join(parts[lo:lo + size])[:max_chars]
+        return source.title, " ".join(parts[lo : lo + size])[:max_chars]
     if kind == "dropout":
         passage = document_text(source.doc, max_chars)
         return passage, passage
@@ -179,21 +183,24 @@ def pair_for(source: PairSource, kind: str, rng: random.Random, max_chars: int) 
         # A window of parts around the anchor keeps the context within the model's input length.
         i = rng.randrange(len(parts))
         lo = max(0, i - rng.randint(2, 6))
-        window = parts[lo:i] + parts[i + 1:i + 1 + rng.randint(2, 6)]
+        window = parts[lo:i] + parts[i + 1 : i + 1 + rng.randint(2, 6)]
         if rng.random() < 0.1:  # as in the ICT paper: sometimes keep the sentence, so lexical overlap still counts
-            window = parts[lo:i + 1 + rng.randint(2, 6)]
+            window = parts[lo : i + 1 + rng.randint(2, 6)]
         return parts[i], embedding_text(source.title, " ".join(window))[:max_chars]
     if kind == "neighbours":
         if len(parts) < 4:
             return None
         cut = rng.randrange(2, len(parts) - 1)  # 1 to 3 parts either side of the cut
-        return (" ".join(parts[max(0, cut - rng.randint(1, 3)):cut])[:max_chars],
-                " ".join(parts[cut:cut + rng.randint(1, 3)])[:max_chars])
+        return (
+            " ".join(parts[max(0, cut - rng.randint(1, 3)) : cut])[:max_chars],
+            " ".join(parts[cut : cut + rng.randint(1, 3)])[:max_chars],
+        )
     raise ValueError(kind)
 
 
-def next_pair(source: PairSource, kind: str, rng: random.Random, max_chars: int,
-              made: collections.Counter) -> tuple[str, str] | None:
+def next_pair(
+    source: PairSource, kind: str, rng: random.Random, max_chars: int, made: collections.Counter
+) -> tuple[str, str] | None:
     """A pair of this kind not yet made MAX_PAIR_REPEATS times, or None. A few draws, because a kind's
     most likely pair (a title with its whole text) is used up first while its other pairs are not:
     falling to another kind at once would shift the mix away from the kinds drawn."""
@@ -214,7 +221,7 @@ def read_labelled_pairs(path: Path, documents: dict[str, Document]) -> list[tupl
     for line_no, row in read_json_lines(path):
         query = row.get("query")
         if not isinstance(query, str) or not query.strip():
-            raise PipelineError(f"{path}:{line_no}: a pair needs a non-empty \"query\"")
+            raise PipelineError(f'{path}:{line_no}: a pair needs a non-empty "query"')
         if isinstance(row.get("document"), str) and row["document"].strip():
             positive = row["document"]
         elif row.get("doc_id") is not None:
@@ -223,15 +230,16 @@ def read_labelled_pairs(path: Path, documents: dict[str, Document]) -> list[tupl
                 raise PipelineError(f"{path}:{line_no}: doc_id '{row['doc_id']}' is not in the corpus")
             positive = embedding_text(doc.title, doc.text)
         else:
-            raise PipelineError(f"{path}:{line_no}: a pair needs a \"document\" text or a \"doc_id\"")
+            raise PipelineError(f'{path}:{line_no}: a pair needs a "document" text or a "doc_id"')
         pairs.append((query.strip(), positive))
     if not pairs:
         raise PipelineError(f"--pairs {path}: no pairs")
     return pairs
 
 
-def make_pairs(docs: list[Document], settings: TuneSettings, labelled: list[tuple[str, str]],
-               language: str = "en") -> tuple[list[tuple[str, str, int | None]], dict]:
+def make_pairs(
+    docs: list[Document], settings: TuneSettings, labelled: list[tuple[str, str]], language: str = "en"
+) -> tuple[list[tuple[str, str, int | None]], dict]:
     """(anchor, positive, source document's index) triples for up to settings.steps batches, and what they
     are: rounds over the corpus, one pair per document per round, of a kind drawn at random among those the
     document can give; labelled pairs have no source document (None). No (anchor, positive) pair is made
@@ -270,19 +278,30 @@ def make_pairs(docs: list[Document], settings: TuneSettings, labelled: list[tupl
     if not pairs:
         raise PipelineError("no document has text to make a training pair from")
     units = collections.Counter(source.unit for source in sources)
-    report = {"pairs": {kind: n for kind, n in counts.items() if n}, "distinct_pairs": len(made), "max_repeats": MAX_PAIR_REPEATS,
-              "documents_split_into": dict(units), "titles_used": sum(bool(s.title) for s in sources), "language": language,
-              "fallback": fallback}
+    report = {
+        "pairs": {kind: n for kind, n in counts.items() if n},
+        "distinct_pairs": len(made),
+        "max_repeats": MAX_PAIR_REPEATS,
+        "documents_split_into": dict(units),
+        "titles_used": sum(bool(s.title) for s in sources),
+        "language": language,
+        "fallback": fallback,
+    }
     return pairs, report
 
 
-def hard_negatives(docs: list[Document], pairs: list[tuple[str, str, int | None]], settings: TuneSettings, language: str = "en") -> list[int]:
+def hard_negatives(
+    docs: list[Document], pairs: list[tuple[str, str, int | None]], settings: TuneSettings, language: str = "en"
+) -> list[int]:
     """One negative per pair: a document BM25 ranks among the top HARD_NEGATIVE_DEPTH for the anchor that is
     not the pair's own. It shares the anchor's words, so the model has to learn more than word overlap to
     tell them apart, which random in-batch negatives rarely ask of it. A pair with no such document (or a
     labelled pair, whose document may be any of them) gets a random other document. Returns each pair's
     negative as an index into docs."""
-    from common.lexical import Analyzer, LexicalIndex  # here: its scipy import is 0.2 s of every `pipeline embed` (it imports this module)
+    from common.lexical import (
+        Analyzer,
+        LexicalIndex,
+    )  # here: its scipy import is 0.2 s of every `pipeline embed` (it imports this module)
 
     rng = random.Random(settings.seed + 1)
     lexical = LexicalIndex.build([(i, d.title, d.text) for i, d in enumerate(docs)], Analyzer(language))
@@ -360,16 +379,22 @@ class DistinctDocumentsBatchSampler:
 
 
 # ---- training
-def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings, out_name: str = TUNED_DIR, record: bool = True) -> dict:
+def run_tune(
+    ws: Workspace, docs: list[Document], settings: TuneSettings, out_name: str = TUNED_DIR, record: bool = True
+) -> dict:
     """Tune, save the model to the workspace's `out_name` directory and, with `record`, name it in the
     manifest as the model embed uses; returns what was done (the manifest's "tuned" section)."""
     if settings.architecture not in ARCHITECTURES:
-        raise PipelineError(f"--architecture: unknown '{settings.architecture}' (choose from {', '.join(ARCHITECTURES)})")
+        raise PipelineError(
+            f"--architecture: unknown '{settings.architecture}' (choose from {', '.join(ARCHITECTURES)})"
+        )
     if settings.pooling not in POOLING_MODES:
         raise PipelineError(f"--pooling: unknown mode '{settings.pooling}' (choose from {', '.join(POOLING_MODES)})")
     if settings.architecture == "static" and settings.pooling != "mean":
-        raise PipelineError(f"--pooling {settings.pooling}: a static embedding is the mean of its token vectors; "
-                            "pooling modes apply to --architecture transformer")
+        raise PipelineError(
+            f"--pooling {settings.pooling}: a static embedding is the mean of its token vectors; "
+            "pooling modes apply to --architecture transformer"
+        )
     unknown = [k for k in settings.pair_kinds if k not in PAIR_KINDS]
     if unknown or not settings.pair_kinds:
         raise PipelineError(f"--pairs-from: unknown kind '{','.join(unknown)}' (choose from {', '.join(PAIR_KINDS)})")
@@ -388,7 +413,10 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings, out_na
     import torch
     from datasets import Dataset
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-    from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.losses import (
+        CachedMultipleNegativesRankingLoss,
+        MultipleNegativesRankingLoss,
+    )
     from transformers import TrainerCallback
 
     labelled = read_labelled_pairs(settings.pairs_file, {d.id: d for d in docs}) if settings.pairs_file else []
@@ -396,8 +424,10 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings, out_na
     training_docs = [d for d in docs if not is_held_out(d.id)] or docs
     largest_batch = max(2, len(training_docs) // DOCUMENTS_PER_BATCH_PAIR)
     if settings.batch_size > largest_batch:
-        info(f"batches of {largest_batch} pairs instead of {settings.batch_size}: a batch holds each document once, "
-             f"and {len(training_docs):,} documents fill batches of up to {largest_batch}")
+        info(
+            f"batches of {largest_batch} pairs instead of {settings.batch_size}: a batch holds each document once, "
+            f"and {len(training_docs):,} documents fill batches of up to {largest_batch}"
+        )
         settings = replace(settings, batch_size=largest_batch)
     language = detect_languages([d.text for d in training_docs]).language
     pairs, report = make_pairs(training_docs, settings, labelled, language)
@@ -407,15 +437,19 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings, out_na
     # those may be far fewer than the documents.
     sources = len({source for _, _, source in pairs if source is not None}) + len(set(labelled))
     if settings.batch_size > max(2, sources // DOCUMENTS_PER_BATCH_PAIR):
-        info(f"batches of {max(2, sources // DOCUMENTS_PER_BATCH_PAIR)} pairs instead of {settings.batch_size}: "
-             f"{sources:,} documents gave pairs, and a batch holds each document once")
+        info(
+            f"batches of {max(2, sources // DOCUMENTS_PER_BATCH_PAIR)} pairs instead of {settings.batch_size}: "
+            f"{sources:,} documents gave pairs, and a batch holds each document once"
+        )
         settings = replace(settings, batch_size=max(2, sources // DOCUMENTS_PER_BATCH_PAIR))
     split = report["documents_split_into"]
-    info(f"{len(pairs):,} training pairs ({report['distinct_pairs']:,} distinct, none more than {MAX_PAIR_REPEATS} times) "
-         f"from {len(training_docs):,} documents ({len(docs) - len(training_docs):,} held out to measure search on): "
-         + ", ".join(f"{n:,} {kind}" for kind, n in report["pairs"].items())
-         + f"; language {language}, {split.get('sentences', 0):,} documents cut into sentences and {split.get('spans', 0):,} "
-         f"into spans; {report['titles_used']:,} titles used")
+    info(
+        f"{len(pairs):,} training pairs ({report['distinct_pairs']:,} distinct, none more than {MAX_PAIR_REPEATS} times) "
+        f"from {len(training_docs):,} documents ({len(docs) - len(training_docs):,} held out to measure search on): "
+        + ", ".join(f"{n:,} {kind}" for kind, n in report["pairs"].items())
+        + f"; language {language}, {split.get('sentences', 0):,} documents cut into sentences and {split.get('spans', 0):,} "
+        f"into spans; {report['titles_used']:,} titles used"
+    )
 
     torch.manual_seed(settings.seed)
     base_fingerprint = model_fingerprint(ws.model_dir)
@@ -442,11 +476,15 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings, out_na
         negatives = None
         sampler = DistinctDocumentsBatchSampler(batch_keys(pairs, negatives), settings.batch_size, settings.seed)
     if len(sampler) == 0:
-        raise PipelineError(f"{len(training_docs)} document(s) give no batch of two pairs from different documents: "
-                            "tuning needs at least 2 documents with text")
+        raise PipelineError(
+            f"{len(training_docs)} document(s) give no batch of two pairs from different documents: "
+            "tuning needs at least 2 documents with text"
+        )
     if len(sampler) < settings.steps:  # each pair at most once more in training: fewer steps, not repeated pairs
-        info(f"{len(sampler)} steps instead of {settings.steps}: the corpus gives {len(pairs):,} pairs, "
-             f"{len(sampler)} batches of {settings.batch_size}")
+        info(
+            f"{len(sampler)} steps instead of {settings.steps}: the corpus gives {len(pairs):,} pairs, "
+            f"{len(sampler)} batches of {settings.batch_size}"
+        )
         settings = replace(settings, steps=max(1, len(sampler)))
     dataset = Dataset.from_dict(columns)
     scratch = Path(tempfile.mkdtemp(dir=ws.root, prefix=".tune."))
@@ -457,19 +495,36 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings, out_na
             if logs and "loss" in logs:
                 elapsed = time.perf_counter() - start
                 eta = elapsed / max(state.global_step, 1) * (state.max_steps - state.global_step)
-                info(f"tune step {state.global_step}/{state.max_steps}  loss {logs['loss']:.4f}  "
-                     f"lr {logs.get('learning_rate', 0):.2e}  {elapsed:.0f}s  eta {eta:.0f}s")
+                info(
+                    f"tune step {state.global_step}/{state.max_steps}  loss {logs['loss']:.4f}  "
+                    f"lr {logs.get('learning_rate', 0):.2e}  {elapsed:.0f}s  eta {eta:.0f}s"
+                )
 
     args = SentenceTransformerTrainingArguments(
-        output_dir=str(scratch), max_steps=settings.steps, per_device_train_batch_size=settings.batch_size,
-        learning_rate=settings.lr, warmup_steps=max(1, settings.steps // 10), lr_scheduler_type="linear", weight_decay=0.01,
+        output_dir=str(scratch),
+        max_steps=settings.steps,
+        per_device_train_batch_size=settings.batch_size,
+        learning_rate=settings.lr,
+        warmup_steps=max(1, settings.steps // 10),
+        lr_scheduler_type="linear",
+        weight_decay=0.01,
         batch_sampler=lambda dataset, batch_size, seed, **_: sampler,
-        logging_steps=min(settings.log_every, settings.steps), save_strategy="no", report_to="none", disable_tqdm=True,
-        seed=settings.seed, data_seed=settings.seed, dataloader_drop_last=True, use_cpu=device == "cpu",
+        logging_steps=min(settings.log_every, settings.steps),
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=settings.seed,
+        data_seed=settings.seed,
+        dataloader_drop_last=True,
+        use_cpu=device == "cpu",
         bf16=device == "cuda" and settings.architecture == "transformer" and torch.cuda.is_bf16_supported(),
     )
-    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset, loss=loss, callbacks=[Progress()])
-    trainer.remove_callback(next(c for c in trainer.callback_handler.callbacks if type(c).__name__ == "PrinterCallback"))
+    trainer = SentenceTransformerTrainer(
+        model=model, args=args, train_dataset=dataset, loss=loss, callbacks=[Progress()]
+    )
+    trainer.remove_callback(
+        next(c for c in trainer.callback_handler.callbacks if type(c).__name__ == "PrinterCallback")
+    )
     try:
         result = trainer.train()
         seconds = time.perf_counter() - start
@@ -481,18 +536,36 @@ def run_tune(ws: Workspace, docs: list[Document], settings: TuneSettings, out_na
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    summary = {"path": out_name, "fingerprint": model_fingerprint(out_dir), "base_fingerprint": base_fingerprint,
-               "architecture": settings.architecture, "pooling": settings.pooling,
-               "dimensions": settings.dimensions if settings.architecture == "static" else None, "pairs": report, "hard_negatives": "negative" in columns, "steps": settings.steps, "batch_size": settings.batch_size,
-               "loss": "cached_mnrl" if settings.mini_batch else "mnrl", "lr": settings.lr,
-               "max_seq_length": settings.max_seq_length, "dropout": settings.dropout,
-               "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else result.training_loss,
-               "seconds": seconds}
-    losses_said = f"loss {summary['first_loss']:.3f} -> {summary['final_loss']:.3f}" if losses else f"loss {summary['final_loss']:.3f}"
+    summary = {
+        "path": out_name,
+        "fingerprint": model_fingerprint(out_dir),
+        "base_fingerprint": base_fingerprint,
+        "architecture": settings.architecture,
+        "pooling": settings.pooling,
+        "dimensions": settings.dimensions if settings.architecture == "static" else None,
+        "pairs": report,
+        "hard_negatives": "negative" in columns,
+        "steps": settings.steps,
+        "batch_size": settings.batch_size,
+        "loss": "cached_mnrl" if settings.mini_batch else "mnrl",
+        "lr": settings.lr,
+        "max_seq_length": settings.max_seq_length,
+        "dropout": settings.dropout,
+        "first_loss": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else result.training_loss,
+        "seconds": seconds,
+    }
+    losses_said = (
+        f"loss {summary['first_loss']:.3f} -> {summary['final_loss']:.3f}"
+        if losses
+        else f"loss {summary['final_loss']:.3f}"
+    )
     if record:
         record_tuned(ws, summary)
-    info(f"tuned in {seconds:.0f}s, {result.global_step} steps ({losses_said}); saved to {out_dir}"
-         + ("; `pipeline embed` now uses it" if record else ""))
+    info(
+        f"tuned in {seconds:.0f}s, {result.global_step} steps ({losses_said}); saved to {out_dir}"
+        + ("; `pipeline embed` now uses it" if record else "")
+    )
     return summary
 
 
@@ -510,11 +583,11 @@ def static_student(model_dir: Path, settings: TuneSettings, device: str, docs: l
     1,024 random dimensions retrieve at nDCG@10 0.50-0.52 and 192 at 0.35). Each token's vector is scaled by its SIF weight
     a / (a + p(token)) in the corpus (Arora et al., 2017), so frequent tokens start nearly silent in the
     mean and tuning starts from a weighted bag of words instead of learning the weights first."""
+    import torch
     from safetensors.torch import load_file
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import StaticEmbedding
     from tokenizers import Tokenizer
-    import torch
 
     pretrained = load_file(model_dir / "model.safetensors")["transformer.wte.weight"]
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
@@ -525,7 +598,7 @@ def static_student(model_dir: Path, settings: TuneSettings, device: str, docs: l
     frequency = counts / counts.sum().clamp(min=1)
     # A language model's token embeddings share a common direction, which a mean of them would carry
     # into every text: take it out, and give the columns the random ones' scale.
-    centred = pretrained[:, :settings.dimensions] - frequency @ pretrained[:, :settings.dimensions]
+    centred = pretrained[:, : settings.dimensions] - frequency @ pretrained[:, : settings.dimensions]
     centred = centred / centred.std().clamp(min=1e-12)
     generator = torch.Generator().manual_seed(settings.seed)
     extra = torch.randn(vocab_size, max(0, settings.dimensions - width), generator=generator)
@@ -541,15 +614,21 @@ def transformer_student(model_dir: Path, settings: TuneSettings, device: str, do
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
     drop = settings.dropout
-    transformer = Transformer(str(model_dir), config_kwargs={"resid_pdrop": drop, "embd_pdrop": drop, "attn_pdrop": drop})
+    transformer = Transformer(
+        str(model_dir), config_kwargs={"resid_pdrop": drop, "embd_pdrop": drop, "attn_pdrop": drop}
+    )
     base_max_length = transformer.max_seq_length
-    model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode=settings.pooling)], device=device)
+    model = SentenceTransformer(
+        modules=[transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode=settings.pooling)],
+        device=device,
+    )
     model.max_seq_length = settings.max_seq_length
     ensure_pad_token(model.tokenizer)
 
     def finish(model) -> None:  # trained on shorter inputs for speed; embed full-length chunks as before
         model.max_seq_length = base_max_length
         model.tokenizer.model_max_length = base_max_length
+
     return model, finish
 
 
@@ -563,4 +642,3 @@ def save_swapped(model, out_dir: Path, scratch: Path) -> None:
             config.update({k: 0.0 for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop") if k in config})
             p.write_text(json.dumps(config, indent=2))
     replace_directory(staged, out_dir)
-

@@ -7,6 +7,7 @@ with --rebuild, for another index type or embedder, or when more than REBUILD_SH
 added or deleted since. Either is recorded in the manifest last (index/files.py), so a crash mid-build
 leaves the previous index in use.
 """
+
 from __future__ import annotations
 
 import time
@@ -26,8 +27,9 @@ from index.files import record, save_lexical, write_faiss
 from index.update import update, update_plan
 
 
-def refresh_indexes(ws: Workspace, kind: str = "auto", rebuild: bool = False, language: str = "auto",
-                    full_build_allowed: bool = True) -> dict:
+def refresh_indexes(
+    ws: Workspace, kind: str = "auto", rebuild: bool = False, language: str = "auto", full_build_allowed: bool = True
+) -> dict:
     """Bring the indexes up to the store: an update of the last build when that is cheap and sound,
     else a full build (index/update.py's `update_plan` says which). `language` chooses BM25's analyzer
     (common/lexical.py): auto detects it at a full build, and an update keeps the last build's. Without
@@ -49,7 +51,9 @@ def refresh_indexes(ws: Workspace, kind: str = "auto", rebuild: bool = False, la
         live = store.chunk_ids()
         if len(live) == 0 and full_build_allowed:
             raise PipelineError(f"{ws.db_path}: no vectors stored; run `pipeline embed` first")
-        base, reason = update_plan(ws, previous, embedder, kind if full_build_allowed else previous.type, live, rebuild, language)
+        base, reason = update_plan(
+            ws, previous, embedder, kind if full_build_allowed else previous.type, live, rebuild, language
+        )
         if base is None and not full_build_allowed:
             base_dir = base_segment_dir(ws, previous)
             if previous.base_vectors is None or not base_dir.is_dir():
@@ -64,10 +68,20 @@ def refresh_indexes(ws: Workspace, kind: str = "auto", rebuild: bool = False, la
     return record(ws, summary, embedder, live, generation)
 
 
-def full_build(ws: Workspace, kind: str, ids: np.ndarray, vectors: np.ndarray, chunk_rows: list, update_reason: str,
-               language: str = "auto") -> dict:
+def full_build(
+    ws: Workspace,
+    kind: str,
+    ids: np.ndarray,
+    vectors: np.ndarray,
+    chunk_rows: list,
+    update_reason: str,
+    language: str = "auto",
+) -> dict:
     analyzer, mix = choose_analyzer([text for _, _, text in chunk_rows], language)
-    info(f"BM25 analyzer: {analyzer.describe()}; " + (f"languages detected: {mix.describe()}" if mix else "as --language chose"))
+    info(
+        f"BM25 analyzer: {analyzer.describe()}; "
+        + (f"languages detected: {mix.describe()}" if mix else "as --language chose")
+    )
     # BM25 is built while FAISS builds in a thread beside it: FAISS lets go of the GIL and BM25's
     # tokenizing fills the gaps in its use of the cores (100k chunks, HNSW: 39 -> 35 s for both).
     with ThreadPoolExecutor(1) as pool:
@@ -81,12 +95,25 @@ def full_build(ws: Workspace, kind: str, ids: np.ndarray, vectors: np.ndarray, c
     info(f"built in {build_seconds:.2f}s; written to {path}")
     lexical_dir = save_lexical(lexical, ws.index_dir)
     info(f"BM25 index over {len(chunk_rows):,} chunks built in {lexical_seconds:.2f}s; written to {lexical_dir}")
-    return {"path": str(path.relative_to(ws.root)), **{key: faiss_index[key] for key in ("type", "reason", "recall_at_10", "search_setting")},
-            "dim": int(vectors.shape[1]), "update": "full", "update_reason": update_reason, "base_vectors": int(len(ids)),
-            "delta_path": None, "delta_vectors": 0, "deleted_in_base": 0, "build_seconds": build_seconds,
-            "lexical_path": str(lexical_dir.relative_to(ws.root)), "lexical_seconds": lexical_seconds,
-            "analyzer": {**analyzer.to_json(), "chosen_by": "detected" if mix else "--language",
-                         "languages_detected": mix.shares if mix else None}}
+    return {
+        "path": str(path.relative_to(ws.root)),
+        **{key: faiss_index[key] for key in ("type", "reason", "recall_at_10", "search_setting")},
+        "dim": int(vectors.shape[1]),
+        "update": "full",
+        "update_reason": update_reason,
+        "base_vectors": int(len(ids)),
+        "delta_path": None,
+        "delta_vectors": 0,
+        "deleted_in_base": 0,
+        "build_seconds": build_seconds,
+        "lexical_path": str(lexical_dir.relative_to(ws.root)),
+        "lexical_seconds": lexical_seconds,
+        "analyzer": {
+            **analyzer.to_json(),
+            "chosen_by": "detected" if mix else "--language",
+            "languages_detected": mix.shares if mix else None,
+        },
+    }
 
 
 def build_faiss(kind: str, ids: np.ndarray, vectors: np.ndarray, why: str) -> dict:
@@ -106,11 +133,19 @@ def build_faiss(kind: str, ids: np.ndarray, vectors: np.ndarray, why: str) -> di
     if kind != "flat":
         start = time.perf_counter()
         recall, search_setting = tune_search(index, kind, ids, vectors)
-        (parameter, width), = search_setting.items()
-        info(f"recall@10 against exact search on {min(RECALL_SAMPLE, len(ids)):,} of its vectors: {recall:.3f} "
-             f"with {parameter} {width} (aiming at {TARGET_RECALL}; {time.perf_counter() - start:.1f}s)")
-    return {"index": index, "type": kind, "reason": reason, "build_seconds": build_seconds, "recall_at_10": recall,
-            "search_setting": search_setting}
+        ((parameter, width),) = search_setting.items()
+        info(
+            f"recall@10 against exact search on {min(RECALL_SAMPLE, len(ids)):,} of its vectors: {recall:.3f} "
+            f"with {parameter} {width} (aiming at {TARGET_RECALL}; {time.perf_counter() - start:.1f}s)"
+        )
+    return {
+        "index": index,
+        "type": kind,
+        "reason": reason,
+        "build_seconds": build_seconds,
+        "recall_at_10": recall,
+        "search_setting": search_setting,
+    }
 
 
 def chunks_to_index(store: Store, live: np.ndarray, base: Segment | None) -> tuple[np.ndarray, np.ndarray, list]:

@@ -4,6 +4,7 @@ searches (its width tuned to a recall target on a sample of its own vectors).
 Vectors are L2-normalised, so every index uses inner product (= cosine similarity); chunk ids are kept
 through IndexIDMap2.
 """
+
 from __future__ import annotations
 
 import math
@@ -11,13 +12,14 @@ import math
 import faiss
 import numpy as np
 
-
 INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")
 EXACT_LIMIT = 50_000  # below this many vectors exact search is fast enough and has perfect recall
 
 HNSW_LINKS = 32  # HNSW's M: each node's links per layer (twice as many in the bottom one)
 
-GRAPH_DIMENSIONS = 128  # HNSW's graph is built over this many principal components of wider vectors (add_with_reduced_graph)
+GRAPH_DIMENSIONS = (
+    128  # HNSW's graph is built over this many principal components of wider vectors (add_with_reduced_graph)
+)
 
 PCA_SAMPLE = 20_000  # vectors the principal components are computed from
 
@@ -107,7 +109,9 @@ def add_with_reduced_graph(index: faiss.Index, hnsw_index: faiss.Index, vectors:
     id_map.construct_rev_map()
 
 
-def exact_neighbours(ids: np.ndarray, vectors: np.ndarray, sample: int = RECALL_SAMPLE, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def exact_neighbours(
+    ids: np.ndarray, vectors: np.ndarray, sample: int = RECALL_SAMPLE, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(query vectors, ids of their exact 10 nearest stored vectors, the queries' own ids) for a sample of
     stored vectors as queries; each query's own vector is left out of its neighbours (a new query is not
     in the index)."""
@@ -145,4 +149,3 @@ def tune_search(index: faiss.Index, kind: str, ids: np.ndarray, vectors: np.ndar
             break
         recall = wider
     return recall, {name: int(getattr(holder, name))}
-

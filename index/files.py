@@ -6,6 +6,7 @@ reader that follows the manifest always sees a matching set, and a crash mid-bui
 index in use. Older files are removed after the manifest moved on. Search reads these files through
 common/index_files.py.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -23,8 +24,16 @@ from common.workspace import Workspace, atomic_write_bytes
 
 def record(ws: Workspace, summary: dict, embedder: EmbedderEntry, live: np.ndarray, generation: int) -> dict:
     """Name the new files, and the store generation they hold, in the manifest (last), then remove older ones."""
-    summary.update({"vectors": int(len(live)), "embedder_fingerprint": embedder.fingerprint, "embedder_chunking": embedder.chunking,
-                    "lexical_chunks": int(len(live)), "store_generation": generation, "build_id": uuid.uuid4().hex})
+    summary.update(
+        {
+            "vectors": int(len(live)),
+            "embedder_fingerprint": embedder.fingerprint,
+            "embedder_chunking": embedder.chunking,
+            "lexical_chunks": int(len(live)),
+            "store_generation": generation,
+            "build_id": uuid.uuid4().hex,
+        }
+    )
     entry = IndexEntry.from_json(summary)
     write_section(ws, entry)
     remove_other_files(ws.index_dir, keep={Path(path).name for path in [*entry.files, entry.lexical_path] if path})
@@ -62,4 +71,3 @@ def remove_other_files(index_dir: Path, keep: set[str]) -> None:
             shutil.rmtree(old, ignore_errors=True)
         else:
             old.unlink(missing_ok=True)
-

@@ -16,6 +16,7 @@ deleted chunks still cost search time in the base.
 The base segment's files in a new lexical directory are hard links to the previous version's: an
 update does not copy the base.
 """
+
 from __future__ import annotations
 
 import time
@@ -30,11 +31,20 @@ from common.workspace import Workspace
 from index.faiss_index import choose_type, make_index
 from index.files import save_lexical, write_faiss
 
-REBUILD_SHARE = 0.10  # chunks added or deleted since the last full build, as a share of it, beyond which `pipeline index` rebuilds
+REBUILD_SHARE = (
+    0.10  # chunks added or deleted since the last full build, as a share of it, beyond which `pipeline index` rebuilds
+)
 
 
-def update_plan(ws: Workspace, previous: IndexEntry | None, embedder: EmbedderEntry, kind: str, live: np.ndarray,
-                rebuild: bool, language: str = "auto") -> tuple[Segment | None, str]:
+def update_plan(
+    ws: Workspace,
+    previous: IndexEntry | None,
+    embedder: EmbedderEntry,
+    kind: str,
+    live: np.ndarray,
+    rebuild: bool,
+    language: str = "auto",
+) -> tuple[Segment | None, str]:
     """Whether the last build can be updated to hold the chunks `live`: (its lexical base segment, why),
     or (None, why a full build). An update keeps the base (FAISS index and BM25 segment) as it is, skips
     its chunks that were deleted since, and puts every chunk added since the base into a delta. Deltas
@@ -59,13 +69,26 @@ def update_plan(ws: Workspace, previous: IndexEntry | None, embedder: EmbedderEn
     deleted = len(base.chunk_ids) - (len(live) - added)
     limit = REBUILD_SHARE * len(base.chunk_ids)
     if added > limit or deleted > limit:
-        return None, (f"full build ({added:,} chunks added and {deleted:,} deleted since the last full build of "
-                      f"{len(base.chunk_ids):,}: over {REBUILD_SHARE:.0%})")
-    return base, f"update ({added:,} chunks added and {deleted:,} deleted since the last full build of {len(base.chunk_ids):,})"
+        return None, (
+            f"full build ({added:,} chunks added and {deleted:,} deleted since the last full build of "
+            f"{len(base.chunk_ids):,}: over {REBUILD_SHARE:.0%})"
+        )
+    return (
+        base,
+        f"update ({added:,} chunks added and {deleted:,} deleted since the last full build of {len(base.chunk_ids):,})",
+    )
 
 
-def update(ws: Workspace, previous: IndexEntry, base: Segment, ids: np.ndarray, vectors: np.ndarray, chunk_rows: list,
-           live: np.ndarray, update_reason: str) -> dict:
+def update(
+    ws: Workspace,
+    previous: IndexEntry,
+    base: Segment,
+    ids: np.ndarray,
+    vectors: np.ndarray,
+    chunk_rows: list,
+    live: np.ndarray,
+    update_reason: str,
+) -> dict:
     """The last build's base with a new delta holding `ids` (every chunk added since the base)."""
     info(update_reason)
     start = time.perf_counter()
@@ -81,10 +104,16 @@ def update(ws: Workspace, previous: IndexEntry, base: Segment, ids: np.ndarray, 
     deleted = len(base.chunk_ids) - (len(live) - len(ids))
     kept = ("path", "type", "reason", "dim", "base_vectors", "recall_at_10", "search_setting")  # the base's
     base_entry = previous.to_json()
-    return {**{key: base_entry.get(key) for key in kept},
-            "analyzer": previous.analyzer or {**Analyzer.load(base.source.parent).to_json(), "chosen_by": "an index from before languages"},
-            "update": "incremental", "update_reason": update_reason,
-            "delta_path": str(delta_path.relative_to(ws.root)) if delta_path else None, "delta_vectors": int(len(ids)),
-            "deleted_in_base": int(deleted), "build_seconds": build_seconds,
-            "lexical_path": str(lexical_dir.relative_to(ws.root)), "lexical_seconds": lexical_seconds}
-
+    return {
+        **{key: base_entry.get(key) for key in kept},
+        "analyzer": previous.analyzer
+        or {**Analyzer.load(base.source.parent).to_json(), "chosen_by": "an index from before languages"},
+        "update": "incremental",
+        "update_reason": update_reason,
+        "delta_path": str(delta_path.relative_to(ws.root)) if delta_path else None,
+        "delta_vectors": int(len(ids)),
+        "deleted_in_base": int(deleted),
+        "build_seconds": build_seconds,
+        "lexical_path": str(lexical_dir.relative_to(ws.root)),
+        "lexical_seconds": lexical_seconds,
+    }

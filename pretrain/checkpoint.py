@@ -9,6 +9,7 @@ lm_head.weight. So any plan can resume any checkpoint.
 
 full_state_dict() gathers the whole model's weights on rank 0 for the export.
 """
+
 from __future__ import annotations
 
 import base64
@@ -20,7 +21,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 
 from common.workspace import Workspace, atomic_write_json
 from pretrain.config import TrainConfig, train_config_from_dict
@@ -39,7 +45,9 @@ def _holds_head_only(module: torch.nn.Module) -> bool:
 
 
 def _part_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    model_state, optim_state = get_state_dict(module, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True))
+    model_state, optim_state = get_state_dict(
+        module, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True)
+    )
     if _holds_head_only(module):
         optim_state = {k.replace(".lm_head.weight.", ".tok_emb.weight."): v for k, v in optim_state.items()}
     return {"model": model_state, "optim": optim_state}
@@ -54,7 +62,9 @@ def _merge(states: list[dict]) -> dict:
     return merged
 
 
-def save_checkpoint(ws: Workspace, step: int, pm: ParallelModel, optimizers, schedulers, cfg: TrainConfig, keep: int = 2) -> Path:
+def save_checkpoint(
+    ws: Workspace, step: int, pm: ParallelModel, optimizers, schedulers, cfg: TrainConfig, keep: int = 2
+) -> Path:
     """Save model, optimizer, scheduler and RNG state with torch.distributed.checkpoint (a collective).
 
     Written to step_N.tmp and renamed by rank 0 when complete, so a crash never leaves a half
@@ -105,14 +115,21 @@ def load_checkpoint(path: Path, pm: ParallelModel | torch.nn.Module, optimizers,
         optim_state = state["optim"]
         if _holds_head_only(module):
             optim_state = {k.replace(".tok_emb.weight.", ".lm_head.weight."): v for k, v in optim_state.items()}
-        set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=optim_state,
-                       options=StateDictOptions(flatten_optimizer_state_dict=True))
+        set_state_dict(
+            module,
+            optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=optim_state,
+            options=StateDictOptions(flatten_optimizer_state_dict=True),
+        )
     train_state = json.loads((path / "train_state.json").read_text())
     saved = train_state["scheduler"]
     for scheduler in schedulers:
         # One schedule for all parameter groups, whose number depends on the plan.
         groups = len(scheduler.optimizer.param_groups)
-        scheduler.load_state_dict({**saved, "base_lrs": saved["base_lrs"][:1] * groups, "_last_lr": saved["_last_lr"][:1] * groups})
+        scheduler.load_state_dict(
+            {**saved, "base_lrs": saved["base_lrs"][:1] * groups, "_last_lr": saved["_last_lr"][:1] * groups}
+        )
     rng = torch.frombuffer(bytearray(base64.b64decode(train_state["torch_rng"])), dtype=torch.uint8)
     torch.set_rng_state(rng)
     return train_state["step"]

@@ -2,6 +2,7 @@
 parallel plan's degrees (ParallelConfig) and how each rank runs, whatever the plan (RuntimeOptions).
 The CLI, the planner and the workers build them; checkpoints and worker specs store them as dicts.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -92,9 +93,11 @@ def train_config_from_dict(raw: dict) -> TrainConfig:
 
 # ---------------------------------------------------------------- the parallel plan
 
+
 @dataclass
 class ParallelConfig:
     """The plan's degrees: how the model and each step's batch are split over the job's processes."""
+
     strategy: str = "single"
     dp_replicate: int = 1  # DDP degree, or the replicate degree of HSDP
     dp_shard: int = 1  # FSDP degree (the data-parallel degree in combinations)
@@ -136,21 +139,42 @@ class ParallelConfig:
         return self.microbatches or self.pp
 
     @classmethod
-    def resolve(cls, strategy: str | None, world_size: int, dp: int | None = None, dp_replicate: int | None = None,
-                dp_shard: int | None = None, tp: int | None = None, pp: int | None = None, **pipeline) -> "ParallelConfig":
+    def resolve(
+        cls,
+        strategy: str | None,
+        world_size: int,
+        dp: int | None = None,
+        dp_replicate: int | None = None,
+        dp_shard: int | None = None,
+        tp: int | None = None,
+        pp: int | None = None,
+        **pipeline,
+    ) -> "ParallelConfig":
         """Turn the user's --strategy and degrees into a complete plan for `world_size` processes."""
-        given = {k: v for k, v in dict(dp=dp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp).items() if v is not None}
+        given = {
+            k: v
+            for k, v in dict(dp=dp, dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, pp=pp).items()
+            if v is not None
+        }
         if dp is not None and (dp_replicate is not None or dp_shard is not None):
             raise PipelineError("give either --dp or --dp-replicate/--dp-shard, not both")
         if strategy is None:
             strategy = _infer_strategy(world_size, {k for k, v in given.items() if v > 1})
         if strategy not in STRATEGIES:
             raise PipelineError(f"--strategy: unknown strategy '{strategy}' (choose from {', '.join(STRATEGIES)})")
-        own = {"single": set(), "ddp": {"dp", "dp_replicate"}, "fsdp": {"dp", "dp_replicate", "dp_shard"}, "tp": {"tp"},
-               "pp": {"pp"}, "hybrid": set(given)}[strategy]
+        own = {
+            "single": set(),
+            "ddp": {"dp", "dp_replicate"},
+            "fsdp": {"dp", "dp_replicate", "dp_shard"},
+            "tp": {"tp"},
+            "pp": {"pp"},
+            "hybrid": set(given),
+        }[strategy]
         foreign = sorted(k for k, v in given.items() if k not in own and v > 1)
         if foreign:
-            raise PipelineError(f"--strategy {strategy} does not take --{foreign[0].replace('_', '-')}; combine dimensions with --strategy hybrid")
+            raise PipelineError(
+                f"--strategy {strategy} does not take --{foreign[0].replace('_', '-')}; combine dimensions with --strategy hybrid"
+            )
         plan = cls(strategy=strategy, **pipeline)
         if strategy == "single":
             pass
@@ -168,10 +192,14 @@ class ParallelConfig:
             plan.dp_replicate = dp_replicate or 1
             plan.dp_shard = dp or dp_shard or world_size // (plan.tp * plan.pp * plan.dp_replicate) or 1
         if strategy != "ddp" and plan.dp_replicate > 1 and plan.dp_shard == 1:
-            raise PipelineError("--dp-replicate needs --dp-shard > 1 as well (HSDP); pure replication is --strategy ddp")
+            raise PipelineError(
+                "--dp-replicate needs --dp-shard > 1 as well (HSDP); pure replication is --strategy ddp"
+            )
         if plan.world_size != world_size:
-            raise PipelineError(f"the plan needs {plan.world_size} processes ({plan.shape()}) but the job has {world_size} "
-                                f"(--nproc × --nnodes); make the degrees multiply to {world_size}")
+            raise PipelineError(
+                f"the plan needs {plan.world_size} processes ({plan.shape()}) but the job has {world_size} "
+                f"(--nproc × --nnodes); make the degrees multiply to {world_size}"
+            )
         return plan
 
     def shape(self) -> str:
@@ -183,29 +211,43 @@ class ParallelConfig:
         if self.tp > 1 and model.n_head % self.tp:
             raise PipelineError(f"--tp {self.tp} must divide the number of attention heads ({model.n_head})")
         if train.batch_size % self.dp:
-            raise PipelineError(f"--batch-size {train.batch_size} is not divisible by the data-parallel degree {self.dp}")
+            raise PipelineError(
+                f"--batch-size {train.batch_size} is not divisible by the data-parallel degree {self.dp}"
+            )
         local = train.batch_size // self.dp
         if self.pp == 1:
             if self.pp_split or self.microbatches or self.stages_per_rank:
-                raise PipelineError("--pp-split, --microbatches and --stages-per-rank need pipeline parallelism (--pp > 1)")
+                raise PipelineError(
+                    "--pp-split, --microbatches and --stages-per-rank need pipeline parallelism (--pp > 1)"
+                )
             if local % train.grad_accum:
-                raise PipelineError(f"the per-rank batch ({local} sequences) is not divisible by --grad-accum {train.grad_accum}")
+                raise PipelineError(
+                    f"the per-rank batch ({local} sequences) is not divisible by --grad-accum {train.grad_accum}"
+                )
             return
         if self.pp_schedule not in SCHEDULES:
-            raise PipelineError(f"--pp-schedule: unknown schedule '{self.pp_schedule}' (choose from {', '.join(SCHEDULES)})")
+            raise PipelineError(
+                f"--pp-schedule: unknown schedule '{self.pp_schedule}' (choose from {', '.join(SCHEDULES)})"
+            )
         if train.grad_accum != 1:
             raise PipelineError("--grad-accum does not combine with pipeline parallelism; use --microbatches")
         if self.pp_schedule in SINGLE_STAGE_SCHEDULES and self.n_stages_per_rank != 1:
-            raise PipelineError(f"--pp-schedule {self.pp_schedule} runs one stage per rank; use interleaved-1f1b, looped-bfs, zero-bubble or zbv for --stages-per-rank {self.n_stages_per_rank}")
+            raise PipelineError(
+                f"--pp-schedule {self.pp_schedule} runs one stage per rank; use interleaved-1f1b, looped-bfs, zero-bubble or zbv for --stages-per-rank {self.n_stages_per_rank}"
+            )
         if self.pp_schedule == "zbv" and self.n_stages_per_rank != 2:
             raise PipelineError("--pp-schedule zbv runs exactly 2 stages per rank (a V shape)")
         m = self.n_microbatches
         if local % m:
             raise PipelineError(f"the per-rank batch ({local} sequences) is not divisible by --microbatches {m}")
         if self.pp_schedule == "1f1b" and m < self.pp:
-            raise PipelineError(f"--pp-schedule 1f1b needs at least as many microbatches as stages ({self.pp}), got {m}")
+            raise PipelineError(
+                f"--pp-schedule 1f1b needs at least as many microbatches as stages ({self.pp}), got {m}"
+            )
         if self.pp_schedule in MULTI_STAGE_SCHEDULES and m % max(1, m // self.pp):
-            raise PipelineError(f"--pp-schedule {self.pp_schedule} needs --microbatches to be a multiple of {max(1, m // self.pp)}")
+            raise PipelineError(
+                f"--pp-schedule {self.pp_schedule} needs --microbatches to be a multiple of {max(1, m // self.pp)}"
+            )
         stage_layers(self, model.n_layer)  # raises on a bad --pp-split
 
     def to_dict(self) -> dict:
@@ -231,9 +273,13 @@ def stage_layers(config: ParallelConfig, n_layer: int) -> list[int]:
     if config.pp_split:
         split = list(config.pp_split)
         if len(split) != n:
-            raise PipelineError(f"--pp-split has {len(split)} entries but there are {n} stages (--pp × --stages-per-rank)")
+            raise PipelineError(
+                f"--pp-split has {len(split)} entries but there are {n} stages (--pp × --stages-per-rank)"
+            )
         if sum(split) != n_layer or min(split) < 1:
-            raise PipelineError(f"--pp-split {','.join(map(str, split))} must give each stage at least one layer and sum to {n_layer} layers")
+            raise PipelineError(
+                f"--pp-split {','.join(map(str, split))} must give each stage at least one layer and sum to {n_layer} layers"
+            )
         return split
     if n_layer < n:
         raise PipelineError(f"{n} pipeline stages need at least {n} layers, the model has {n_layer}")
@@ -245,6 +291,7 @@ def stage_layers(config: ParallelConfig, n_layer: int) -> list[int]:
 class RuntimeOptions:
     """How every rank runs its part, whatever the plan. The speed and memory features are meant for GPUs
     (they also run on CPU, where they are off by default)."""
+
     bf16: bool = False  # bf16 autocast
     compile: bool = False  # torch.compile each block
     ac: bool = False  # activation checkpointing of each block

@@ -5,6 +5,7 @@ separated by <|endoftext|>). Training reads non-overlapping windows of seq_len +
 order fixed by the seed and the epoch, so the batch of step N depends only on (seed, N): a
 resumed run, or a run under another parallel plan, sees exactly the same tokens.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,7 +44,9 @@ def prepare_data(ws: Workspace, data_paths: list[Path], text_field: str | None, 
     else:
         documents = list(stdlib_documents())
         sources = [DEFAULT_CORPUS_SOURCE]
-        info(f"no --data given: training on the built-in corpus of Python standard library docstrings ({len(documents)} modules)")
+        info(
+            f"no --data given: training on the built-in corpus of Python standard library docstrings ({len(documents)} modules)"
+        )
     if not documents:
         raise PipelineError(f"no documents with text in {', '.join(sources)}")
     if not cfg.vocab_size:  # sized to the corpus (pretrain/sizing.py)
@@ -58,13 +61,23 @@ def prepare_data(ws: Workspace, data_paths: list[Path], text_field: str | None, 
     save_tokenizer(tokenizer, ws.tokenizer_dir)
     meta = write_token_files(train_tokens, val_tokens, tokenizer.get_vocab_size(), ws.data_dir)
     info(f"tokenized: {meta['train_tokens']:,} training and {meta['val_tokens']:,} validation tokens")
-    write_section(ws, TokenizerEntry(path="tokenizer", sha256=file_sha256(ws.tokenizer_dir / "tokenizer.json"),
-                                     vocab_size=tokenizer.get_vocab_size(), sources=sources, documents=len(documents),
-                                     report={key: value for key, value in meta.items() if key != "vocab_size"}))
+    write_section(
+        ws,
+        TokenizerEntry(
+            path="tokenizer",
+            sha256=file_sha256(ws.tokenizer_dir / "tokenizer.json"),
+            vocab_size=tokenizer.get_vocab_size(),
+            sources=sources,
+            documents=len(documents),
+            report={key: value for key, value in meta.items() if key != "vocab_size"},
+        ),
+    )
     return meta
 
 
-def tokenize_corpus(texts: Iterable[str], tokenizer: Tokenizer, val_fraction: float, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+def tokenize_corpus(
+    texts: Iterable[str], tokenizer: Tokenizer, val_fraction: float, seq_len: int
+) -> tuple[np.ndarray, np.ndarray]:
     """All texts as one token array, split into (train, val): the last `val_fraction` of tokens for
     validation. Nothing is written: a corpus too small for seq_len is refused first."""
     eot = tokenizer.token_to_id(END_OF_TEXT)
@@ -85,7 +98,9 @@ def tokenize_corpus(texts: Iterable[str], tokenizer: Tokenizer, val_fraction: fl
     tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=dtype)
     n_val = max(int(len(tokens) * val_fraction), seq_len + 1)
     if len(tokens) - n_val < seq_len + 1:
-        raise PipelineError(f"corpus too small: {len(tokens)} tokens, need at least {2 * (seq_len + 1)} for seq-len {seq_len}")
+        raise PipelineError(
+            f"corpus too small: {len(tokens)} tokens, need at least {2 * (seq_len + 1)} for seq-len {seq_len}"
+        )
     return tokens[:-n_val], tokens[-n_val:]
 
 
@@ -104,6 +119,7 @@ def write_token_files(train: np.ndarray, val: np.ndarray, vocab_size: int, data_
 @dataclass
 class TokenWindows:
     """Non-overlapping windows of seq_len + 1 tokens over one token file."""
+
     tokens: np.ndarray
     seq_len: int
 
@@ -118,7 +134,7 @@ class TokenWindows:
 
     def window(self, i: int) -> np.ndarray:
         start = i * self.seq_len
-        return np.asarray(self.tokens[start:start + self.seq_len + 1], dtype=np.int64)
+        return np.asarray(self.tokens[start : start + self.seq_len + 1], dtype=np.int64)
 
     def batch(self, indices: Iterable[int]) -> tuple[torch.Tensor, torch.Tensor]:
         rows = torch.from_numpy(np.stack([self.window(i) for i in indices]))

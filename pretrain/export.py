@@ -4,6 +4,7 @@ The directory holds config.json + model.safetensors (GPT2LMHeadModel), the token
 the sentence-transformers module files (Transformer + mean Pooling), so both
 `AutoModelForCausalLM.from_pretrained(dir)` and `SentenceTransformer(dir)` work on it.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -34,7 +35,11 @@ def to_hf_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[s
         qkv = [ours + f"attn.{p}_proj" for p in "qkv"]
         hf[theirs + "attn.c_attn.weight"] = torch.cat([state[n + ".weight"] for n in qkv], dim=0).t()
         hf[theirs + "attn.c_attn.bias"] = torch.cat([state[n + ".bias"] for n in qkv], dim=0)
-        for ours_name, theirs_name in (("attn.out_proj", "attn.c_proj"), ("mlp.fc_in", "mlp.c_fc"), ("mlp.fc_out", "mlp.c_proj")):
+        for ours_name, theirs_name in (
+            ("attn.out_proj", "attn.c_proj"),
+            ("mlp.fc_in", "mlp.c_fc"),
+            ("mlp.fc_out", "mlp.c_proj"),
+        ):
             hf[theirs + theirs_name + ".weight"] = state[ours + ours_name + ".weight"].t()
             hf[theirs + theirs_name + ".bias"] = state[ours + ours_name + ".bias"]
     return {k: v.detach().clone().contiguous() for k, v in hf.items()}
@@ -50,10 +55,20 @@ def export_model(state: dict[str, torch.Tensor], cfg: ModelConfig, tokenizer: To
     # gelu_pytorch_tanh is what pretrain/model.py runs (F.gelu(approximate="tanh")); gelu_new, the same
     # function written as eight tensor operations, was a third of the exported model's CPU time.
     hf_config = GPT2Config(
-        vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
-        n_head=cfg.n_head, activation_function="gelu_pytorch_tanh", layer_norm_epsilon=1e-5,
-        resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
-        bos_token_id=eot, eos_token_id=eot, pad_token_id=eot, tie_word_embeddings=True,
+        vocab_size=cfg.vocab_size,
+        n_positions=cfg.block_size,
+        n_embd=cfg.n_embd,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        activation_function="gelu_pytorch_tanh",
+        layer_norm_epsilon=1e-5,
+        resid_pdrop=cfg.dropout,
+        embd_pdrop=cfg.dropout,
+        attn_pdrop=cfg.dropout,
+        bos_token_id=eot,
+        eos_token_id=eot,
+        pad_token_id=eot,
+        tie_word_embeddings=True,
     )
     hf_model = GPT2LMHeadModel(hf_config)
     missing, unexpected = hf_model.load_state_dict(to_hf_state_dict(state, cfg), strict=False)
@@ -62,8 +77,12 @@ def export_model(state: dict[str, torch.Tensor], cfg: ModelConfig, tokenizer: To
         raise RuntimeError(f"export mapping is incomplete: missing {missing}, unexpected {unexpected}")
     hf_model.tie_weights()
     hf_tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token=END_OF_TEXT, eos_token=END_OF_TEXT, pad_token=END_OF_TEXT,
-        unk_token=END_OF_TEXT, model_max_length=cfg.block_size,
+        tokenizer_object=tokenizer,
+        bos_token=END_OF_TEXT,
+        eos_token=END_OF_TEXT,
+        pad_token=END_OF_TEXT,
+        unk_token=END_OF_TEXT,
+        model_max_length=cfg.block_size,
     )
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -72,10 +91,13 @@ def export_model(state: dict[str, torch.Tensor], cfg: ModelConfig, tokenizer: To
         hf_only = staging / "hf"
         hf_model.save_pretrained(hf_only)
         hf_tokenizer.save_pretrained(hf_only)
-        embedder = SentenceTransformer(modules=[
-            Transformer(str(hf_only), max_seq_length=cfg.block_size),
-            Pooling(cfg.n_embd, pooling_mode="mean"),
-        ], device="cpu")
+        embedder = SentenceTransformer(
+            modules=[
+                Transformer(str(hf_only), max_seq_length=cfg.block_size),
+                Pooling(cfg.n_embd, pooling_mode="mean"),
+            ],
+            device="cpu",
+        )
         final = staging / "model"
         embedder.save(str(final))
         # sentence-transformers saved the base GPT2Model; overwrite with the LM-head model (same

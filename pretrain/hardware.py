@@ -7,6 +7,7 @@ workspace (matmul_peak.json) and measured once. A run that computes faster than 
 proves the peak was measured low: training then records what it achieved as the peak, so MFU never
 exceeds 100%.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,13 @@ from common.workspace import atomic_write_json
 PEAK_CACHE = "matmul_peak.json"
 
 
-def measure_matmul_flops(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, size: int = 1024,
-                         seconds: float = 0.5, repeats: int = 5) -> float:
+def measure_matmul_flops(
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    size: int = 1024,
+    seconds: float = 0.5,
+    repeats: int = 5,
+) -> float:
     """Sustained FLOP/s of a square matmul on `device`: the best of `repeats` timings of seconds/repeats
     each (other work on the machine slows some of them down; none speeds one up)."""
     a = torch.randn(size, size, device=device, dtype=dtype)

@@ -10,6 +10,7 @@ stops the other workers (which may be blocked in a collective) and launch() rais
 PipelineError naming the rank that failed first. The process-group timeout (--dist-timeout) bounds
 the wait of a worker whose peer hangs without dying.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,18 @@ from pathlib import Path
 from common.errors import PipelineError
 
 # Messages of ranks that failed only because a peer died first.
-_PEER_FAILURE_HINTS = ("connection closed", "connection reset", "broken pipe", "distbackenderror", "distnetworkerror",
-                       "gloo", "nccl", "timed out", "timeout", "socket")
+_PEER_FAILURE_HINTS = (
+    "connection closed",
+    "connection reset",
+    "broken pipe",
+    "distbackenderror",
+    "distnetworkerror",
+    "gloo",
+    "nccl",
+    "timed out",
+    "timeout",
+    "socket",
+)
 
 
 @dataclass
@@ -36,18 +47,30 @@ class RunSpec:
     options: dict = field(default_factory=dict)  # dataclasses.asdict(RuntimeOptions); {} = the defaults
 
 
-def torchrun_args(nproc: int, nnodes: int = 1, node_rank: int = 0, master_addr: str | None = None,
-                  master_port: int | None = None) -> list[str]:
+def torchrun_args(
+    nproc: int, nnodes: int = 1, node_rank: int = 0, master_addr: str | None = None, master_port: int | None = None
+) -> list[str]:
     args = [f"--nproc-per-node={nproc}", f"--nnodes={nnodes}", "--max-restarts=0", "--monitor-interval=0.1"]
     if nnodes == 1 and master_addr is None and master_port is None:
         args.append("--standalone")  # rendezvous on localhost, on a free port
     else:
-        args += [f"--node-rank={node_rank}", f"--master-addr={master_addr or '127.0.0.1'}", f"--master-port={master_port or 29500}"]
+        args += [
+            f"--node-rank={node_rank}",
+            f"--master-addr={master_addr or '127.0.0.1'}",
+            f"--master-port={master_port or 29500}",
+        ]
     return args
 
 
-def launch(runs: list[RunSpec], nproc: int, nnodes: int = 1, node_rank: int = 0, master_addr: str | None = None,
-           master_port: int | None = None, module: str = "pretrain.launch") -> None:
+def launch(
+    runs: list[RunSpec],
+    nproc: int,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    module: str = "pretrain.launch",
+) -> None:
     """Run `runs` in nproc worker processes on this node (nproc × nnodes in the job); raise PipelineError if any fails.
 
     `module` is the workers' entry point (python -m module SPEC_JSON): this one, unless a test wraps it.
@@ -108,10 +131,15 @@ def worker(spec_json: str) -> None:
 
     try:
         for run in json.loads(spec_json):
-            train(Workspace(Path(run["workspace"])), train_config_from_dict(run["train"]),
-                  resume_from=Path(run["resume_from"]) if run["resume_from"] else None,
-                  plan=ParallelConfig(**run["plan"]), options=RuntimeOptions(**run["options"]), export=run["export"],
-                  prediction=run["prediction"])
+            train(
+                Workspace(Path(run["workspace"])),
+                train_config_from_dict(run["train"]),
+                resume_from=Path(run["resume_from"]) if run["resume_from"] else None,
+                plan=ParallelConfig(**run["plan"]),
+                options=RuntimeOptions(**run["options"]),
+                export=run["export"],
+                prediction=run["prediction"],
+            )
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -10,6 +10,7 @@ place that builds the mesh, with one named dimension per degree above 1 of the p
 
 so tensor-parallel ranks are neighbours (same host) and pipeline stages are furthest apart.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,6 +28,7 @@ from pretrain.config import MESH_DIMS, ParallelConfig
 @dataclass
 class Parallel:
     """A plan in a running job: the mesh and this rank's place in it."""
+
     config: ParallelConfig
     mesh: DeviceMesh | None
     device: torch.device
@@ -59,13 +61,17 @@ def init_distributed(config: ParallelConfig, timeout_s: float) -> tuple[int, int
         return 0, 1, torch.device("cuda" if cuda else "cpu")
     if not dist.is_initialized():
         if "RANK" not in os.environ:
-            raise PipelineError(f"a plan of {config.world_size} processes must be started with torchrun (pipeline pretrain --nproc N)")
+            raise PipelineError(
+                f"a plan of {config.world_size} processes must be started with torchrun (pipeline pretrain --nproc N)"
+            )
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         # NCCL for GPU tensors, gloo for CPU ones (and for everything on a CPU-only machine).
         dist.init_process_group("cuda:nccl,cpu:gloo" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
     if dist.get_world_size() != config.world_size:
-        raise PipelineError(f"the plan needs {config.world_size} processes ({config.shape()}), the job has {dist.get_world_size()}")
+        raise PipelineError(
+            f"the plan needs {config.world_size} processes ({config.shape()}), the job has {dist.get_world_size()}"
+        )
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     return dist.get_rank(), dist.get_world_size(), device
 
@@ -77,7 +83,9 @@ def build_mesh(config: ParallelConfig, timeout_s: float = 300.0) -> Parallel:
     dims = [(name, getattr(config, name)) for name in MESH_DIMS if getattr(config, name) > 1]
     if not dims:
         return Parallel(config, None, device, rank, world_size)
-    mesh = init_device_mesh(device.type, tuple(size for _, size in dims), mesh_dim_names=tuple(name for name, _ in dims))
+    mesh = init_device_mesh(
+        device.type, tuple(size for _, size in dims), mesh_dim_names=tuple(name for name, _ in dims)
+    )
     coords = {name: mesh[name].get_local_rank() for name, _ in dims}
     return Parallel(config, mesh, device, rank, world_size, coords)
 

@@ -1,6 +1,7 @@
 """What a run measures and reports: per-step time in communication, peak memory, MFU against this
 machine's measured matmul peak, the pipeline's bubble; RunLog writes them to metrics.jsonl (rank 0)
 and prints the progress lines."""
+
 from __future__ import annotations
 
 import json
@@ -162,7 +163,9 @@ def job_peak_flops(par: Parallel, cache: Path) -> float:
     the workspace for this machine and job size, else measured by every rank at once (ranks sharing a
     CPU share it), summed and recorded. Rank 0 decides, so that every rank measures or none does."""
     key = machine_key(par.device, par.world_size)
-    peak = torch.tensor([(cached_peak(cache, key) or _peak_flops.get(key, 0.0)) if par.rank == 0 else 0.0], dtype=torch.float64)
+    peak = torch.tensor(
+        [(cached_peak(cache, key) or _peak_flops.get(key, 0.0)) if par.rank == 0 else 0.0], dtype=torch.float64
+    )
     if par.world_size > 1:
         dist.broadcast(peak, 0)
     if peak.item() == 0.0:  # none recorded: measure
@@ -196,18 +199,33 @@ class RunLog:
     checkpoint are dropped) and progress lines. Every rank calls train_step at logged steps: the
     per-rank figures are gathered from all of them."""
 
-    def __init__(self, ws: Workspace, par: Parallel, cfg: TrainConfig, flops_per_token: float, start_step: int,
-                 resume_from: Path | None, prediction: dict | None, memory_base_mb: float):
+    def __init__(
+        self,
+        ws: Workspace,
+        par: Parallel,
+        cfg: TrainConfig,
+        flops_per_token: float,
+        start_step: int,
+        resume_from: Path | None,
+        prediction: dict | None,
+        memory_base_mb: float,
+    ):
         self.par, self.cfg, self.plan = par, cfg, par.config
         self.main = par.rank == 0
         self.path = ws.metrics_path
         if self.main and resume_from is None:
             atomic_write_bytes(self.path, b"")
         elif self.main and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= start_step]
+            kept = [
+                line
+                for line in self.path.read_text().splitlines()
+                if line and json.loads(line).get("step", 0) <= start_step
+            ]
             atomic_write_bytes(self.path, "".join(line + "\n" for line in kept).encode())
         if resume_from is not None:  # the log says where a resumed run picked up
-            self.write({"event": "resume", "step": start_step, "checkpoint": str(resume_from), "world_size": par.world_size})
+            self.write(
+                {"event": "resume", "step": start_step, "checkpoint": str(resume_from), "world_size": par.world_size}
+            )
         self.peak_cache, self.peak_key = ws.root / PEAK_CACHE, machine_key(par.device, par.world_size)
         self.peak_flops = job_peak_flops(par, self.peak_cache)
         self.flops_per_token, self.tokens_per_step = flops_per_token, cfg.batch_size * cfg.seq_len
@@ -223,8 +241,18 @@ class RunLog:
     def start(self) -> None:
         self.run_start = self.last_log = time.perf_counter()
 
-    def train_step(self, done: int, logged: bool, loss: float, lr: float, grad_norm: float, comm_s: float, step_s: float,
-                   pm, optimizers) -> None:
+    def train_step(
+        self,
+        done: int,
+        logged: bool,
+        loss: float,
+        lr: float,
+        grad_norm: float,
+        comm_s: float,
+        step_s: float,
+        pm,
+        optimizers,
+    ) -> None:
         """After each step; at logged ones, the step's record and progress line."""
         self.steps_since_log += 1
         if not logged:
@@ -234,36 +262,61 @@ class RunLog:
         tokens_per_s = self.steps_since_log * self.tokens_per_step / (now - self.last_log)
         eta = (cfg.max_steps - done) * self.tokens_per_step / tokens_per_s
         # Per rank: peak memory, weights + optimizer state, seconds in communication, step seconds, bubble.
-        ranks = gather_floats(par, [peak_memory_mb(par.device), model_state_mb(pm.parts, optimizers), comm_s, step_s,
-                                    pm.bubble_fraction()])
+        ranks = gather_floats(
+            par,
+            [peak_memory_mb(par.device), model_state_mb(pm.parts, optimizers), comm_s, step_s, pm.bubble_fraction()],
+        )
         if self.main:
             achieved = tokens_per_s * self.flops_per_token
             if achieved > self.peak_flops:  # faster than the peak: the peak was measured low (a busy machine)
-                info(f"this run computes {achieved / 1e9:,.1f} GFLOP/s, above the matmul peak measured here "
-                     f"({self.peak_flops / 1e9:,.1f}): the peak was measured low; it is now {achieved / 1e9:,.1f}")
-                self.peak_flops = _peak_flops[self.peak_key] = record_peak(self.peak_cache, self.peak_key, achieved,
-                                                                           f"achieved by training, step {done}")
-            record = {"event": "train", "step": done, "loss": loss, "lr": lr,
-                      "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
-                      "mfu": achieved / self.peak_flops, "matmul_peak_flops": self.peak_flops,
-                      "peak_rss_mb": peak_rss_mb(), "peak_mem_mb_per_rank": [r[0] for r in ranks],
-                      "model_state_mb_per_rank": [r[1] for r in ranks],
-                      "step_s": step_s, "comm_s_per_rank": [r[2] for r in ranks],
-                      "comm_fraction": sum(r[2] / r[3] for r in ranks) / len(ranks),
-                      "tokens_seen": done * self.tokens_per_step, "elapsed_s": now - self.run_start,
-                      "world_size": par.world_size, "strategy": plan.strategy}
+                info(
+                    f"this run computes {achieved / 1e9:,.1f} GFLOP/s, above the matmul peak measured here "
+                    f"({self.peak_flops / 1e9:,.1f}): the peak was measured low; it is now {achieved / 1e9:,.1f}"
+                )
+                self.peak_flops = _peak_flops[self.peak_key] = record_peak(
+                    self.peak_cache, self.peak_key, achieved, f"achieved by training, step {done}"
+                )
+            record = {
+                "event": "train",
+                "step": done,
+                "loss": loss,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "tokens_per_s": tokens_per_s,
+                "mfu": achieved / self.peak_flops,
+                "matmul_peak_flops": self.peak_flops,
+                "peak_rss_mb": peak_rss_mb(),
+                "peak_mem_mb_per_rank": [r[0] for r in ranks],
+                "model_state_mb_per_rank": [r[1] for r in ranks],
+                "step_s": step_s,
+                "comm_s_per_rank": [r[2] for r in ranks],
+                "comm_fraction": sum(r[2] / r[3] for r in ranks) / len(ranks),
+                "tokens_seen": done * self.tokens_per_step,
+                "elapsed_s": now - self.run_start,
+                "world_size": par.world_size,
+                "strategy": plan.strategy,
+            }
             if self.prediction:
-                record.update(predicted_step_s=self.prediction["step_s"], measured_step_s=step_s,
-                              predicted_peak_mem_mb=self.prediction["peak_mem_mb"],
-                              measured_peak_mem_mb=max(r[0] for r in ranks) - self.memory_base_mb)
+                record.update(
+                    predicted_step_s=self.prediction["step_s"],
+                    measured_step_s=step_s,
+                    predicted_peak_mem_mb=self.prediction["peak_mem_mb"],
+                    measured_peak_mem_mb=max(r[0] for r in ranks) - self.memory_base_mb,
+                )
             if plan.pp > 1:
                 bubbles = [r[4] for r in ranks]
-                record.update(bubble_fraction=sum(bubbles) / len(bubbles), bubble_fraction_per_rank=bubbles,
-                              bubble_theory=theoretical_bubble(plan))
+                record.update(
+                    bubble_fraction=sum(bubbles) / len(bubbles),
+                    bubble_fraction_per_rank=bubbles,
+                    bubble_theory=theoretical_bubble(plan),
+                )
             self.write(record)
-            info(f"step {done}/{cfg.max_steps}  loss {loss:.4f}  lr {lr:.2e}  "
-                 f"{tokens_per_s:,.0f} tok/s  MFU {record['mfu']:.1%} of measured peak  comm {record['comm_fraction']:.0%}"
-                 + (f"  bubble {record['bubble_fraction']:.0%}" if plan.pp > 1 else "") + f"  eta {format_eta(eta)}")
+            info(
+                f"step {done}/{cfg.max_steps}  loss {loss:.4f}  lr {lr:.2e}  "
+                f"{tokens_per_s:,.0f} tok/s  MFU {record['mfu']:.1%} of measured peak  comm {record['comm_fraction']:.0%}"
+                + (f"  bubble {record['bubble_fraction']:.0%}" if plan.pp > 1 else "")
+                + f"  eta {format_eta(eta)}"
+            )
         self.last_log, self.steps_since_log = time.perf_counter(), 0
 
     def validation(self, done: int, val_loss: float) -> None:

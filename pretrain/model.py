@@ -6,6 +6,7 @@ split it), attention is PyTorch's scaled_dot_product_attention, and the blocks l
 ModuleDict keyed by layer number so that pipeline stages can delete the layers they don't own
 while keeping the same parameter names (checkpoints then move between plans).
 """
+
 from __future__ import annotations
 
 import math

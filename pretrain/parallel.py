@@ -6,6 +6,7 @@ is a no-op when its degree is 1, so one process is the same code path. The resul
 is all the training loop talks to: forward and backward of this rank's slice of the batch, the loss
 over the data-parallel ranks, gradient clipping over the whole model.
 """
+
 from __future__ import annotations
 
 import time
@@ -23,10 +24,16 @@ from common.console import info
 from pretrain.config import ParallelConfig, RuntimeOptions, TrainConfig, stage_layers
 from pretrain.mesh import Parallel
 from pretrain.model import lm_loss
-from pretrain.pipeline_parallel import build_schedule, split_stage, stage_ids, sync_tied_embeddings, tied_embedding_group
-
+from pretrain.pipeline_parallel import (
+    build_schedule,
+    split_stage,
+    stage_ids,
+    sync_tied_embeddings,
+    tied_embedding_group,
+)
 
 # ---------------------------------------------------------------- one function per parallelism
+
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     """Megatron-style tensor parallelism inside every block.
@@ -37,8 +44,14 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     """
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    plan = {"attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(), "attn.v_proj": ColwiseParallel(),
-            "attn.out_proj": RowwiseParallel(), "mlp.fc_in": ColwiseParallel(), "mlp.fc_out": RowwiseParallel()}
+    plan = {
+        "attn.q_proj": ColwiseParallel(),
+        "attn.k_proj": ColwiseParallel(),
+        "attn.v_proj": ColwiseParallel(),
+        "attn.out_proj": RowwiseParallel(),
+        "mlp.fc_in": ColwiseParallel(),
+        "mlp.fc_out": RowwiseParallel(),
+    }
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, plan)
 
@@ -77,9 +90,11 @@ def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
 
 # ---------------------------------------------------------------- the parallel model
 
+
 @dataclass
 class ParallelModel:
     """What the training loop needs from a parallelized GPT on one rank."""
+
     par: Parallel
     parts: list[nn.Module]  # one per pipeline stage on this rank; the whole (wrapped) model without PP
     schedule: object | None = None
@@ -110,7 +125,9 @@ class ParallelModel:
                 # Only the losses are used: returning outputs would keep every microbatch's logits until the step ends.
                 self.schedule.step(*([x] if self.has_first else []), target=y, losses=losses, return_outputs=False)
                 self.pipeline_s = time.perf_counter() - start
-                local = torch.stack(losses).mean().detach() if self.has_last else torch.zeros((), device=self.par.device)
+                local = (
+                    torch.stack(losses).mean().detach() if self.has_last else torch.zeros((), device=self.par.device)
+                )
             else:
                 model = self.parts[0]
                 local = torch.zeros((), device=self.par.device)
@@ -180,12 +197,21 @@ def parallelize(model: nn.Module, par: Parallel, loss_fn, options: RuntimeOption
     if config.pp == 1:
         return ParallelModel(par, parts, loss_fn=loss_fn, bf16=options.bf16)
     schedule, stages = build_schedule(list(zip([s for s, _ in stage_modules], parts)), par, loss_fn)
-    return ParallelModel(par, parts, schedule, stages,
-                         has_first=any(s.is_first for s in stages), has_last=any(s.is_last for s in stages),
-                         tie_group=tied_embedding_group(par), loss_fn=loss_fn, bf16=options.bf16)
+    return ParallelModel(
+        par,
+        parts,
+        schedule,
+        stages,
+        has_first=any(s.is_first for s in stages),
+        has_last=any(s.is_last for s in stages),
+        tie_group=tied_embedding_group(par),
+        loss_fn=loss_fn,
+        bf16=options.bf16,
+    )
 
 
 # ---------------------------------------------------------------- gradients
+
 
 def grad_norm_params(pm: ParallelModel) -> list[torch.Tensor]:
     """Parameters counted in the global gradient norm: each tied copy is counted once (on the first stage)."""
@@ -255,7 +281,9 @@ def describe_rank(pm: ParallelModel, cfg: TrainConfig) -> str:
         held.append(f"layers 0-{n_layer - 1} + embeddings + ln_f + head")
     if plan.tp > 1:
         r, heads, hidden = par.coord("tp"), cfg.model.n_head // plan.tp, 4 * cfg.model.n_embd // plan.tp
-        held.append(f"tp {r}/{plan.tp}: attention heads {r * heads}-{(r + 1) * heads - 1}, MLP units {r * hidden}-{(r + 1) * hidden - 1}")
+        held.append(
+            f"tp {r}/{plan.tp}: attention heads {r * heads}-{(r + 1) * heads - 1}, MLP units {r * hidden}-{(r + 1) * hidden - 1}"
+        )
     if plan.uses_fsdp:
         group = f" in replica group {par.coord('dp_replicate')}/{plan.dp_replicate}" if plan.dp_replicate > 1 else ""
         held.append(f"FSDP shard {par.coord('dp_shard')}/{plan.dp_shard} of each parameter{group}")
@@ -277,12 +305,16 @@ def print_layout(pm: ParallelModel, cfg: TrainConfig) -> None:
     if par.rank != 0:
         return
     backend = dist.get_backend() if par.world_size > 1 else "no process group"
-    info(f"plan: {plan.strategy}, {plan.shape()} on {par.world_size} {par.device.type.upper()} process(es) ({backend}); "
-         f"global batch {cfg.batch_size} × {cfg.seq_len} tokens")
+    info(
+        f"plan: {plan.strategy}, {plan.shape()} on {par.world_size} {par.device.type.upper()} process(es) ({backend}); "
+        f"global batch {cfg.batch_size} × {cfg.seq_len} tokens"
+    )
     if plan.pp > 1:
         local = cfg.batch_size // plan.dp
-        info(f"pipeline: schedule {plan.pp_schedule}, {plan.num_stages} stages ({plan.n_stages_per_rank} per rank), "
-             f"layers per stage {stage_layers(plan, cfg.model.n_layer)}, {plan.n_microbatches} microbatches of "
-             f"{local // plan.n_microbatches} sequences per step")
+        info(
+            f"pipeline: schedule {plan.pp_schedule}, {plan.num_stages} stages ({plan.n_stages_per_rank} per rank), "
+            f"layers per stage {stage_layers(plan, cfg.model.n_layer)}, {plan.n_microbatches} microbatches of "
+            f"{local // plan.n_microbatches} sequences per step"
+        )
     for line in lines:
         info("  " + line)

@@ -8,6 +8,7 @@ Tied embeddings: the first stage holds tok_emb.weight and the last stage holds l
 copies of one parameter. After each backward their gradients are summed (sync_tied_embeddings), so
 both copies take identical optimizer steps, as in Megatron.
 """
+
 from __future__ import annotations
 
 import copy
@@ -49,6 +50,7 @@ def split_stage(model: nn.Module, config: ParallelConfig, stage: int) -> nn.Modu
 class TimedStage:
     """Mixin for PipelineStage: when `timing` is set, adds up the seconds spent computing forward and
     backward chunks (the rest of a schedule step is communication or waiting: the bubble)."""
+
     timing = False
     busy_s = 0.0
 
@@ -90,11 +92,16 @@ def build_schedule(stage_modules: list[tuple[int, nn.Module]], par: Parallel, lo
 
     config = par.config
     stage_cls = type("TimedPipelineStage", (TimedStage, PipelineStage), {})
-    stages = [stage_cls(module, index, config.num_stages, par.device, group=par.pp_group()) for index, module in stage_modules]
+    stages = [
+        stage_cls(module, index, config.num_stages, par.device, group=par.pp_group()) for index, module in stage_modules
+    ]
     schedule_cls = {
-        "gpipe": schedules.ScheduleGPipe, "1f1b": schedules.Schedule1F1B,
-        "interleaved-1f1b": schedules.ScheduleInterleaved1F1B, "looped-bfs": schedules.ScheduleLoopedBFS,
-        "zero-bubble": schedules.ScheduleInterleavedZeroBubble, "zbv": schedules.ScheduleZBVZeroBubble,
+        "gpipe": schedules.ScheduleGPipe,
+        "1f1b": schedules.Schedule1F1B,
+        "interleaved-1f1b": schedules.ScheduleInterleaved1F1B,
+        "looped-bfs": schedules.ScheduleLoopedBFS,
+        "zero-bubble": schedules.ScheduleInterleavedZeroBubble,
+        "zbv": schedules.ScheduleZBVZeroBubble,
     }[config.pp_schedule]
     # scale_grads: each microbatch loss is a mean, so the summed gradients are divided by the count.
     if config.pp_schedule in SINGLE_STAGE_SCHEDULES:

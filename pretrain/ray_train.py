@@ -9,6 +9,7 @@ starts a new worker group, and the loop resumes from the latest reported checkpo
 The workspace must be on storage every node sees (NFS or similar): workers read the token files
 from it and write the checkpoints and the export into it.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,35 +49,64 @@ def train_loop_per_worker(config: dict) -> None:
 
     def report(path: Path, step: int, metrics: dict) -> None:
         is_rank_0 = ray.train.get_context().get_world_rank() == 0
-        ray.train.report({"step": step, **metrics},
-                         checkpoint=ray.train.Checkpoint.from_directory(str(path)) if is_rank_0 else None,
-                         checkpoint_dir_name=path.name)
+        ray.train.report(
+            {"step": step, **metrics},
+            checkpoint=ray.train.Checkpoint.from_directory(str(path)) if is_rank_0 else None,
+            checkpoint_dir_name=path.name,
+        )
 
-    train(ws, train_config_from_dict(config["train"]), resume_from=resume_from,
-          plan=ParallelConfig(**config["plan"]), options=RuntimeOptions(**config["options"]), on_checkpoint=report,
-          prediction=config["prediction"])
+    train(
+        ws,
+        train_config_from_dict(config["train"]),
+        resume_from=resume_from,
+        plan=ParallelConfig(**config["plan"]),
+        options=RuntimeOptions(**config["options"]),
+        on_checkpoint=report,
+        prediction=config["prediction"],
+    )
 
 
-def run_on_ray(ws: Workspace, cfg, plan, options, resume_from: Path | None, address: str, max_failures: int,
-               storage_path: Path | None = None, prediction: dict | None = None) -> dict:
+def run_on_ray(
+    ws: Workspace,
+    cfg,
+    plan,
+    options,
+    resume_from: Path | None,
+    address: str,
+    max_failures: int,
+    storage_path: Path | None = None,
+    prediction: dict | None = None,
+) -> dict:
     ray = connect(address)
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     use_gpu = ray.cluster_resources().get("GPU", 0) >= plan.world_size
     storage = (storage_path or ws.root / "ray").resolve()
-    info(f"training on Ray ({address}): {plan.world_size} workers, {'one GPU' if use_gpu else 'one CPU'} each; "
-         f"checkpoints reported to {storage}; up to {max_failures} worker failures recovered")
+    info(
+        f"training on Ray ({address}): {plan.world_size} workers, {'one GPU' if use_gpu else 'one CPU'} each; "
+        f"checkpoints reported to {storage}; up to {max_failures} worker failures recovered"
+    )
     if resume_from is None:  # a fresh run: checkpoints left in the workspace belong to an older one
         shutil.rmtree(ws.checkpoints_dir, ignore_errors=True)
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"workspace": str(ws.root.resolve()), "train": asdict(cfg), "plan": plan.to_dict(), "options": options.to_dict(),
-                           "resume_from": str(resume_from.resolve()) if resume_from else None, "prediction": prediction},
+        train_loop_config={
+            "workspace": str(ws.root.resolve()),
+            "train": asdict(cfg),
+            "plan": plan.to_dict(),
+            "options": options.to_dict(),
+            "resume_from": str(resume_from.resolve()) if resume_from else None,
+            "prediction": prediction,
+        },
         scaling_config=ScalingConfig(num_workers=plan.world_size, use_gpu=use_gpu, resources_per_worker={"CPU": 1}),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(options.timeout_s)),
-        run_config=RunConfig(name="pretrain", storage_path=str(storage), failure_config=FailureConfig(max_failures=max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=2)),
+        run_config=RunConfig(
+            name="pretrain",
+            storage_path=str(storage),
+            failure_config=FailureConfig(max_failures=max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+        ),
     )
     try:
         trainer.fit()
@@ -84,7 +114,9 @@ def run_on_ray(ws: Workspace, cfg, plan, options, resume_from: Path | None, addr
         cause = e
         while cause.__cause__ is not None:
             cause = cause.__cause__
-        raise PipelineError(f"training on Ray failed: {type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}") from None
+        raise PipelineError(
+            f"training on Ray failed: {type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}"
+        ) from None
     model = read_manifest(ws).model
     return model.to_json() if model else {}
 

@@ -11,6 +11,7 @@ run_pretrain() checks the settings once, before anything is written, then
 The adaptation to retrieval that follows (`pipeline tune` with its defaults, unless --no-adapt) is the
 embed stage's: workflows.py chains it after this, since no stage imports another.
 """
+
 from __future__ import annotations
 
 import time
@@ -27,7 +28,6 @@ from pretrain.data import prepare_data
 from pretrain.settings import PretrainSettings
 from pretrain.sizing import size_to_budget
 
-
 AUTOTUNE_STEPS = 4  # steps of each plan --autotune measures (the first warms up)
 
 
@@ -35,23 +35,39 @@ def run_pretrain(ws: Workspace, s: PretrainSettings) -> dict:
     """Run `pipeline pretrain`; returns the model's summary."""
     budget_s = check_settings(s)
     nproc = s.nproc if s.nproc is not None else default_workers(s.ray)
-    plan = ParallelConfig.resolve(None if s.auto else s.strategy, nproc * s.nnodes, dp=s.dp, dp_replicate=s.dp_replicate,
-                                  dp_shard=s.dp_shard, tp=s.tp, pp=s.pp, pp_schedule=s.pp_schedule,
-                                  microbatches=s.microbatches or 0, stages_per_rank=s.stages_per_rank or 0,
-                                  pp_split=parse_split(s.pp_split))
+    plan = ParallelConfig.resolve(
+        None if s.auto else s.strategy,
+        nproc * s.nnodes,
+        dp=s.dp,
+        dp_replicate=s.dp_replicate,
+        dp_shard=s.dp_shard,
+        tp=s.tp,
+        pp=s.pp,
+        pp_schedule=s.pp_schedule,
+        microbatches=s.microbatches or 0,
+        stages_per_rank=s.stages_per_rank or 0,
+        pp_split=parse_split(s.pp_split),
+    )
     options = runtime_options(s)
     resume_from = latest_checkpoint(ws) if s.resume else None
     cfg = resumed_config(resume_from, s) if resume_from else new_train_config(s)
     if not s.auto:
         plan.validate(cfg.model, cfg)  # the plan the user gave, before anything is written
-    job = dict(nproc=nproc, nnodes=s.nnodes, node_rank=s.node_rank, master_addr=s.master_addr, master_port=s.master_port)
+    job = dict(
+        nproc=nproc, nnodes=s.nnodes, node_rank=s.node_rank, master_addr=s.master_addr, master_port=s.master_port
+    )
 
     if resume_from is None and not s.shape_given:  # sized to the data, this machine and the time budget
         started = time.monotonic()
         cfg.preset, cfg.vocab_size = "sized", s.vocab_size or 0  # 0: sized to the corpus
         meta = prepare_data(ws, s.data, s.text_field, cfg)
-        cfg, report = size_to_budget(cfg, meta["train_tokens"], budget_s - (time.monotonic() - started), nproc * s.nnodes,
-                                     None if s.auto else plan)  # only shapes the plan accepts
+        cfg, report = size_to_budget(
+            cfg,
+            meta["train_tokens"],
+            budget_s - (time.monotonic() - started),
+            nproc * s.nnodes,
+            None if s.auto else plan,
+        )  # only shapes the plan accepts
         for line in report:
             info(line)
     if s.auto:  # the planner's plans are ones training accepts (the same check)
@@ -70,16 +86,21 @@ def run_pretrain(ws: Workspace, s: PretrainSettings) -> dict:
 
 # ---------------------------------------------------------------- settings, checked once
 
+
 def check_settings(s: PretrainSettings) -> float:
     """Every check of how the settings combine (each option's own range is checked where it is declared,
     pretrain/settings.py); returns the time budget in seconds."""
     if s.ray is not None and (s.nnodes != 1 or s.node_rank != 0 or s.master_addr or s.master_port):
         raise PipelineError("--ray places the workers itself: drop --nnodes/--node-rank/--master-addr/--master-port")
     if s.node_rank >= s.nnodes:
-        raise PipelineError(f"--node-rank {s.node_rank} is not a node of the job: the ranks of --nnodes {s.nnodes} are 0 to {s.nnodes - 1}")
+        raise PipelineError(
+            f"--node-rank {s.node_rank} is not a node of the job: the ranks of --nnodes {s.nnodes} are 0 to {s.nnodes - 1}"
+        )
     given = (s.dp, s.dp_replicate, s.dp_shard, s.tp, s.pp, s.microbatches, s.stages_per_rank, s.pp_split)
     if s.auto and any(v is not None for v in given):
-        raise PipelineError("--strategy auto chooses the degrees, schedule and split itself; drop --dp/--tp/--pp and the pipeline options")
+        raise PipelineError(
+            "--strategy auto chooses the degrees, schedule and split itself; drop --dp/--tp/--pp and the pipeline options"
+        )
     if (s.autotune is not None or s.cluster is not None) and not s.auto:
         raise PipelineError("--autotune and --cluster go with --strategy auto")
     return s.time_budget_seconds
@@ -109,8 +130,13 @@ def runtime_options(s: PretrainSettings) -> RuntimeOptions:
     import torch
 
     cuda = torch.cuda.is_available()
-    return RuntimeOptions(bf16=cuda if s.bf16 is None else s.bf16, compile=s.compile, ac=s.ac,
-                          fused_adamw=cuda if s.fused_adamw is None else s.fused_adamw, timeout_s=s.dist_timeout)
+    return RuntimeOptions(
+        bf16=cuda if s.bf16 is None else s.bf16,
+        compile=s.compile,
+        ac=s.ac,
+        fused_adamw=cuda if s.fused_adamw is None else s.fused_adamw,
+        timeout_s=s.dist_timeout,
+    )
 
 
 def shape_overrides(s: PretrainSettings) -> dict:
@@ -128,9 +154,17 @@ def new_train_config(s: PretrainSettings) -> TrainConfig:
     vocab = s.vocab_size or defaults["vocab_size"]
     max_steps = max(1, -(-s.tokens // (batch_size * seq_len))) if s.tokens is not None else s.max_steps
     cfg = TrainConfig(
-        preset=preset, max_steps=defaults["max_steps"] if max_steps is None else max_steps, seq_len=seq_len, batch_size=batch_size,
-        grad_accum=s.grad_accum, lr=s.lr or defaults["lr"], seed=s.seed, vocab_size=vocab,
-        eval_every=s.eval_every, checkpoint_every=s.checkpoint_every, log_every=s.log_every,
+        preset=preset,
+        max_steps=defaults["max_steps"] if max_steps is None else max_steps,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        grad_accum=s.grad_accum,
+        lr=s.lr or defaults["lr"],
+        seed=s.seed,
+        vocab_size=vocab,
+        eval_every=s.eval_every,
+        checkpoint_every=s.checkpoint_every,
+        log_every=s.log_every,
     )
     cfg.model = model_config_for(preset, vocab, seq_len, **shape_overrides(s))
     if cfg.model.n_embd % cfg.model.n_head:
@@ -154,23 +188,39 @@ def resumed_config(checkpoint: Path, s: PretrainSettings) -> TrainConfig:
 
 # ---------------------------------------------------------------- training, where the job runs
 
-def train_job(ws: Workspace, cfg: TrainConfig, plan: ParallelConfig, options: RuntimeOptions, resume_from: Path | None,
-              s: PretrainSettings, job: dict) -> dict:
+
+def train_job(
+    ws: Workspace,
+    cfg: TrainConfig,
+    plan: ParallelConfig,
+    options: RuntimeOptions,
+    resume_from: Path | None,
+    s: PretrainSettings,
+    job: dict,
+) -> dict:
     """Train in this process when the job is one process, else under torchrun on this node, or on Ray;
     returns the model's summary (empty on nodes other than the first)."""
     from pretrain.launch import RunSpec, launch
     from pretrain.planner.auto import predict_run
     from pretrain.train import train
 
-    prediction = predict_run(ws, cfg, plan, options.bf16)  # logged beside the measured step, if this machine was measured
+    prediction = predict_run(
+        ws, cfg, plan, options.bf16
+    )  # logged beside the measured step, if this machine was measured
     if s.ray is not None:
         from pretrain.ray_train import run_on_ray
 
         return run_on_ray(ws, cfg, plan, options, resume_from, s.ray, s.max_failures, prediction=prediction)
     if job["nproc"] * job["nnodes"] == 1:
         return train(ws, cfg, resume_from=resume_from, plan=plan, options=options, prediction=prediction)
-    spec = RunSpec(str(ws.root.resolve()), asdict(cfg), plan.to_dict(), str(resume_from.resolve()) if resume_from else None,
-                   prediction=prediction, options=options.to_dict())
+    spec = RunSpec(
+        str(ws.root.resolve()),
+        asdict(cfg),
+        plan.to_dict(),
+        str(resume_from.resolve()) if resume_from else None,
+        prediction=prediction,
+        options=options.to_dict(),
+    )
     launch([spec], **job)
     model = read_manifest(ws).model if job["node_rank"] == 0 else None
     return model.to_json() if model else {}

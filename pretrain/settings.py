@@ -9,6 +9,7 @@ count, --ray against the multi-node options) are pretrain/run.py's `check_settin
 
 Light on purpose (no torch): the CLI imports it to build `pipeline pretrain --help`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,6 +34,7 @@ MAX_PORT = 65535
 class Declared:
     """How a field is offered as an option: its help, its flags (default: --field-name), its range, and a
     metavar; `above` is an exclusive lower bound (a rate, a timeout), `duration` a text like 90s or 15m."""
+
     help: str
     flags: tuple[str, ...] = ()
     min: float | None = None
@@ -87,25 +89,43 @@ def option(default: Any = None, help: str = "", *, factory=None, **declared) -> 
 class PretrainSettings:
     """Everything `pipeline pretrain` can be told; without a preset, shape or step count the model is sized
     to time_budget."""
-    data: list[Path] = option(help="File or directory (.txt .md .jsonl .json .csv .parquet); repeatable.",
-                              flags=("--data", "-d"), metavar="PATH", factory=list)
-    text_field: Optional[str] = option(None, "Field holding the text in structured files (auto-detected by default).",
-                                       metavar="FIELD")
+
+    data: list[Path] = option(
+        help="File or directory (.txt .md .jsonl .json .csv .parquet); repeatable.",
+        flags=("--data", "-d"),
+        metavar="PATH",
+        factory=list,
+    )
+    text_field: Optional[str] = option(
+        None, "Field holding the text in structured files (auto-detected by default).", metavar="FIELD"
+    )
     # the model and the run
-    preset: Optional[Preset] = option(None, "Model shape: tiny, small (124M), medium (355M), large (774M) (default: "
-                                            "sized to the data, the machine and --time-budget).")
-    time_budget: str = option("12m", "Without --preset/--max-steps/--tokens: time for pretraining, model size and "
-                                     "tokens chosen to fit (e.g. 90s, 15m, 1h).", duration=True, metavar="DURATION")
-    max_steps: Optional[int] = option(None, "Optimizer steps (default: the preset's); 0 exports the model at "
-                                            "initialisation (an untrained baseline).", min=0)
+    preset: Optional[Preset] = option(
+        None,
+        "Model shape: tiny, small (124M), medium (355M), large (774M) (default: "
+        "sized to the data, the machine and --time-budget).",
+    )
+    time_budget: str = option(
+        "12m",
+        "Without --preset/--max-steps/--tokens: time for pretraining, model size and "
+        "tokens chosen to fit (e.g. 90s, 15m, 1h).",
+        duration=True,
+        metavar="DURATION",
+    )
+    max_steps: Optional[int] = option(
+        None,
+        "Optimizer steps (default: the preset's); 0 exports the model at initialisation (an untrained baseline).",
+        min=0,
+    )
     tokens: Optional[int] = option(None, "Train on this many tokens instead of --max-steps.", min=1)
     seq_len: Optional[int] = option(None, "Tokens per training sequence.", min=1)
     batch_size: Optional[int] = option(None, "Sequences per optimizer step (global).", min=1)
     grad_accum: int = option(1, "Split each step's batch into this many micro-batches.", min=1)
     lr: Optional[float] = option(None, "Peak learning rate.", above=0)
     seed: int = option(1337, "Random seed (weights, data order).", min=0, max=SEED_MAX)
-    vocab_size: Optional[int] = option(None, "Tokenizer vocabulary size (at least its 256 bytes and end-of-text).",
-                                       min=MIN_VOCAB_SIZE)
+    vocab_size: Optional[int] = option(
+        None, "Tokenizer vocabulary size (at least its 256 bytes and end-of-text).", min=MIN_VOCAB_SIZE
+    )
     n_layer: Optional[int] = option(None, "Override the preset's number of layers.", min=1)
     n_head: Optional[int] = option(None, "Override the preset's attention heads.", min=1)
     n_embd: Optional[int] = option(None, "Override the preset's hidden size.", min=1)
@@ -119,13 +139,18 @@ class PretrainSettings:
     node_rank: int = option(0, "This node's rank (multi-node): 0 to --nnodes - 1.", min=0)
     master_addr: Optional[str] = option(None, "Address of node 0 (multi-node).")
     master_port: Optional[int] = option(None, "Port on node 0 (multi-node).", min=1, max=MAX_PORT)
-    ray: Optional[str] = option(None, "Train on a Ray cluster (Ray Train): local, auto, or the head's address; "
-                                      "--nproc is then the number of workers.")
-    max_failures: int = option(0, "With --ray: dead workers replaced (resuming from the latest checkpoint) up to N "
-                                  "times.", min=0)
+    ray: Optional[str] = option(
+        None,
+        "Train on a Ray cluster (Ray Train): local, auto, or the head's address; "
+        "--nproc is then the number of workers.",
+    )
+    max_failures: int = option(
+        0, "With --ray: dead workers replaced (resuming from the latest checkpoint) up to N times.", min=0
+    )
     # the plan: degrees given (or inferred), or the planner's with strategy "auto"
-    strategy: Optional[Strategy] = option(None, "Parallelism; auto is the planner's top plan (see pipeline plan) "
-                                                "(default: from the degrees).")
+    strategy: Optional[Strategy] = option(
+        None, "Parallelism; auto is the planner's top plan (see pipeline plan) (default: from the degrees)."
+    )
     dp: Optional[int] = option(None, "Data-parallel degree (DDP for ddp, FSDP otherwise).", min=1)
     dp_replicate: Optional[int] = option(None, "Replicate degree (with --dp-shard: HSDP).", min=1)
     dp_shard: Optional[int] = option(None, "FSDP shard degree.", min=1)
@@ -135,15 +160,21 @@ class PretrainSettings:
     microbatches: Optional[int] = option(None, "Pipeline microbatches per step (default: --pp).", min=1)
     stages_per_rank: Optional[int] = option(None, "Pipeline stages per rank (multi-stage schedules; default 2).", min=1)
     pp_split: Optional[str] = option(None, "Layers per pipeline stage, e.g. 5,3 (default: even).")
-    autotune: Optional[int] = option(None, "With --strategy auto: run 4 steps of each of the planner's top K plans and "
-                                           "keep the measured fastest.", min=1)
-    cluster: Optional[Path] = option(None, "With --strategy auto: cluster TOML file (needed for several nodes; default: "
-                                           "measure this machine).")
+    autotune: Optional[int] = option(
+        None,
+        "With --strategy auto: run 4 steps of each of the planner's top K plans and keep the measured fastest.",
+        min=1,
+    )
+    cluster: Optional[Path] = option(
+        None, "With --strategy auto: cluster TOML file (needed for several nodes; default: measure this machine)."
+    )
     # how each rank runs (RuntimeOptions); None: on with a GPU
     bf16: Optional[bool] = option(None, "bf16 autocast (default: on with a GPU).", flags=("--bf16/--no-bf16",))
     compile: bool = option(False, "torch.compile each block.", flags=("--compile",))
     ac: bool = option(False, "Activation checkpointing of each block.", flags=("--ac",))
-    fused_adamw: Optional[bool] = option(None, "Fused AdamW (default: on with a GPU).", flags=("--fused-adamw/--no-fused-adamw",))
+    fused_adamw: Optional[bool] = option(
+        None, "Fused AdamW (default: on with a GPU).", flags=("--fused-adamw/--no-fused-adamw",)
+    )
     dist_timeout: float = option(300.0, "Seconds a collective may wait for a peer before the job fails.", above=0)
 
     def __post_init__(self):
@@ -160,8 +191,19 @@ class PretrainSettings:
     @property
     def shape_given(self) -> bool:
         """Anything that fixes the model's shape or the run's length: then nothing is sized."""
-        return any(v is not None for v in (self.preset, self.max_steps, self.tokens, self.n_layer, self.n_head, self.n_embd,
-                                           self.seq_len, self.batch_size))
+        return any(
+            v is not None
+            for v in (
+                self.preset,
+                self.max_steps,
+                self.tokens,
+                self.n_layer,
+                self.n_head,
+                self.n_embd,
+                self.seq_len,
+                self.batch_size,
+            )
+        )
 
 
 class OptionError(PipelineError):

@@ -15,6 +15,7 @@ than ever more epochs of a small one; on 2 CPU cores and SciFact (1.7M tokens) 1
 layers, d=192, for about one epoch. The ladder is walked from the smallest shape and stops once the predicted
 loss rises (it falls, then rises, as shapes get slower) or a shape could not take MIN_STEPS steps.
 """
+
 from __future__ import annotations
 
 import copy
@@ -57,7 +58,7 @@ LADDER = (
     Shape(6, 256, 8, 256, 32, 1e-3),
     Shape(8, 384, 6, 256, 32, 1e-3),
     Shape(8, 512, 8, 512, 32, 8e-4),
-    Shape(12, 768, 12, 1024, 64, 6e-4),   # GPT-2 small
+    Shape(12, 768, 12, 1024, 64, 6e-4),  # GPT-2 small
     Shape(24, 1024, 16, 1024, 64, 3e-4),  # GPT-2 medium
     Shape(36, 1280, 20, 1024, 64, 2.5e-4),  # GPT-2 large
 )
@@ -76,14 +77,20 @@ class Candidate:
 
 def predicted_loss(parameters: int, tokens: int, unique_tokens: int) -> float:
     epochs = tokens / max(unique_tokens, 1)
-    effective = tokens if epochs <= 1 else unique_tokens * (1 + REPEAT_HALF_LIFE * (1 - math.exp(-(epochs - 1) / REPEAT_HALF_LIFE)))
+    effective = (
+        tokens
+        if epochs <= 1
+        else unique_tokens * (1 + REPEAT_HALF_LIFE * (1 - math.exp(-(epochs - 1) / REPEAT_HALF_LIFE)))
+    )
     return E + A / parameters**ALPHA + B / max(effective, 1) ** BETA
 
 
 def time_step(shape: Shape, vocab_size: int, device: torch.device, repeats: int = 3) -> tuple[int, float]:
     """(parameters, seconds per optimizer step) of this shape on this device: one warm-up step, then the
     median of `repeats` (as training runs them: forward, backward, clipping, AdamW)."""
-    cfg = ModelConfig(vocab_size=vocab_size, n_layer=shape.n_layer, n_head=shape.n_head, n_embd=shape.n_embd, block_size=shape.seq_len)
+    cfg = ModelConfig(
+        vocab_size=vocab_size, n_layer=shape.n_layer, n_head=shape.n_head, n_embd=shape.n_embd, block_size=shape.seq_len
+    )
     model = GPT(cfg).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=shape.lr)
     tokens = torch.randint(0, vocab_size, (shape.batch_size, shape.seq_len + 1), device=device)
@@ -105,8 +112,15 @@ def time_step(shape: Shape, vocab_size: int, device: torch.device, repeats: int 
     return model.num_params(), statistics.median(seconds)
 
 
-def choose_shape(unique_tokens: int, vocab_size: int, seconds: float, device: torch.device, processes: int = 1,
-                 ladder: tuple[Shape, ...] = LADDER, timer=time_step) -> tuple[Candidate, list[Candidate]]:
+def choose_shape(
+    unique_tokens: int,
+    vocab_size: int,
+    seconds: float,
+    device: torch.device,
+    processes: int = 1,
+    ladder: tuple[Shape, ...] = LADDER,
+    timer=time_step,
+) -> tuple[Candidate, list[Candidate]]:
     """The ladder shape with the lowest predicted loss within `seconds` of training, and every shape measured.
     `processes` data-parallel processes take that many times the tokens per second of one."""
     measured: list[Candidate] = []
@@ -120,8 +134,15 @@ def choose_shape(unique_tokens: int, vocab_size: int, seconds: float, device: to
             break
         steps = max(1, int(seconds * processes / step_s))
         tokens = steps * shape.batch_size * shape.seq_len
-        candidate = Candidate(shape, parameters, step_s, steps, tokens, tokens / max(unique_tokens, 1),
-                              predicted_loss(parameters, tokens, unique_tokens))
+        candidate = Candidate(
+            shape,
+            parameters,
+            step_s,
+            steps,
+            tokens,
+            tokens / max(unique_tokens, 1),
+            predicted_loss(parameters, tokens, unique_tokens),
+        )
         if steps < MIN_STEPS:
             break
         measured.append(candidate)
@@ -129,7 +150,9 @@ def choose_shape(unique_tokens: int, vocab_size: int, seconds: float, device: to
             break
     if not measured:  # even the smallest shape is slow here (or too big): take it, with as many steps as fit
         if candidate is None:
-            raise PipelineError(f"the smallest model shape does not fit on {device.type}: give --preset, or a shape with --n-layer/--n-embd and a --batch-size")
+            raise PipelineError(
+                f"the smallest model shape does not fit on {device.type}: give --preset, or a shape with --n-layer/--n-embd and a --batch-size"
+            )
         measured.append(candidate)
     best = min(measured, key=lambda c: c.predicted_loss)
     return best, measured
@@ -142,8 +165,13 @@ def vocab_for(corpus_chars: int) -> int:
 
 
 def apply_shape(cfg, shape: Shape, steps: int):
-    cfg.model = ModelConfig(vocab_size=cfg.vocab_size, n_layer=shape.n_layer, n_head=shape.n_head, n_embd=shape.n_embd,
-                            block_size=max(256, shape.seq_len))  # embedders read chunks of up to 256 tokens
+    cfg.model = ModelConfig(
+        vocab_size=cfg.vocab_size,
+        n_layer=shape.n_layer,
+        n_head=shape.n_head,
+        n_embd=shape.n_embd,
+        block_size=max(256, shape.seq_len),
+    )  # embedders read chunks of up to 256 tokens
     cfg.seq_len, cfg.batch_size, cfg.lr, cfg.max_steps = shape.seq_len, shape.batch_size, shape.lr, steps
     return cfg
 
@@ -153,29 +181,44 @@ def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, 
     prefers for `seconds` of training (among those `plan` accepts); returns (cfg, report lines)."""
     started = time.monotonic()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    ladder = tuple(shape for shape in LADDER if plan is None or _accepts(plan, apply_shape(copy.deepcopy(cfg), shape, 1)))
+    ladder = tuple(
+        shape for shape in LADDER if plan is None or _accepts(plan, apply_shape(copy.deepcopy(cfg), shape, 1))
+    )
     if not ladder:
-        raise PipelineError("no model shape of the sizing ladder fits this parallel plan: give --preset or --n-layer/--n-head/--n-embd")
+        raise PipelineError(
+            "no model shape of the sizing ladder fits this parallel plan: give --preset or --n-layer/--n-head/--n-embd"
+        )
     best, measured = choose_shape(unique_tokens, cfg.vocab_size, STEP_SHARE * seconds, device, processes, ladder)
     shape = best.shape
     # the steps that fit in what sizing itself left of the budget
     step_seconds = STEP_SHARE * max(seconds - (time.monotonic() - started), 0.0)
     steps = max(1, min(best.steps, int(step_seconds * processes / best.step_s)))
     tokens = steps * shape.batch_size * shape.seq_len
-    chosen = replace(best, steps=steps, tokens=tokens, epochs=tokens / max(unique_tokens, 1),
-                     predicted_loss=predicted_loss(best.parameters, tokens, unique_tokens))
+    chosen = replace(
+        best,
+        steps=steps,
+        tokens=tokens,
+        epochs=tokens / max(unique_tokens, 1),
+        predicted_loss=predicted_loss(best.parameters, tokens, unique_tokens),
+    )
     cfg = apply_shape(cfg, shape, chosen.steps)
-    lines = [f"sizing for {seconds / 60:.1f} min of pretraining on {device.type} ({processes} process(es)), "
-             f"{STEP_SHARE:.0%} of it for training steps, the rest for validation, checkpoints and export; "
-             f"{unique_tokens:,} unique training tokens; each shape timed on this machine:"]
+    lines = [
+        f"sizing for {seconds / 60:.1f} min of pretraining on {device.type} ({processes} process(es)), "
+        f"{STEP_SHARE:.0%} of it for training steps, the rest for validation, checkpoints and export; "
+        f"{unique_tokens:,} unique training tokens; each shape timed on this machine:"
+    ]
     for c in measured:
         mark, c = ("->", chosen) if c is best else ("  ", c)
-        lines.append(f"{mark} {c.shape.n_layer:2d} layers d={c.shape.n_embd:<4d} {c.parameters / 1e6:7.2f}M params  "
-                     f"{c.step_s * 1000:7.0f} ms/step  {c.steps:6,d} steps  {c.tokens / 1e6:7.1f}M tokens "
-                     f"({c.epochs:5.1f} epochs)  predicted loss {c.predicted_loss:.3f}")
-    lines.append(f"chosen: {shape.n_layer} layers, d={shape.n_embd}, {chosen.steps:,} steps of {shape.batch_size}x{shape.seq_len} tokens "
-                 f"({chosen.epochs:.1f} epochs): the lowest loss the scaling law predicts in the budget "
-                 "(larger shapes see too few tokens, smaller ones learn less per token)")
+        lines.append(
+            f"{mark} {c.shape.n_layer:2d} layers d={c.shape.n_embd:<4d} {c.parameters / 1e6:7.2f}M params  "
+            f"{c.step_s * 1000:7.0f} ms/step  {c.steps:6,d} steps  {c.tokens / 1e6:7.1f}M tokens "
+            f"({c.epochs:5.1f} epochs)  predicted loss {c.predicted_loss:.3f}"
+        )
+    lines.append(
+        f"chosen: {shape.n_layer} layers, d={shape.n_embd}, {chosen.steps:,} steps of {shape.batch_size}x{shape.seq_len} tokens "
+        f"({chosen.epochs:.1f} epochs): the lowest loss the scaling law predicts in the budget "
+        "(larger shapes see too few tokens, smaller ones learn less per token)"
+    )
     return cfg, lines
 
 

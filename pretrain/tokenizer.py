@@ -1,4 +1,5 @@
 """Byte-level BPE tokenizer trained on the user's documents with Hugging Face `tokenizers`."""
+
 from __future__ import annotations
 
 from pathlib import Path

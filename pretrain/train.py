@@ -6,6 +6,7 @@ PP), then loops: this rank's slice of the step's batch, forward and backward, cl
 now and then metrics (pretrain/metrics.py), validation and a checkpoint (pretrain/checkpoint.py).
 At the end rank 0 exports the model in Hugging Face format (pretrain/export.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -30,8 +31,8 @@ from pretrain.model import GPT, lm_loss
 from pretrain.parallel import ParallelModel, clip_grad_norm, parallelize, print_layout
 from pretrain.tokenizer import load_tokenizer
 
-
 # ---------------------------------------------------------------- optimisation
+
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = False) -> torch.optim.Optimizer:
     """AdamW; weight decay on matrices only (not biases, LayerNorms).
@@ -42,7 +43,9 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = Fals
     groups = []
     for decay in (True, False):
         for distributed in (False, True):
-            params = [p for p in model.parameters() if (p.dim() >= 2) == decay and isinstance(p, DTensor) == distributed]
+            params = [
+                p for p in model.parameters() if (p.dim() >= 2) == decay and isinstance(p, DTensor) == distributed
+            ]
             if params:
                 groups.append({"params": params, "weight_decay": cfg.weight_decay if decay else 0.0})
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, **({"fused": True} if fused else {}))
@@ -57,6 +60,7 @@ def lr_multiplier(step: int, cfg: TrainConfig) -> float:
 
 
 # ---------------------------------------------------------------- the loop
+
 
 @torch.no_grad()
 def evaluate(pm: ParallelModel, val: TokenWindows, cfg: TrainConfig) -> float:
@@ -76,9 +80,16 @@ def evaluate(pm: ParallelModel, val: TokenWindows, cfg: TrainConfig) -> float:
     return sum(losses) / len(losses)
 
 
-def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan: ParallelConfig | None = None,
-          export: bool = True, on_checkpoint: Callable[[Path, int, dict], None] | None = None,
-          prediction: dict | None = None, options: RuntimeOptions | None = None) -> dict:
+def train(
+    ws: Workspace,
+    cfg: TrainConfig,
+    resume_from: Path | None = None,
+    plan: ParallelConfig | None = None,
+    export: bool = True,
+    on_checkpoint: Callable[[Path, int, dict], None] | None = None,
+    prediction: dict | None = None,
+    options: RuntimeOptions | None = None,
+) -> dict:
     """Run (or continue) training under a parallel plan (one process by default); export the final model.
 
     Every rank of the job calls this; rank 0 alone writes metrics, the manifest and the export.
@@ -111,25 +122,35 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
     log = RunLog(ws, par, cfg, flops_per_token, start_step, resume_from, prediction if main else None, memory_base_mb)
     local_batch = cfg.batch_size // plan.dp
     if main:
-        info(f"model: {n_params / 1e6:.2f}M parameters, {cfg.model.n_layer} layers, d={cfg.model.n_embd}; "
-             f"{cfg.max_steps} steps of {log.tokens_per_step:,} tokens; {len(train_windows):,} training windows")
-        info(f"MFU below is model FLOP/s against this machine's measured matmul peak, {log.peak_flops / 1e9:,.1f} GFLOP/s "
-             f"({log.peak_cache.name}), not a datasheet peak")
+        info(
+            f"model: {n_params / 1e6:.2f}M parameters, {cfg.model.n_layer} layers, d={cfg.model.n_embd}; "
+            f"{cfg.max_steps} steps of {log.tokens_per_step:,} tokens; {len(train_windows):,} training windows"
+        )
+        info(
+            f"MFU below is model FLOP/s against this machine's measured matmul peak, {log.peak_flops / 1e9:,.1f} GFLOP/s "
+            f"({log.peak_cache.name}), not a datasheet peak"
+        )
     print_layout(pm, cfg)
 
     for part in pm.parts:
         part.train()
-    loss_value, val_loss = None, None  # stay None when there is no step to run (--max-steps 0: the model at initialisation)
+    loss_value, val_loss = (
+        None,
+        None,
+    )  # stay None when there is no step to run (--max-steps 0: the model at initialisation)
     log.start()
     for step in range(start_step, cfg.max_steps):
         done = step + 1
         logged = done % cfg.log_every == 0 or done == cfg.max_steps
         # This rank's slice of the global batch of this step (the same batch under every plan).
         indices = step_sample_indices(step, cfg.batch_size, len(train_windows), cfg.seed)
-        x, y = train_windows.batch(indices[par.dp_rank * local_batch:(par.dp_rank + 1) * local_batch])
+        x, y = train_windows.batch(indices[par.dp_rank * local_batch : (par.dp_rank + 1) * local_batch])
         x, y = x.to(par.device), y.to(par.device)
         pm.set_timing(logged)  # the last step of each log window is measured in detail
-        with CommunicationTimer(par.device, enabled=logged and cfg.measure_comm and par.world_size > 1) as comm, Stopwatch(par.device) as watch:
+        with (
+            CommunicationTimer(par.device, enabled=logged and cfg.measure_comm and par.world_size > 1) as comm,
+            Stopwatch(par.device) as watch,
+        ):
             local_loss = pm.forward_backward(x, y, cfg.grad_accum)
             grad_norm = clip_grad_norm(pm, cfg.grad_clip)
             for optimizer, scheduler in zip(optimizers, schedulers):
@@ -137,8 +158,17 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
         loss_value = pm.global_mean(local_loss)
-        log.train_step(done, logged, loss_value, schedulers[0].get_last_lr()[0], grad_norm, comm.seconds, watch.seconds,
-                       pm, optimizers)
+        log.train_step(
+            done,
+            logged,
+            loss_value,
+            schedulers[0].get_last_lr()[0],
+            grad_norm,
+            comm.seconds,
+            watch.seconds,
+            pm,
+            optimizers,
+        )
         if done % cfg.eval_every == 0 or done == cfg.max_steps:
             val_loss = evaluate(pm, val_windows, cfg)
             log.validation(done, val_loss)
@@ -151,10 +181,21 @@ def train(ws: Workspace, cfg: TrainConfig, resume_from: Path | None = None, plan
     state = full_state_dict(pm) if export else None
     if not main:
         return {}
-    summary = {"path": "model", "preset": cfg.preset, "steps": cfg.max_steps, "final_loss": loss_value,
-               "final_val_loss": val_loss, "parameters": n_params, "config": asdict(cfg.model), "seq_len": cfg.seq_len,
-               "batch_size": cfg.batch_size, "lr": cfg.lr, "plan": plan.to_dict(), "options": options.to_dict(),
-               **({"prediction": prediction} if prediction else {})}
+    summary = {
+        "path": "model",
+        "preset": cfg.preset,
+        "steps": cfg.max_steps,
+        "final_loss": loss_value,
+        "final_val_loss": val_loss,
+        "parameters": n_params,
+        "config": asdict(cfg.model),
+        "seq_len": cfg.seq_len,
+        "batch_size": cfg.batch_size,
+        "lr": cfg.lr,
+        "plan": plan.to_dict(),
+        "options": options.to_dict(),
+        **({"prediction": prediction} if prediction else {}),
+    }
     if export:
         export_model(state, cfg.model, load_tokenizer(ws.tokenizer_dir), ws.model_dir)
         summary["fingerprint"] = model_fingerprint(ws.model_dir)

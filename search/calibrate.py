@@ -16,6 +16,7 @@ SciFact the top spot moved between 0.2 and 0.4 from one model to the next, while
 preferred 0.2 each time). So every weight whose nDCG@10 is within one standard error (of the per-pair
 difference) of the best is on the plateau, and the median of those weights is chosen.
 """
+
 from __future__ import annotations
 
 import collections
@@ -69,9 +70,11 @@ def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
     # shortened text (embedded here), numbered after the stored chunks.
     kept = np.array([d not in pairs for d in chunk_docs])
     shortened_ids = int(chunk_ids[-1]) + 1 + np.arange(len(doc_ids), dtype=np.int64)
-    lexical = LexicalIndex.with_delta(Segment.load(base_segment_dir(ws, index_entry)),
-                                      [(i, titles[d], pairs[d][1]) for i, d in zip(shortened_ids.tolist(), doc_ids)],
-                                      np.concatenate([chunk_ids[kept], shortened_ids]))
+    lexical = LexicalIndex.with_delta(
+        Segment.load(base_segment_dir(ws, index_entry)),
+        [(i, titles[d], pairs[d][1]) for i, d in zip(shortened_ids.tolist(), doc_ids)],
+        np.concatenate([chunk_ids[kept], shortened_ids]),
+    )
     shortened_vectors = encode(model, [embedding_text(titles[d], pairs[d][1]) for d in doc_ids])
     query_vectors = encode(model, queries)
     collection_ids = [d for d, keep in zip(chunk_docs, kept) if keep] + doc_ids
@@ -84,15 +87,17 @@ def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
         docs = collection_docs[positions]
         _, first = np.unique(docs, return_index=True)
         first = np.sort(first)[:DEPTH]
-        return Ranking(docs[first], np.asarray(positions, dtype=np.int64)[first], np.asarray(scores, dtype=np.float64)[first])
+        return Ranking(
+            docs[first], np.asarray(positions, dtype=np.int64)[first], np.asarray(scores, dtype=np.float64)[first]
+        )
 
     dense_rankings = []
     kept_rows = np.flatnonzero(kept)
     for start in range(0, len(queries), QUERY_BATCH):  # a matrix product per batch: one pass over the vectors
-        batch = query_vectors[start:start + QUERY_BATCH]
+        batch = query_vectors[start : start + QUERY_BATCH]
         scores = np.concatenate([(vectors @ batch.T)[kept_rows], shortened_vectors @ batch.T]).T
         for row in scores:
-            top = np.arange(len(row)) if len(row) <= 4 * DEPTH else np.argpartition(-row, 4 * DEPTH)[:4 * DEPTH]
+            top = np.arange(len(row)) if len(row) <= 4 * DEPTH else np.argpartition(-row, 4 * DEPTH)[: 4 * DEPTH]
             top = top[np.lexsort((top, -row[top]))]
             dense_rankings.append(documents_of(top, row[top]))
     lexical_rankings = [documents_of(*lexical.search_positions(query, 4 * DEPTH)) for query in queries]
@@ -107,10 +112,19 @@ def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
 
     hybrid = {w: ndcg_at_10([fuse(d, l, w) for d, l in zip(dense_rankings, lexical_rankings)]) for w in HYBRID_WEIGHTS}
     weight = plateau_weight(hybrid)
-    measured = {"lexical": ndcg_at_10(lexical_rankings).mean(), "dense": ndcg_at_10(dense_rankings).mean(), "hybrid": hybrid[weight].mean()}
-    return {"pairs": len(pairs), "pair_kinds": dict(kinds), "collection_documents": len(set(collection_ids)), "dense_weight": weight,
-            "ndcg@10": {mode: float(v) for mode, v in measured.items()},
-            "hybrid_ndcg@10": {str(w): float(g.mean()) for w, g in hybrid.items()}}
+    measured = {
+        "lexical": ndcg_at_10(lexical_rankings).mean(),
+        "dense": ndcg_at_10(dense_rankings).mean(),
+        "hybrid": hybrid[weight].mean(),
+    }
+    return {
+        "pairs": len(pairs),
+        "pair_kinds": dict(kinds),
+        "collection_documents": len(set(collection_ids)),
+        "dense_weight": weight,
+        "ndcg@10": {mode: float(v) for mode, v in measured.items()},
+        "hybrid_ndcg@10": {str(w): float(g.mean()) for w, g in hybrid.items()},
+    }
 
 
 def plateau_weight(gains_by_weight: dict[float, np.ndarray]) -> float:
@@ -138,27 +152,49 @@ def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> dict
         return None
     best_weight, scores = result["dense_weight"], result["ndcg@10"]
     mode, inconclusive = best_mode(scores)
-    section = record_default_mode(ws, mode, best_weight, embedder_fingerprint, CHOSEN_BY, {
-        "ndcg@10": scores, "hybrid_ndcg@10": result["hybrid_ndcg@10"], "pairs": result["pairs"], "pair_kinds": result["pair_kinds"],
-        "collection_documents": result["collection_documents"], "inconclusive": inconclusive})
+    section = record_default_mode(
+        ws,
+        mode,
+        best_weight,
+        embedder_fingerprint,
+        CHOSEN_BY,
+        {
+            "ndcg@10": scores,
+            "hybrid_ndcg@10": result["hybrid_ndcg@10"],
+            "pairs": result["pairs"],
+            "pair_kinds": result["pair_kinds"],
+            "collection_documents": result["collection_documents"],
+            "inconclusive": inconclusive,
+        },
+    )
     kinds = ", ".join(f"{n} {kind}" for kind, n in result["pair_kinds"].items())
-    measured = (f"nDCG@10 on {result['pairs']} held-out corpus pairs ({kinds}): lexical {scores['lexical']:.3f}, "
-                f"dense {scores['dense']:.3f}, hybrid {scores['hybrid']:.3f} at dense weight {best_weight}")
+    measured = (
+        f"nDCG@10 on {result['pairs']} held-out corpus pairs ({kinds}): lexical {scores['lexical']:.3f}, "
+        f"dense {scores['dense']:.3f}, hybrid {scores['hybrid']:.3f} at dense weight {best_weight}"
+    )
     if inconclusive:
-        info(f"default search mode: lexical, as the measurement was inconclusive ({measured}: the held-out documents are "
-             "hardly ever found, as in a collection of near-duplicates); with judged queries, `pipeline eval --set-default` chooses")
+        info(
+            f"default search mode: lexical, as the measurement was inconclusive ({measured}: the held-out documents are "
+            "hardly ever found, as in a collection of near-duplicates); with judged queries, `pipeline eval --set-default` chooses"
+        )
     else:
         info(f"default search mode: {mode} ({measured})")
     return section
 
 
-def record_default_mode(ws: Workspace, mode: str, dense_weight: float, embedder_fingerprint: str, chosen_by: str,
-                        report: dict) -> dict:
+def record_default_mode(
+    ws: Workspace, mode: str, dense_weight: float, embedder_fingerprint: str, chosen_by: str, report: dict
+) -> dict:
     """Make `mode` (and the hybrid's `dense_weight`) the default search mode of the index built by this
     embedder: the manifest's "search" section, of which this is the one writer, for this measurement and
     for `pipeline eval --set-default`."""
-    entry = SearchEntry(default_mode=mode, dense_weight=dense_weight, embedder_fingerprint=embedder_fingerprint,
-                        chosen_by=chosen_by, report=report)
+    entry = SearchEntry(
+        default_mode=mode,
+        dense_weight=dense_weight,
+        embedder_fingerprint=embedder_fingerprint,
+        chosen_by=chosen_by,
+        report=report,
+    )
     write_section(ws, entry)
     return entry.to_json()
 

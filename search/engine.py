@@ -22,6 +22,7 @@ of the allowed share (efSearch, nprobe), and a graph walk that still comes back 
 allowed share where the walk would visit mostly refused nodes, is answered by an exact scan of the
 allowed vectors in HNSW's own flat storage; IVF then probes every list.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,8 @@ import faiss
 import numpy as np
 
 from common.console import warn
-from common.errors import PipelineError
 from common.embedder import encode, is_static, load_embedder, text_tokenizer, token_limit, truncate_to_model
+from common.errors import PipelineError
 from common.index_files import load_index
 from common.lexical import Analyzer, LexicalIndex
 from common.manifest import SearchEntry, read_manifest
@@ -66,9 +67,17 @@ class Hit:
     metadata: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"rank": self.rank, "score": self.score, "doc_id": self.doc_id, "title": self.title, "source": self.source,
-                "snippet": self.snippet, "highlights": [list(h) for h in self.highlights], "chunk_id": self.chunk_id,
-                "metadata": self.metadata}
+        return {
+            "rank": self.rank,
+            "score": self.score,
+            "doc_id": self.doc_id,
+            "title": self.title,
+            "source": self.source,
+            "snippet": self.snippet,
+            "highlights": [list(h) for h in self.highlights],
+            "chunk_id": self.chunk_id,
+            "metadata": self.metadata,
+        }
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,7 @@ class Ranking:
     """Documents best first, each with its best chunk: positions in the corpus (documents are in id order,
     so ordering by position breaks ties by id), and scores. Arrays, not a row per document: a hybrid
     query ranks 200 documents, and building a Python object for each was a tenth of its cost."""
+
     docs: np.ndarray  # int64 document positions
     chunks: np.ndarray  # int64 chunk positions
     scores: np.ndarray  # float64
@@ -124,18 +134,26 @@ class DenseIndex:
         self.inner = faiss.downcast_index(faiss.downcast_index(index).index)
         self.ntotal = self.inner.ntotal
         self.kind = "hnsw" if hasattr(self.inner, "hnsw") else "ivf" if hasattr(self.inner, "nprobe") else "flat"
-        self.exact = faiss.downcast_index(self.inner.storage) if self.kind == "hnsw" else self.inner if self.kind == "flat" else None
+        self.exact = (
+            faiss.downcast_index(self.inner.storage)
+            if self.kind == "hnsw"
+            else self.inner
+            if self.kind == "flat"
+            else None
+        )
         self.live_slots = None if len(self.live_positions) == self.ntotal else Slots(live)
 
-    def search(self, vectors: np.ndarray, n: int, allowed: "AllowedChunks | None") -> list[tuple[np.ndarray, np.ndarray]]:
+    def search(
+        self, vectors: np.ndarray, n: int, allowed: "AllowedChunks | None"
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
         """The best n (chunk positions, scores) for each query vector [m, dim], best first. Unrestricted
         queries are searched in one call: over a flat index several queries share one pass over the
         vectors (the scan is memory-bound)."""
         slots = allowed.slots(self) if allowed is not None else self.live_slots
         if slots is None:
             scores, labels = self.inner.search(vectors, min(n, self.ntotal))
-            return [self._valid(scores[i:i + 1], labels[i:i + 1]) for i in range(len(vectors))]
-        return [self._search_slots(vectors[i:i + 1], n, slots) for i in range(len(vectors))]
+            return [self._valid(scores[i : i + 1], labels[i : i + 1]) for i in range(len(vectors))]
+        return [self._search_slots(vectors[i : i + 1], n, slots) for i in range(len(vectors))]
 
     def _search_slots(self, vector: np.ndarray, n: int, slots: "Slots") -> tuple[np.ndarray, np.ndarray]:
         """The best n of the given slots for one query vector [1, dim] (see the module docstring)."""
@@ -153,7 +171,9 @@ class DenseIndex:
         elif self.kind == "flat":
             return self._exact(vector, want, slots)
         else:
-            params = faiss.SearchParametersIVF(sel=slots.selector, nprobe=min(self.inner.nlist, math.ceil(self.inner.nprobe / share)))
+            params = faiss.SearchParametersIVF(
+                sel=slots.selector, nprobe=min(self.inner.nlist, math.ceil(self.inner.nprobe / share))
+            )
         positions, scores = self._valid(*self.inner.search(vector, want, params=params))
         if len(positions) < want:  # the widened search still came back short
             if self.exact is not None:
@@ -210,11 +230,14 @@ class SearchEngine:
         self.model_dir = manifest.embedder.model_dir(ws)
         if not self.model_dir.exists():
             raise PipelineError(f"{self.model_dir}: the embedding model recorded in the manifest is gone")
-        current = model_fingerprint(self.model_dir)  # a stale index is refused whatever the mode, as `pipeline status` does
+        current = model_fingerprint(
+            self.model_dir
+        )  # a stale index is refused whatever the mode, as `pipeline status` does
         if self.index_entry.embedder_fingerprint != current:
             raise PipelineError(
                 f"the index was built with model {self.index_entry.embedder_fingerprint} but {self.model_dir} now holds "
-                f"model {current}: run `pipeline embed` and `pipeline index` again")
+                f"model {current}: run `pipeline embed` and `pipeline index` again"
+            )
         # One snapshot of the store, then the file is let go (`pipeline embed` may write to it meanwhile).
         with Store(ws.db_path, read_only=True) as store:
             self.corpus = store.load_corpus()
@@ -224,7 +247,9 @@ class SearchEngine:
         # The base index, and the delta of chunks added since it was built (index/update.py).
         self.dense = [DenseIndex(load_index(ws.root / path), self.corpus) for path in self.index_entry.files]
         held = np.concatenate([part.live_positions for part in self.dense])
-        if len(held) != len(self.corpus.chunk_ids) or len(np.unique(held)) != len(held):  # the generation check makes this a broken file
+        if len(held) != len(self.corpus.chunk_ids) or len(np.unique(held)) != len(
+            held
+        ):  # the generation check makes this a broken file
             raise PipelineError("the FAISS index does not hold the stored chunks: run `pipeline index`")
         lexical_path = self.index_entry.lexical_path
         self.lexical = LexicalIndex.load(ws.root / lexical_path) if lexical_path else None
@@ -272,12 +297,25 @@ class SearchEngine:
         return mode
 
     # ---- search
-    def search(self, query: str, k: int = 10, mode: str | None = None, filters: DocumentFilter | None = None,
-               dense_weight: float | None = None) -> list[Hit]:
+    def search(
+        self,
+        query: str,
+        k: int = 10,
+        mode: str | None = None,
+        filters: DocumentFilter | None = None,
+        dense_weight: float | None = None,
+    ) -> list[Hit]:
         return self.search_many([query], k, mode, filters, dense_weight)[0]
 
-    def search_many(self, queries: list[str], k: int = 10, mode: str | None = None, filters: DocumentFilter | None = None,
-                    dense_weight: float | None = None, names: list[str] | None = None) -> list[list[Hit]]:
+    def search_many(
+        self,
+        queries: list[str],
+        k: int = 10,
+        mode: str | None = None,
+        filters: DocumentFilter | None = None,
+        dense_weight: float | None = None,
+        names: list[str] | None = None,
+    ) -> list[list[Hit]]:
         """Results for each query; queries are embedded in one batch (what `pipeline eval` uses).
         mode and dense_weight default to the workspace's measured defaults. A query longer than the model
         reads is embedded up to the model's input length (lexical search reads all of it); given `names`
@@ -316,8 +354,10 @@ class SearchEngine:
         for name, n_tokens in zip(names or [], lengths):
             if n_tokens > limit and name not in self._warned_long:  # `eval --mode all` embeds the queries twice
                 self._warned_long.add(name)
-                warn(f"query {name} is {n_tokens:,} tokens long and the model reads {limit}: "
-                     f"it is embedded up to there (lexical search reads all of it)")
+                warn(
+                    f"query {name} is {n_tokens:,} tokens long and the model reads {limit}: "
+                    f"it is embedded up to there (lexical search reads all of it)"
+                )
         return vectors
 
     @contextmanager
@@ -332,10 +372,16 @@ class SearchEngine:
         """Each query vector's best n_docs documents: the first fetch of chunks for all queries at once."""
         total = len(self.corpus.chunk_ids) if allowed is None else allowed.count
         first = self.dense_chunks(vectors, first_fetch(n_docs, total), allowed)
-        return [self.best_chunk_per_document(lambda n, v=vectors[i:i + 1]: self.dense_chunks(v, n, allowed)[0], n_docs, total, first[i])
-                for i in range(len(vectors))]
+        return [
+            self.best_chunk_per_document(
+                lambda n, v=vectors[i : i + 1]: self.dense_chunks(v, n, allowed)[0], n_docs, total, first[i]
+            )
+            for i in range(len(vectors))
+        ]
 
-    def dense_chunks(self, vectors: np.ndarray, n: int, allowed: AllowedChunks | None) -> list[tuple[np.ndarray, np.ndarray]]:
+    def dense_chunks(
+        self, vectors: np.ndarray, n: int, allowed: AllowedChunks | None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
         """For each query vector, the best n (chunk positions, scores) of the base and delta indexes together, best first."""
         found = [part.search(vectors, n, allowed) for part in self.dense]
         if len(found) == 1:
@@ -368,12 +414,28 @@ class SearchEngine:
             n = min(total, n * 4)
 
     def hits(self, query: str, ranking: Ranking) -> list[Hit]:
-        corpus, terms = self.corpus, snippet_terms(query, self.lexical.analyzer if self.lexical is not None else Analyzer())
+        corpus, terms = (
+            self.corpus,
+            snippet_terms(query, self.lexical.analyzer if self.lexical is not None else Analyzer()),
+        )
         hits = []
-        for rank, (doc, chunk, score) in enumerate(zip(ranking.docs.tolist(), ranking.chunks.tolist(), ranking.scores.tolist()), start=1):
+        for rank, (doc, chunk, score) in enumerate(
+            zip(ranking.docs.tolist(), ranking.chunks.tolist(), ranking.scores.tolist()), start=1
+        ):
             text, marks = make_snippet(corpus.chunk_texts[chunk], terms, bool(corpus.chunk_starts_mid_text[chunk]))
-            hits.append(Hit(rank, score, corpus.doc_ids[doc], corpus.titles[doc], corpus.sources[doc], text, marks,
-                            int(corpus.chunk_ids[chunk]), corpus.metadata[doc]))
+            hits.append(
+                Hit(
+                    rank,
+                    score,
+                    corpus.doc_ids[doc],
+                    corpus.titles[doc],
+                    corpus.sources[doc],
+                    text,
+                    marks,
+                    int(corpus.chunk_ids[chunk]),
+                    corpus.metadata[doc],
+                )
+            )
         return hits
 
     def document(self, doc_id: str) -> dict | None:
@@ -381,8 +443,14 @@ class SearchEngine:
         if position is None:
             return None
         c = self.corpus
-        return {"doc_id": doc_id, "title": c.titles[position], "source": c.sources[position], "text": c.texts[position],
-                "metadata": c.metadata[position], "chunks": int(c.chunks_per_doc[position])}
+        return {
+            "doc_id": doc_id,
+            "title": c.titles[position],
+            "source": c.sources[position],
+            "text": c.texts[position],
+            "metadata": c.metadata[position],
+            "chunks": int(c.chunks_per_doc[position]),
+        }
 
 
 def first_fetch(n_docs: int, total: int) -> int:
@@ -395,7 +463,9 @@ def fuse(dense: Ranking, lexical: Ranking, dense_weight: float) -> Ranking:
     adds weight * (z(d) - its lowest z), which ranks as the combination does with a missing document
     at its list's lowest score, and keeps every fused score at 0 or above. A document is shown with
     the chunk of the retriever that contributed more to it (dense on a tie); equal scores rank by id."""
-    parts = [(weight, ranking) for weight, ranking in ((dense_weight, dense), (1.0 - dense_weight, lexical)) if len(ranking)]
+    parts = [
+        (weight, ranking) for weight, ranking in ((dense_weight, dense), (1.0 - dense_weight, lexical)) if len(ranking)
+    ]
     if not parts:
         return NO_RANKING
     contributions = []

@@ -7,6 +7,7 @@ Document ids in the qrels are the stored doc_ids (the `_id`/`id` fields of the e
 Metrics come from pytrec_eval (trec_eval's own code): nDCG@10, Recall@100, MRR@10. Only queries
 that have judgements are run.
 """
+
 from __future__ import annotations
 
 import time
@@ -16,9 +17,9 @@ import pytrec_eval
 
 from common.console import info
 from common.errors import PipelineError
-from search.filters import DocumentFilter
 from common.readers import read_json_lines
 from search.engine import MODES, SearchEngine
+from search.filters import DocumentFilter
 
 
 def read_queries(path: Path) -> dict[str, str]:
@@ -29,7 +30,7 @@ def read_queries(path: Path) -> dict[str, str]:
         qid = row.get("_id", row.get("id"))
         text = row.get("text", row.get("query"))
         if qid is None or not isinstance(text, str) or not text.strip():
-            raise PipelineError(f"{path}:{line_no}: a query needs an \"_id\" and a non-empty \"text\"")
+            raise PipelineError(f'{path}:{line_no}: a query needs an "_id" and a non-empty "text"')
         queries[str(qid)] = text
     if not queries:
         raise PipelineError(f"{path}: no queries")
@@ -53,7 +54,9 @@ def read_qrels(path: Path) -> dict[str, dict[str, int]]:
         if len(fields) == 4:  # TREC's query-id 0 doc-id relevance
             fields = [fields[0], fields[2], fields[3]]
         if len(fields) != 3 or not fields[2].strip().lstrip("-").isdigit():
-            raise PipelineError(f"{path}:{line_no}: expected query-id, corpus-id and an integer score separated by tabs")
+            raise PipelineError(
+                f"{path}:{line_no}: expected query-id, corpus-id and an integer score separated by tabs"
+            )
         qid, doc_id, score = (x.strip() for x in fields)
         qrels.setdefault(qid, {})[doc_id] = int(score)
     if not qrels:
@@ -61,8 +64,15 @@ def read_qrels(path: Path) -> dict[str, dict[str, int]]:
     return qrels
 
 
-def evaluate(engine: SearchEngine, queries: dict[str, str], qrels: dict[str, dict[str, int]], mode: str | None = None,
-             depth: int = 100, dense_weight: float | None = None, filters: DocumentFilter | None = None) -> dict:
+def evaluate(
+    engine: SearchEngine,
+    queries: dict[str, str],
+    qrels: dict[str, dict[str, int]],
+    mode: str | None = None,
+    depth: int = 100,
+    dense_weight: float | None = None,
+    filters: DocumentFilter | None = None,
+) -> dict:
     """Run every judged query and score the rankings (only among the documents `filters` keeps, if given);
     returns the mean metrics and the run's details."""
     judged = [q for q in qrels if q in queries]
@@ -71,13 +81,22 @@ def evaluate(engine: SearchEngine, queries: dict[str, str], qrels: dict[str, dic
     mode = engine.resolve_mode(mode)
     info(f"{mode}: searching {len(judged):,} judged queries (top {depth})")
     start = time.perf_counter()
-    results = engine.search_many([queries[q] for q in judged], k=depth, mode=mode, filters=filters, dense_weight=dense_weight, names=judged)
+    results = engine.search_many(
+        [queries[q] for q in judged], k=depth, mode=mode, filters=filters, dense_weight=dense_weight, names=judged
+    )
     seconds = time.perf_counter() - start
     run = {q: [hit.doc_id for hit in hits] for q, hits in zip(judged, results)}
     metrics = score_run(run, {q: qrels[q] for q in judged})
-    return {"mode": mode, "queries": len(judged), "skipped_queries": len(qrels) - len(judged), "depth": depth,
-            "dense_weight": engine.resolve_dense_weight(dense_weight) if mode == "hybrid" else None, **metrics,
-            "seconds": seconds, "queries_per_s": len(judged) / seconds if seconds else None}
+    return {
+        "mode": mode,
+        "queries": len(judged),
+        "skipped_queries": len(qrels) - len(judged),
+        "depth": depth,
+        "dense_weight": engine.resolve_dense_weight(dense_weight) if mode == "hybrid" else None,
+        **metrics,
+        "seconds": seconds,
+        "queries_per_s": len(judged) / seconds if seconds else None,
+    }
 
 
 def score_run(run: dict[str, list[str]], qrels: dict[str, dict[str, int]]) -> dict[str, float]:
@@ -92,6 +111,7 @@ def score_run(run: dict[str, list[str]], qrels: dict[str, dict[str, int]]) -> di
     # pytrec_eval leaves out queries with an empty run: they score 0, so divide by all queries.
     def mean(values):
         return sum(values) / len(run)
+
     return {
         "ndcg@10": mean(m["ndcg_cut_10"] for m in per_query.values()),
         "recall@100": mean(m["recall_100"] for m in per_query.values()),

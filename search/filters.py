@@ -16,6 +16,7 @@ document's metadata but is not a column. Two ways to filter:
 The result is the set of allowed documents' positions, cached per filter (an app asks with the same
 filters again and again).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -61,13 +62,15 @@ def _typed_column(values: list) -> tuple[pa.Array, str]:
     if kinds <= {bool}:
         return pa.array(values, pa.bool_()), "BOOLEAN"
     if kinds <= {int}:
-        if all(-2**63 <= v < 2**63 for v in present):
+        if all(-(2**63) <= v < 2**63 for v in present):
             return pa.array(values, pa.int64()), "BIGINT"
     if kinds <= {int, float}:
         return pa.array([None if v is None else float(v) for v in values], pa.float64()), "DOUBLE"
     if kinds <= {str}:
-        for parse, arrow_type, name in ((datetime.date.fromisoformat, pa.date32(), "DATE"),
-                                        (datetime.datetime.fromisoformat, pa.timestamp("us"), "TIMESTAMP")):
+        for parse, arrow_type, name in (
+            (datetime.date.fromisoformat, pa.date32(), "DATE"),
+            (datetime.datetime.fromisoformat, pa.timestamp("us"), "TIMESTAMP"),
+        ):
             try:  # ISO dates and timestamps (what the readers make of typed dates) compare as such
                 if name == "DATE" and any(len(v) != 10 for v in present):
                     continue
@@ -77,8 +80,11 @@ def _typed_column(values: list) -> tuple[pa.Array, str]:
         return pa.array(values, pa.string()), "VARCHAR"
     if kinds <= {list} and present:
         inner = {type(x) for v in present for x in v}
-        for allowed, arrow_type, name in (({str}, pa.string(), "VARCHAR[]"), ({int}, pa.int64(), "BIGINT[]"),
-                                          ({int, float}, pa.float64(), "DOUBLE[]")):
+        for allowed, arrow_type, name in (
+            ({str}, pa.string(), "VARCHAR[]"),
+            ({int}, pa.int64(), "BIGINT[]"),
+            ({int, float}, pa.float64(), "DOUBLE[]"),
+        ):
             if inner and inner <= allowed:
                 try:
                     return pa.array(values, pa.list_(arrow_type)), name
@@ -92,9 +98,12 @@ class DocumentFilters:
 
     def __init__(self, corpus: Corpus):
         self.n_documents = len(corpus.doc_ids)
-        columns = {"position": pa.array(np.arange(self.n_documents, dtype=np.int32)),
-                   "doc_id": pa.array(corpus.doc_ids, pa.string()), "title": pa.array(corpus.titles, pa.string()),
-                   "source": pa.array(corpus.sources, pa.string())}
+        columns = {
+            "position": pa.array(np.arange(self.n_documents, dtype=np.int32)),
+            "doc_id": pa.array(corpus.doc_ids, pa.string()),
+            "title": pa.array(corpus.titles, pa.string()),
+            "source": pa.array(corpus.sources, pa.string()),
+        }
         self.fields = {"doc_id": "VARCHAR", "title": "VARCHAR", "source": "VARCHAR"}
         taken = {"position", *BUILT_IN}
         names = list(dict.fromkeys(name for metadata in corpus.metadata for name in metadata))
@@ -131,7 +140,9 @@ class DocumentFilters:
             conditions.append(f"({self._check_where(wanted.where)}\n)")
         cursor = self.con.cursor()
         try:
-            rows = cursor.execute(f"SELECT position FROM documents WHERE {' AND '.join(conditions)} ORDER BY position", params).fetchnumpy()
+            rows = cursor.execute(
+                f"SELECT position FROM documents WHERE {' AND '.join(conditions)} ORDER BY position", params
+            ).fetchnumpy()
         except duckdb.Error as e:
             what = "--where" if wanted.where and not wanted.structured else "filter"
             raise FilterError(f"{what}: {_first_line(e)}") from None
@@ -151,7 +162,9 @@ class DocumentFilters:
         except duckdb.Error as e:
             raise FilterError(f"--where: {_first_line(e)}") from None
         if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
-            raise FilterError("--where: must be one condition over the documents' columns, e.g. \"year >= 2015 AND journal = 'Nature'\"")
+            raise FilterError(
+                "--where: must be one condition over the documents' columns, e.g. \"year >= 2015 AND journal = 'Nature'\""
+            )
         return where
 
     def compile(self, structured: dict) -> tuple[str, dict]:
@@ -169,7 +182,9 @@ class DocumentFilters:
                 raise FilterError(f"filter.{field}: no operator (operators: {', '.join(OPERATORS)})")
             for operator, value in condition.items():
                 if operator not in OPERATORS:
-                    raise FilterError(f"filter.{field}: unknown operator '{operator}' (operators: {', '.join(OPERATORS)})")
+                    raise FilterError(
+                        f"filter.{field}: unknown operator '{operator}' (operators: {', '.join(OPERATORS)})"
+                    )
                 conditions.append(self._condition(column, str(field), operator, value, params))
         return "(" + " AND ".join(conditions) + ")", params
 
@@ -187,7 +202,11 @@ class DocumentFilters:
             if not isinstance(value, list) or not value:
                 raise FilterError(f"{where}: expects a non-empty list of values")
             values = [self._value(kind.removesuffix("[]"), v, where) for v in value]
-            test = f"list_has_any({quoted}, {bind(values)})" if kind.endswith("[]") else f"list_contains({bind(values)}, {quoted})"
+            test = (
+                f"list_has_any({quoted}, {bind(values)})"
+                if kind.endswith("[]")
+                else f"list_contains({bind(values)}, {quoted})"
+            )
             return test if operator == "in" else f"NOT coalesce({test}, false)"
         if operator == "glob":
             if not isinstance(value, str) or kind != "VARCHAR":
@@ -207,7 +226,10 @@ class DocumentFilters:
             test = f"list_contains({quoted}, {bind(self._value(kind.removesuffix('[]'), value, where))})"
             return test if operator == "eq" else f"NOT coalesce({test}, false)"
         if operator in ("gt", "gte", "lt", "lte") and kind in ("VARCHAR", "BOOLEAN"):
-            raise FilterError(f"{where}: '{field}' is {'text' if kind == 'VARCHAR' else 'true/false'}; it takes eq, ne, in, nin" + (", glob, contains" if kind == "VARCHAR" else ""))
+            raise FilterError(
+                f"{where}: '{field}' is {'text' if kind == 'VARCHAR' else 'true/false'}; it takes eq, ne, in, nin"
+                + (", glob, contains" if kind == "VARCHAR" else "")
+            )
         test = f"{quoted} {COMPARISONS[operator]} {bind(self._value(kind, value, where))}"
         return test if operator != "ne" else f"({quoted} IS NULL OR {test})"
 
@@ -222,11 +244,21 @@ class DocumentFilters:
             return value
         if kind in ("DATE", "TIMESTAMP") and isinstance(value, str):
             try:
-                return datetime.date.fromisoformat(value) if kind == "DATE" and len(value) == 10 else datetime.datetime.fromisoformat(value)
+                return (
+                    datetime.date.fromisoformat(value)
+                    if kind == "DATE" and len(value) == 10
+                    else datetime.datetime.fromisoformat(value)
+                )
             except ValueError:
                 pass
-        expected = {"BOOLEAN": "true or false", "BIGINT": "a number", "DOUBLE": "a number", "VARCHAR": "a text",
-                    "DATE": "an ISO date (2015-06-30)", "TIMESTAMP": "an ISO timestamp (2015-06-30T12:00:00)"}[kind]
+        expected = {
+            "BOOLEAN": "true or false",
+            "BIGINT": "a number",
+            "DOUBLE": "a number",
+            "VARCHAR": "a text",
+            "DATE": "an ISO date (2015-06-30)",
+            "TIMESTAMP": "an ISO timestamp (2015-06-30T12:00:00)",
+        }[kind]
         raise FilterError(f"{where}: expects {expected}, got {json.dumps(value)[:80]}")
 
 

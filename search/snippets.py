@@ -7,6 +7,7 @@ marks "tumour" and "Tumours" in the text, whatever the mode that found the hit. 
 holding the most distinct query terms (then the most matches, then the earliest); with no term in the
 chunk, its beginning. Offsets are character offsets into the snippet text: [start, end) pairs.
 """
+
 from __future__ import annotations
 
 import functools
@@ -19,7 +20,9 @@ from common.lexical import Analyzer
 LIMIT = 240
 
 
-_STEMS: dict[tuple[str, str], str] = {}  # (language, lower-cased word) -> its stem; grows to the corpus's vocabulary at most
+_STEMS: dict[
+    tuple[str, str], str
+] = {}  # (language, lower-cased word) -> its stem; grows to the corpus's vocabulary at most
 
 
 def _stem(analyzer: Analyzer, lowered: str) -> str:
@@ -35,6 +38,7 @@ class QueryTerms:
     """A query's stemmed terms, and the prefixes of the words that may be one of them: a word whose stem is
     a term starts with the term less its last letter (Snowball changes only a word's ending, e.g.
     density -> densiti), so only the few words of a chunk that start with a prefix are stemmed."""
+
     stems: frozenset[str]
     prefixes: tuple[str, ...]
     cjk: tuple[str, ...]  # CJK bigrams: matched where they are, inside a run of characters without spaces
@@ -44,8 +48,12 @@ class QueryTerms:
 def snippet_terms(query: str, analyzer: Analyzer = Analyzer()) -> QueryTerms:
     stems = frozenset(analyzer.query_terms(query))
     words = {stem for stem in stems if not has_cjk(stem)}
-    return QueryTerms(stems, tuple(sorted({stem[:-1] if len(stem) > 2 else stem for stem in words})),
-                      tuple(sorted(stems - words)), analyzer)
+    return QueryTerms(
+        stems,
+        tuple(sorted({stem[:-1] if len(stem) > 2 else stem for stem in words})),
+        tuple(sorted(stems - words)),
+        analyzer,
+    )
 
 
 def _cjk_matches(text: str, bigrams: tuple[str, ...]) -> list[tuple[int, int, str]]:
@@ -92,7 +100,9 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def make_snippet(text: str, terms: QueryTerms, starts_mid_text: bool = False, limit: int = LIMIT) -> tuple[str, list[tuple[int, int]]]:
+def make_snippet(
+    text: str, terms: QueryTerms, starts_mid_text: bool = False, limit: int = LIMIT
+) -> tuple[str, list[tuple[int, int]]]:
     """(snippet, [(start, end) of each matched term in it]) for a chunk's text and the query's terms."""
     text = _one_line(text)
     matched = []  # (start, end, stem) of each word that is a query term
@@ -154,4 +164,3 @@ def _best_window_start(text: str, matched: list[tuple[int, int, str]], limit: in
 def _cut_at_space(text: str, start: int, end: int) -> int:
     cut = text.rfind(" ", start, end + 1)
     return cut if cut > start else end
-

@@ -1,4 +1,5 @@
 """Shared fixtures: small slices of SciFact and one tiny trained workspace reused across tests."""
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,27 @@ REPO = Path(__file__).resolve().parents[1]
 SCIFACT = REPO.parent / "shared" / "data" / "scifact"
 
 # A model small enough to train in seconds; the shapes are still GPT-2's.
-TINY_TRAINING = ["--preset", "tiny", "--n-layer", "2", "--n-head", "2", "--n-embd", "32", "--seq-len", "32",
-                 "--batch-size", "8", "--vocab-size", "400", "--eval-every", "10", "--log-every", "1", "--no-adapt"]
+TINY_TRAINING = [
+    "--preset",
+    "tiny",
+    "--n-layer",
+    "2",
+    "--n-head",
+    "2",
+    "--n-embd",
+    "32",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "8",
+    "--vocab-size",
+    "400",
+    "--eval-every",
+    "10",
+    "--log-every",
+    "1",
+    "--no-adapt",
+]
 
 
 def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -86,15 +106,21 @@ def isolated_run():
 def run_cli_process(*args: str, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run `pipeline ARGS` in a separate process: for tests where the process itself is the point."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    result = subprocess.run([sys.executable, str(REPO / "cli.py"), *args], capture_output=True, text=True,
-                            timeout=timeout, env=env, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "cli.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO,
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"pipeline {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
     return result
 
 
 def scifact_slice(path: Path, n: int, start: int = 0) -> Path:
-    lines = (SCIFACT / "corpus.jsonl").read_text().splitlines()[start:start + n]
+    lines = (SCIFACT / "corpus.jsonl").read_text().splitlines()[start : start + n]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -115,8 +141,13 @@ JOURNALS = ("Nature", "Cell", "Science", "Lancet")
 def corpus_metadata(i: int) -> dict:
     """The fields a user's documents carry beside their text, for the i-th document of the corpus slice:
     `year` is 1900 + i, so `year < 1900 + n` keeps exactly the first n documents."""
-    return {"year": 1900 + i, "journal": JOURNALS[i % len(JOURNALS)], "open_access": i % 2 == 0,
-            "published": f"{1900 + i}-0{1 + i % 9}-15", "tags": ["even" if i % 2 == 0 else "odd", f"group-{i % 3}"]}
+    return {
+        "year": 1900 + i,
+        "journal": JOURNALS[i % len(JOURNALS)],
+        "open_access": i % 2 == 0,
+        "published": f"{1900 + i}-0{1 + i % 9}-15",
+        "tags": ["even" if i % 2 == 0 else "odd", f"group-{i % 3}"],
+    }
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ Importing torch and sentence-transformers takes most of a small command's time, 
 process that imports them once and forks a child per command (as multiprocessing's fork start method
 does): each child is a fresh process running the CLI's code, killed at its point.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -68,10 +69,11 @@ def run_command(point: str, nth: int, args: list[str], log: str) -> None:
 
 def serve() -> None:
     """Read one request per line, [point, nth, args, log]; answer each with the child's exit status."""
-    import cli  # noqa: F401 -- what every command imports, once
     import faiss  # noqa: F401
     import sentence_transformers  # noqa: F401
     import torch  # noqa: F401
+
+    import cli  # noqa: F401 -- what every command imports, once
 
     print("ready", flush=True)
     for line in sys.stdin:
@@ -88,8 +90,9 @@ class Killer:
 
     def __init__(self, log_dir: Path):
         self.log_dir = log_dir
-        self.process = subprocess.Popen([sys.executable, __file__], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, __file__], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         assert self.process.stdout.readline().strip() == "ready"
         self.runs = 0
 

@@ -1,5 +1,6 @@
 """A running `pipeline serve` for the tests that talk to a real server (and for the benchmarks, which
 import it from here: benchmarks/benchmarks_common.py)."""
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,14 @@ def running_server(ws: Path, *options: str, output=subprocess.DEVNULL, timeout_s
     import httpx
 
     port = free_port()
-    process = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "serve", "-w", str(ws), "--port", str(port), *options],
-                               cwd=REPO, stdout=output, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "cli.py"), "serve", "-w", str(ws), "--port", str(port), *options],
+        cwd=REPO,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s
@@ -41,7 +48,9 @@ def running_server(ws: Path, *options: str, output=subprocess.DEVNULL, timeout_s
                 pass
             if process.poll() is not None or time.monotonic() > deadline:
                 said = process.stdout.read() if output == subprocess.PIPE and process.poll() is not None else ""
-                raise RuntimeError(f"pipeline serve did not start ({'exited' if process.poll() is not None else 'timed out'}): {said}")
+                raise RuntimeError(
+                    f"pipeline serve did not start ({'exited' if process.poll() is not None else 'timed out'}): {said}"
+                )
             time.sleep(0.3)
         yield base
     finally:

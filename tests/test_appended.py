@@ -1,5 +1,6 @@
 """An embed reads only what was appended to a JSON-lines file since the last run (embed/appended.py),
 and reads the whole file whenever the lines read before may no longer be what the store holds."""
+
 import json
 import shutil
 
@@ -16,7 +17,7 @@ CHUNKING = dict(chunk_tokens=64, overlap=8)
 
 
 def rows(start: int, n: int) -> list[dict]:
-    return [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()[start:start + n]]
+    return [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()[start : start + n]]
 
 
 def lines(rows: list[dict]) -> str:
@@ -129,7 +130,9 @@ def test_a_document_deleted_outside_embed_makes_the_whole_file_read(workspace, t
     embed(workspace, data, prune=True)
     embedder = read_json(workspace)["embedder"]
     with Store(workspace.db_path) as store:
-        store.stage(embedder["dim"], embedder_key(embedder["fingerprint"], embedder["chunk_tokens"], embedder["overlap"]), {})
+        store.stage(
+            embedder["dim"], embedder_key(embedder["fingerprint"], embedder["chunk_tokens"], embedder["overlap"]), {}
+        )
         store.publish(replace_all=False, remove=[docs[4]["_id"]])
     assert docs[4]["_id"] not in stored(workspace)
     with data.open("a") as f:

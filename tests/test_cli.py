@@ -1,4 +1,5 @@
 """End to end through the CLI, as a user runs it."""
+
 import inspect
 import json
 import shutil
@@ -8,7 +9,6 @@ import pytest
 
 from common.embedder import embedding_text
 from common.store import Store
-
 from conftest import REPO, TINY_TRAINING, run_cli
 
 
@@ -29,8 +29,11 @@ def test_a_chunk_finds_its_own_document(trained_workspace):
     with Store(trained_workspace / "pipeline.duckdb", read_only=True) as store:
         doc_id, title, text = store.con.execute(
             "SELECT d.doc_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) "
-            "WHERE c.chunk_index = 1 ORDER BY c.chunk_id LIMIT 1").fetchall()[0]
-    result = run_cli("search", "-w", str(trained_workspace), embedding_text(title, text), "-k", "3", "--mode", "dense", "--json")
+            "WHERE c.chunk_index = 1 ORDER BY c.chunk_id LIMIT 1"
+        ).fetchall()[0]
+    result = run_cli(
+        "search", "-w", str(trained_workspace), embedding_text(title, text), "-k", "3", "--mode", "dense", "--json"
+    )
     best = json.loads(result.stdout.splitlines()[0])
     assert best["doc_id"] == doc_id and best["score"] > 0.9999
 
@@ -39,7 +42,13 @@ def test_status_reports_a_consistent_workspace(trained_workspace):
     report = json.loads(run_cli("status", "-w", str(trained_workspace), "--json").stdout)
     assert report["problems"] == []
     assert {name: part["state"] for name, part in report["parts"].items()} == {
-        "tokenizer": "ok", "model": "ok", "tuned": "none", "vectors": "ok", "index": "ok", "search": "ok"}
+        "tokenizer": "ok",
+        "model": "ok",
+        "tuned": "none",
+        "vectors": "ok",
+        "index": "ok",
+        "search": "ok",
+    }
 
 
 def test_status_of_a_missing_workspace_says_so_and_fails(tmp_path):
@@ -59,7 +68,9 @@ def test_search_prints_titles_and_text_verbatim_never_as_markup(trained_workspac
     run_cli("embed", "-w", str(ws), "--data", str(data), "--chunk-tokens", "64", "--overlap", "8")
     run_cli("index", "-w", str(ws))
     monkeypatch.setenv("COLUMNS", "300")  # wide enough that no cell wraps
-    table = run_cli("search", "-w", str(ws), "[bold]vitamin[/bold] density", "--title", "oops", "--mode", "lexical").stdout
+    table = run_cli(
+        "search", "-w", str(ws), "[bold]vitamin[/bold] density", "--title", "oops", "--mode", "lexical"
+    ).stdout
     assert "results for: [bold]vitamin[/bold] density" in table
     assert title in table and text in table
 
@@ -70,7 +81,10 @@ def test_search_with_a_retrained_model_fails_clearly(trained_workspace, tmp_path
     run_cli("pretrain", "-w", str(ws), "--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "3")
     mismatch = run_cli("search", "-w", str(ws), "anything", check=False)
     assert mismatch.returncode == 2
-    assert "the index was built with model" in mismatch.stderr and "run `pipeline embed` and `pipeline index` again" in mismatch.stderr
+    assert (
+        "the index was built with model" in mismatch.stderr
+        and "run `pipeline embed` and `pipeline index` again" in mismatch.stderr
+    )
     assert len(mismatch.stderr.strip().splitlines()) == 1
     status = run_cli("status", "-w", str(ws), check=False)
     assert status.returncode == 1 and "problem:" in status.stdout
@@ -90,7 +104,16 @@ def test_bad_input_is_one_line_naming_the_problem(tmp_path, trained_workspace):
     assert no_model.returncode == 2 and "run `pipeline pretrain` first, or pass --model DIR" in no_model.stderr
     number = tmp_path / "number.jsonl"
     number.write_text('{"_id": "1", "text": 3.5}\n')
-    refused = run_cli("embed", "-w", str(tmp_path / "ws"), "--model", str(trained_workspace / "model"), "--data", str(number), check=False)
+    refused = run_cli(
+        "embed",
+        "-w",
+        str(tmp_path / "ws"),
+        "--model",
+        str(trained_workspace / "model"),
+        "--data",
+        str(number),
+        check=False,
+    )
     assert refused.returncode == 2
     assert refused.stderr.strip() == f"error: {number}:1: field 'text' holds a number, not text"
 
@@ -108,7 +131,9 @@ def test_every_command_has_help_with_examples():
 def test_a_moved_or_copied_workspace_searches_with_its_own_model(trained_workspace, tmp_path):
     original = tmp_path / "original"
     shutil.copytree(trained_workspace, original)
-    assert json.loads((original / "manifest.json").read_text())["embedder"]["model_path"] == "model"  # relative to the workspace
+    assert (
+        json.loads((original / "manifest.json").read_text())["embedder"]["model_path"] == "model"
+    )  # relative to the workspace
     moved = tmp_path / "moved"
     original.rename(moved)
     assert run_cli("search", "-w", str(moved), "cancer", "--mode", "dense", "--json").stdout
@@ -146,9 +171,13 @@ def test_top_level_help_lists_every_command_one_per_line():
     commands = help_text.split("Commands:")[1]
     listed = [line.split()[0] for line in commands.splitlines() if line.startswith("  ") and not line.startswith("   ")]
     assert listed == command_names() and "plan" in listed
-    assert "..." not in commands and all(" ".join(c.short_help.split()) in " ".join(commands.split()) for c in cli.app.registered_commands)
+    assert "..." not in commands and all(
+        " ".join(c.short_help.split()) in " ".join(commands.split()) for c in cli.app.registered_commands
+    )
     first_run = [line.strip() for line in cli.__doc__.splitlines() if line.strip().startswith("pipeline ")]
-    assert len(first_run) == 3 and all(line in [printed.strip() for printed in help_text.splitlines()] for line in first_run)
+    assert len(first_run) == 3 and all(
+        line in [printed.strip() for printed in help_text.splitlines()] for line in first_run
+    )
     assert "--version" in help_text and "--workspace" in help_text and "--install-completion" in help_text
 
 
@@ -159,9 +188,13 @@ def test_examples_are_printed_as_written_one_per_line():
 
     for command in app.registered_commands:
         doc = inspect.getdoc(command.callback)
-        examples = [line.strip() for line in doc.split("Examples:")[1].splitlines() if line.strip().startswith("pipeline ")]
+        examples = [
+            line.strip() for line in doc.split("Examples:")[1].splitlines() if line.strip().startswith("pipeline ")
+        ]
         assert examples, command.callback.__name__
-        printed = {line.strip() for line in run_cli(command.name or command.callback.__name__, "--help").stdout.splitlines()}
+        printed = {
+            line.strip() for line in run_cli(command.name or command.callback.__name__, "--help").stdout.splitlines()
+        }
         assert [e for e in examples if e not in printed] == []
 
 
@@ -184,15 +217,33 @@ def test_workspace_is_accepted_before_the_command_too(trained_workspace, tmp_pat
     assert missing.returncode == 2 and f"no workspace at {tmp_path / 'nowhere'}" in missing.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (("search", "q", "--mode", "fuzzy"), "error: --mode: 'fuzzy' is not one of 'dense', 'lexical', 'hybrid'; see `pipeline search --help`"),
-    (("eval", "--queries", "q.jsonl", "--qrels", "q.tsv", "--mode", "best"), "error: --mode: 'best' is not one of 'dense', 'lexical', 'hybrid', 'all'; see `pipeline eval --help`"),
-    (("index", "--type", "annoy"), "error: --type: 'annoy' is not one of 'auto', 'flat', 'hnsw', 'ivf', 'ivfpq'; see `pipeline index --help`"),
-    (("pretrain", "--preset", "huge"), "error: --preset: 'huge' is not one of 'tiny', 'small', 'medium', 'large'; see `pipeline pretrain --help`"),
-    (("tune", "--pairs-from", "title,quotes"), "error: --pairs-from: unknown kind 'quotes' (choose from title, ict, neighbours, dropout); see `pipeline tune --help`"),
-    (("search",), "error: Missing argument 'QUERY'; see `pipeline search --help`"),
-    (("--colour", "status"), "error: No such option: --colour; see `pipeline --help`"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ("search", "q", "--mode", "fuzzy"),
+            "error: --mode: 'fuzzy' is not one of 'dense', 'lexical', 'hybrid'; see `pipeline search --help`",
+        ),
+        (
+            ("eval", "--queries", "q.jsonl", "--qrels", "q.tsv", "--mode", "best"),
+            "error: --mode: 'best' is not one of 'dense', 'lexical', 'hybrid', 'all'; see `pipeline eval --help`",
+        ),
+        (
+            ("index", "--type", "annoy"),
+            "error: --type: 'annoy' is not one of 'auto', 'flat', 'hnsw', 'ivf', 'ivfpq'; see `pipeline index --help`",
+        ),
+        (
+            ("pretrain", "--preset", "huge"),
+            "error: --preset: 'huge' is not one of 'tiny', 'small', 'medium', 'large'; see `pipeline pretrain --help`",
+        ),
+        (
+            ("tune", "--pairs-from", "title,quotes"),
+            "error: --pairs-from: unknown kind 'quotes' (choose from title, ict, neighbours, dropout); see `pipeline tune --help`",
+        ),
+        (("search",), "error: Missing argument 'QUERY'; see `pipeline search --help`"),
+        (("--colour", "status"), "error: No such option: --colour; see `pipeline --help`"),
+    ],
+)
 def test_a_usage_error_is_one_line_and_exit_2(args, message, tmp_path):
     result = run_cli("-w", str(tmp_path / "ws"), *args, check=False)
     assert result.returncode == 2 and result.stdout == ""
@@ -210,17 +261,24 @@ def test_choices_are_the_ones_each_stage_accepts():
 
     assert get_args(cli.SearchMode) == MODES and get_args(cli.EvalMode) == (*MODES, "all")
     assert get_args(cli.IndexType) == INDEX_TYPES
-    assert get_args(cli.Architecture) == ("auto", *ARCHITECTURES) and get_args(cli.Pooling) == POOLING_MODES and cli.PAIR_KINDS == PAIR_KINDS
+    assert (
+        get_args(cli.Architecture) == ("auto", *ARCHITECTURES)
+        and get_args(cli.Pooling) == POOLING_MODES
+        and cli.PAIR_KINDS == PAIR_KINDS
+    )
     assert get_args(settings.Preset) == tuple(PRESETS) and get_args(settings.Strategy) == (*STRATEGIES, "auto")
     assert get_args(settings.PipelineSchedule) == SCHEDULES
 
 
-@pytest.mark.parametrize("words, expected", [
-    ("pipeline p", ["pretrain", "plan"]),
-    ("pipeline search q --mode ", ["dense", "lexical", "hybrid"]),
-    ("pipeline -w ws index --type h", ["hnsw"]),
-    ("pipeline tune --pairs-from title,", ["title,ict", "title,neighbours", "title,dropout"]),
-])
+@pytest.mark.parametrize(
+    "words, expected",
+    [
+        ("pipeline p", ["pretrain", "plan"]),
+        ("pipeline search q --mode ", ["dense", "lexical", "hybrid"]),
+        ("pipeline -w ws index --type h", ["hnsw"]),
+        ("pipeline tune --pairs-from title,", ["title,ict", "title,neighbours", "title,dropout"]),
+    ],
+)
 def test_shell_completion_offers_commands_and_choices(words, expected, monkeypatch):
     monkeypatch.setenv("_PIPELINE_COMPLETE", "complete_bash")
     monkeypatch.setenv("COMP_WORDS", words)
@@ -240,11 +298,19 @@ def test_no_library_noise_reaches_the_user(corpus_file, tmp_path):
     from conftest import run_cli_process
 
     ws = tmp_path / "ws"
-    pretrain = run_cli_process("pretrain", "-w", str(ws), "--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "2").stderr
+    pretrain = run_cli_process(
+        "pretrain", "-w", str(ws), "--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "2"
+    ).stderr
     tune = run_cli_process("tune", "-w", str(ws), "--steps", "10", "--batch-size", "128").stderr
     for stderr in (pretrain, tune):
-        noise = [line for line in stderr.splitlines()
-                 if "Warning" in line or "Computing widget examples" in line or "NoDuplicatesBatchSampler" in line or "%|" in line]
+        noise = [
+            line
+            for line in stderr.splitlines()
+            if "Warning" in line
+            or "Computing widget examples" in line
+            or "NoDuplicatesBatchSampler" in line
+            or "%|" in line
+        ]
         assert noise == []
     assert "exported the model" in pretrain and "tuned in" in tune
 
@@ -271,14 +337,19 @@ def test_a_damaged_index_or_store_file_is_named_with_what_to_run(trained_workspa
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
     manifest = json.loads((ws / "manifest.json").read_text())
-    file = {"faiss": ws / manifest["index"]["path"], "bm25": ws / manifest["index"]["lexical_path"] / "chunk_ids.npy",
-            "store": ws / "pipeline.duckdb"}[damaged]
+    file = {
+        "faiss": ws / manifest["index"]["path"],
+        "bm25": ws / manifest["index"]["lexical_path"] / "chunk_ids.npy",
+        "store": ws / "pipeline.duckdb",
+    }[damaged]
     file.write_bytes(file.read_bytes()[: file.stat().st_size // 3])
     result = run_cli("search", "-w", str(ws), "cancer", "--mode", "hybrid", check=False)
     error = result.stderr.strip()
     assert result.returncode == 2 and len(error.splitlines()) == 1 and error.startswith("error: "), error
     named = file.parent if damaged == "bm25" else file  # the BM25 index is its directory
-    assert str(named) in error and ("pipeline index --rebuild" in error if damaged != "store" else "pipeline embed" in error)
+    assert str(named) in error and (
+        "pipeline index --rebuild" in error if damaged != "store" else "pipeline embed" in error
+    )
 
 
 def test_the_readmes_workflows_example_builds_a_consistent_workspace(corpus_file, tmp_path, monkeypatch, capsys):

@@ -1,5 +1,6 @@
 """The document API of `pipeline serve` (POST/DELETE /documents) on a real server, and a CLI embed
 writing to the same workspace meanwhile."""
+
 import json
 import shutil
 import subprocess
@@ -14,8 +15,13 @@ from server import running_server
 
 KEY = "documents-key-0123456789"
 MODES = ("dense", "lexical", "hybrid")
-NOTE = {"id": "note-quokka", "title": "Quokka field notes", "text": "The quokka xylophone survey counted marsupials on Rottnest Island.",
-        "year": 2099, "journal": "Field Notes"}
+NOTE = {
+    "id": "note-quokka",
+    "title": "Quokka field notes",
+    "text": "The quokka xylophone survey counted marsupials on Rottnest Island.",
+    "year": 2099,
+    "journal": "Field Notes",
+}
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +33,10 @@ def workspace(trained_workspace, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(workspace):
-    with running_server(workspace, "--api-key", KEY) as base, \
-            httpx.Client(base_url=base, headers={"X-API-Key": KEY}, timeout=120) as c:
+    with (
+        running_server(workspace, "--api-key", KEY) as base,
+        httpx.Client(base_url=base, headers={"X-API-Key": KEY}, timeout=120) as c,
+    ):
         yield c
 
 
@@ -55,14 +63,23 @@ def test_an_upserted_document_is_searchable_when_the_call_returns(client, worksp
 
 
 def test_a_replaced_document_is_found_by_its_new_text_only(client):
-    replaced = {**NOTE, "title": "Pelican survey", "text": "Pelican nesting colonies were mapped by drone along the estuary."}
+    replaced = {
+        **NOTE,
+        "title": "Pelican survey",
+        "text": "Pelican nesting colonies were mapped by drone along the estuary.",
+    }
     assert client.post("/documents", json={"documents": [replaced]}).status_code == 200
     assert NOTE["id"] not in found(client, "quokka xylophone", "lexical", k=100)
     assert found(client, "pelican nesting drone", "lexical")[0] == NOTE["id"]
 
 
 def test_a_deleted_document_never_comes_back(client):
-    doc = {"id": "to-delete", "title": "Axolotl gills", "text": "Axolotl gill regeneration in zygomorphic tanks.", "year": 2098}
+    doc = {
+        "id": "to-delete",
+        "title": "Axolotl gills",
+        "text": "Axolotl gill regeneration in zygomorphic tanks.",
+        "year": 2098,
+    }
     assert client.post("/documents", json={"documents": [doc]}).status_code == 200
     assert found(client, "axolotl zygomorphic", "lexical")[0] == "to-delete"
     answer = client.delete("/documents/to-delete")
@@ -85,7 +102,10 @@ def test_writes_need_the_key_and_bounded_valid_bodies(client):
     assert blank_text.status_code == 422 and "text" in blank_text.json()["error"]
     twice = client.post("/documents", json={"documents": [NOTE, NOTE]})
     assert twice.status_code == 422 and "appears twice" in twice.json()["error"]
-    assert client.post("/documents", json={"documents": [{"id": f"d{i}", "text": "x"} for i in range(101)]}).status_code == 422
+    assert (
+        client.post("/documents", json={"documents": [{"id": f"d{i}", "text": "x"} for i in range(101)]}).status_code
+        == 422
+    )
     assert client.post("/documents", json={"documents": [{"id": "big", "text": "word " * 20_000}]}).status_code == 413
 
 
@@ -95,12 +115,32 @@ def test_a_cli_embed_during_api_writes_corrupts_nothing(client, workspace, tmp_p
     cli_docs = [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()[700:705]]
     data = tmp_path / "more.jsonl"
     data.write_text("".join(json.dumps(d) + "\n" for d in cli_docs))
-    embed = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "embed", "-w", str(workspace), "--data", str(data),
-                              "--chunk-tokens", "64", "--overlap", "8"],  # the shared workspace's chunking
-                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    embed = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "cli.py"),
+            "embed",
+            "-w",
+            str(workspace),
+            "--data",
+            str(data),
+            "--chunk-tokens",
+            "64",
+            "--overlap",
+            "8",
+        ],  # the shared workspace's chunking
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     api_ids = []
     for i in range(6):
-        doc = {"id": f"concurrent-{i}", "title": f"Concurrent note {i}", "text": f"Ocelot telemetry batch number {i} recorded."}
+        doc = {
+            "id": f"concurrent-{i}",
+            "title": f"Concurrent note {i}",
+            "text": f"Ocelot telemetry batch number {i} recorded.",
+        }
         while True:  # 503 when the CLI holds the workspace longer than the server waits: retry, as a client would
             answer = client.post("/documents", json={"documents": [doc]})
             if answer.status_code != 503:

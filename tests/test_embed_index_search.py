@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from common.errors import PipelineError
+from common.index_files import load_index
 from common.manifest import TokenizerEntry, read_json, write_section
 from common.store import Store
 from common.workspace import Workspace
-from conftest import run_cli, scifact_slice, SCIFACT
+from conftest import SCIFACT, run_cli, scifact_slice
 from embed import ingest as embed_ingest
 from embed.chunking import chunk_texts, window_starts
 from embed.run import EmbedSettings, run_embed
-from common.index_files import load_index
 from index.build import refresh_indexes
 
 
@@ -38,7 +38,7 @@ def test_chunks_are_slices_of_the_original_text(trained_workspace):
     (chunks,) = chunk_texts([text], model.tokenizer, size=16, overlap=4)
     assert len(chunks) > 3
     for c in chunks:
-        assert c.text == text[c.start_char:c.end_char] and c.n_tokens <= 16
+        assert c.text == text[c.start_char : c.end_char] and c.n_tokens <= 16
     assert chunks[0].start_char == 0 and chunks[-1].end_char == len(text.rstrip()) or chunks[-1].end_char == len(text)
 
 
@@ -79,8 +79,10 @@ def test_a_new_chunking_embeds_the_stored_documents_again_and_search_waits_for_t
     summary = run_embed(ws, [other], None, EmbedSettings(chunk_tokens=48, overlap=8))
     assert summary["documents"] == len(stored) + 2 and summary["embedded_documents"] == len(stored) + 2
     with Store(ws.db_path, read_only=True) as store:
-        kept = store.con.execute("SELECT doc_id, title, source, text FROM documents WHERE doc_id IN "
-                                 "(SELECT unnest($ids)) ORDER BY doc_id", {"ids": [r[0] for r in stored]}).fetchall()
+        kept = store.con.execute(
+            "SELECT doc_id, title, source, text FROM documents WHERE doc_id IN (SELECT unnest($ids)) ORDER BY doc_id",
+            {"ids": [r[0] for r in stored]},
+        ).fetchall()
         chunks = store.con.execute("SELECT chunk_id, n_tokens FROM chunks").fetchall()
         assert store.counts()["vectors"] == len(chunks)
     assert kept == stored  # every stored document is still there, unchanged
@@ -88,13 +90,18 @@ def test_a_new_chunking_embeds_the_stored_documents_again_and_search_waits_for_t
 
     stale = run_cli("search", "-w", str(ws.root), "vitamin calcium", check=False)
     assert stale.returncode == 2 and len(stale.stderr.strip().splitlines()) == 1
-    assert stale.stderr.startswith("error: the documents changed since the index was built") and "run `pipeline index`" in stale.stderr
+    assert (
+        stale.stderr.startswith("error: the documents changed since the index was built")
+        and "run `pipeline index`" in stale.stderr
+    )
     refresh_indexes(ws)
     title = json.loads(other.read_text().splitlines()[0])["title"]
     hits = run_cli("search", "-w", str(ws.root), title, "--mode", "lexical", "--json").stdout.splitlines()
     assert json.loads(hits[0])["doc_id"] == json.loads(other.read_text().splitlines()[0])["_id"]
 
-    pruned = run_embed(ws, [other], None, EmbedSettings(chunk_tokens=64, overlap=8, prune=True))  # asked for: only the source stays
+    pruned = run_embed(
+        ws, [other], None, EmbedSettings(chunk_tokens=64, overlap=8, prune=True)
+    )  # asked for: only the source stays
     assert pruned["documents"] == 2
 
 
@@ -114,7 +121,9 @@ def test_a_directory_typed_relative_or_absolute_holds_the_same_documents(trained
     assert stored == [("a.md", str(tmp_path / "txt" / "a.md")), ("sub/b.txt", str(tmp_path / "txt" / "sub" / "b.txt"))]
 
 
-def test_interrupted_embed_changes_nothing_search_sees_and_resumes(trained_workspace, tmp_path, monkeypatch, corpus_file):
+def test_interrupted_embed_changes_nothing_search_sees_and_resumes(
+    trained_workspace, tmp_path, monkeypatch, corpus_file
+):
     ws = Workspace(tmp_path / "ws")
     ws.create()
     shutil.copytree(trained_workspace / "model", ws.model_dir)
@@ -134,9 +143,11 @@ def test_interrupted_embed_changes_nothing_search_sees_and_resumes(trained_works
         assert store.counts() == {"documents": 0, "chunks": 0, "vectors": 0} and store.generation() == 0
         staged = store.con.execute("SELECT count(*) FROM staged_documents").fetchall()[0][0]
         orphans = store.con.execute(
-            "SELECT count(*) FROM staged_documents d WHERE NOT EXISTS (SELECT 1 FROM staged_chunks c WHERE c.doc_id = d.doc_id)").fetchall()[0][0]
+            "SELECT count(*) FROM staged_documents d WHERE NOT EXISTS (SELECT 1 FROM staged_chunks c WHERE c.doc_id = d.doc_id)"
+        ).fetchall()[0][0]
         unvectored = store.con.execute(
-            "SELECT count(*) FROM staged_chunks c WHERE NOT EXISTS (SELECT 1 FROM staged_vectors v WHERE v.chunk_id = c.chunk_id)").fetchall()[0][0]
+            "SELECT count(*) FROM staged_chunks c WHERE NOT EXISTS (SELECT 1 FROM staged_vectors v WHERE v.chunk_id = c.chunk_id)"
+        ).fetchall()[0][0]
     assert staged == 40 and orphans == 0 and unvectored == 0  # whole documents, kept for the next run
     monkeypatch.setattr(embed_ingest, "chunk_and_embed", real_chunk_and_embed)
     resumed = run_embed(ws, [corpus_file], None, settings)
@@ -218,9 +229,14 @@ def test_embed_progress_moves_with_every_encoded_batch(trained_workspace, corpus
     def recording_update(self, task, **fields):
         completed.append(fields["completed"])
         return update(self, task, **fields)
+
     monkeypatch.setattr(Progress, "update", recording_update)
-    summary = run_embed(Workspace(tmp_path / "ws").create(), [corpus_file], None,
-                        EmbedSettings(model_dir=trained_workspace / "model", chunk_tokens=64, overlap=8, batch_size=16))
+    summary = run_embed(
+        Workspace(tmp_path / "ws").create(),
+        [corpus_file],
+        None,
+        EmbedSettings(model_dir=trained_workspace / "model", chunk_tokens=64, overlap=8, batch_size=16),
+    )
     batches = -(-summary["embedded_chunks"] // 16)
     assert batches > 2 and len(completed) == batches + 1  # each batch, then the stored group
     assert completed == sorted(completed) and 0 < completed[0] < 120 and completed[-1] == 120
@@ -256,10 +272,16 @@ def test_a_static_embedder_loads_without_sentence_transformers_and_encodes_as_it
     path = save_static_model(trained_workspace, tmp_path / "static")
     model = load_embedder(path)
     assert isinstance(model, StaticEmbedder) and model.token_ids.fast is not None  # our byte-level BPE gets tiktoken
-    texts = ["Vitamin D and bone density", "naïve café 東京 🙂 it's 3.14\n\n  tabs\tand <|endoftext|> too", "",
-             *[f"tumour growth in cell line {i} " * (i % 9 + 1) for i in range(200)]]  # enough to use threads
+    texts = [
+        "Vitamin D and bone density",
+        "naïve café 東京 🙂 it's 3.14\n\n  tabs\tand <|endoftext|> too",
+        "",
+        *[f"tumour growth in cell line {i} " * (i % 9 + 1) for i in range(200)],
+    ]  # enough to use threads
     assert model.token_ids(texts) == [e.ids for e in model.tokenizer.encode_batch(texts, add_special_tokens=False)]
-    reference = SentenceTransformer(str(path), device="cpu").encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+    reference = SentenceTransformer(str(path), device="cpu").encode(
+        texts, normalize_embeddings=True, convert_to_numpy=True
+    )
     np.testing.assert_allclose(encode(model, texts), reference, atol=1e-5)
     model.mean_with_torch = True  # what a large embed sets: the same vectors by torch's embedding_bag
     np.testing.assert_allclose(encode(model, texts), reference, atol=1e-5)
@@ -267,18 +289,21 @@ def test_a_static_embedder_loads_without_sentence_transformers_and_encodes_as_it
 
 def test_a_static_embedders_chunks_are_embedded_from_the_documents_tokens(trained_workspace, tmp_path):
     """One tokenization per document gives a chunk's vector: the mean over its title, a newline and its tokens."""
-    from embed.ingest import chunk_and_embed
     from common.embedder import embedding_text, encode, load_embedder, text_tokenizer
     from common.readers import Document
+    from embed.ingest import chunk_and_embed
 
     model = load_embedder(save_static_model(trained_workspace, tmp_path / "static"))
     long_text = " ".join(f"Sentence {i} is about vitamin D and bone density." for i in range(40))
-    docs = [Document("short", "Vitamin D", "src", "Bone density rose with vitamin D."),
-            Document("untitled", "", "src", "Tumour cells grow."), Document("long", "A long one", "src", long_text)]
+    docs = [
+        Document("short", "Vitamin D", "src", "Bone density rose with vitamin D."),
+        Document("untitled", "", "src", "Tumour cells grow."),
+        Document("long", "A long one", "src", long_text),
+    ]
     rows, vectors = chunk_and_embed(docs, model, text_tokenizer(model), 64, 8, 100)
     assert [r.chunk_id for r in rows] == list(range(100, 100 + len(rows)))
     long_rows = [r for r in rows if r.doc_id == "long"]
-    assert len(long_rows) > 2 and all(long_text[r.start_char:r.end_char] == r.text for r in long_rows)
+    assert len(long_rows) > 2 and all(long_text[r.start_char : r.end_char] == r.text for r in long_rows)
     assert (rows[0].text, rows[0].start_char, rows[0].end_char) == (docs[0].text, 0, len(docs[0].text))
     # A document's first chunk: exactly the vector of its title and text embedded as one text.
     firsts = [0, 1, rows.index(long_rows[0])]
@@ -286,7 +311,7 @@ def test_a_static_embedders_chunks_are_embedded_from_the_documents_tokens(traine
     np.testing.assert_allclose(vectors[firsts], encode(model, texts), atol=1e-6)
     # A later chunk: its tokens as the document's tokenization cut them, after the title's.
     middle = long_rows[1]
-    ids = model.token_ids(["A long one\n"])[0] + model.token_ids([long_text])[0][56:56 + 64]
+    ids = model.token_ids(["A long one\n"])[0] + model.token_ids([long_text])[0][56 : 56 + 64]
     assert middle.n_tokens == 64
     np.testing.assert_allclose(vectors[rows.index(middle)], model.embed_ids([ids])[0], atol=1e-6)
 
@@ -294,13 +319,16 @@ def test_a_static_embedders_chunks_are_embedded_from_the_documents_tokens(traine
 def chunk_vectors_match_their_texts(model, tokenizer) -> tuple[list, np.ndarray]:
     """Chunks of three documents (one with no title, one longer than a chunk) embedded by chunk_and_embed;
     each document's first chunk must have the vector `encode` gives its title and text as one text."""
-    from embed.ingest import chunk_and_embed
     from common.embedder import embedding_text, encode
     from common.readers import Document
+    from embed.ingest import chunk_and_embed
 
     long_text = " ".join(f"Sentence {i} is about vitamin D and bone density." for i in range(40))
-    docs = [Document("short", "Vitamin D", "src", "Bone density rose with vitamin D."),
-            Document("untitled", "", "src", "Tumour cells grow."), Document("long", "A long one", "src", long_text)]
+    docs = [
+        Document("short", "Vitamin D", "src", "Bone density rose with vitamin D."),
+        Document("untitled", "", "src", "Tumour cells grow."),
+        Document("long", "A long one", "src", long_text),
+    ]
     rows, vectors = chunk_and_embed(docs, model, tokenizer, 64, 8, 0, batch_size=2)
     assert len(rows) == len(vectors) > 4 and {r.doc_id for r in rows} == {"short", "untitled", "long"}
     titles = {d.id: d.title for d in docs}
@@ -321,8 +349,13 @@ def test_a_causal_transformer_is_fed_its_chunks_token_ids_without_a_padding_mask
     assert embedder.model_token_ids(model).fast is not None  # documents are tokenized by tiktoken, as a static model's
     tokenized = []
     call = type(model.tokenizer).__call__
-    monkeypatch.setattr(type(model.tokenizer), "__call__",
-                        lambda self, texts, *a, **kw: tokenized.extend([texts] if isinstance(texts, str) else texts) or call(self, texts, *a, **kw))
+    monkeypatch.setattr(
+        type(model.tokenizer),
+        "__call__",
+        lambda self, texts, *a, **kw: (
+            tokenized.extend([texts] if isinstance(texts, str) else texts) or call(self, texts, *a, **kw)
+        ),
+    )
     rows, _ = chunk_vectors_match_their_texts(model, model.tokenizer)
     assert model._pipeline_padding_needs_mask is False
     later = [r for r in rows if r.chunk_index > 0]
@@ -334,22 +367,38 @@ def test_a_bidirectional_transformer_with_special_tokens_is_fed_token_ids_with_i
     special tokens around the chunk's ids and the padding mask, and the vectors `encode` gives its texts."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-    from tokenizers import Tokenizer, models as tokenizer_models, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, pre_tokenizers, processors, trainers
+    from tokenizers import models as tokenizer_models
     from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
     from common.embedder import padding_needs_mask, special_token_frame
 
     words = Tokenizer(tokenizer_models.WordPiece(unk_token="[UNK]"))
     words.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    words.train_from_iterator([f"sentence {i} is about vitamin d and bone density tumour cells grow" for i in range(50)],
-                              trainers.WordPieceTrainer(vocab_size=200, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"]))
-    words.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-    PreTrainedTokenizerFast(tokenizer_object=words, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
-                            sep_token="[SEP]").save_pretrained(tmp_path / "bert")
-    BertModel(BertConfig(vocab_size=words.get_vocab_size(), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=128)).save_pretrained(tmp_path / "bert")
+    words.train_from_iterator(
+        [f"sentence {i} is about vitamin d and bone density tumour cells grow" for i in range(50)],
+        trainers.WordPieceTrainer(vocab_size=200, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"]),
+    )
+    words.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    PreTrainedTokenizerFast(
+        tokenizer_object=words, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]"
+    ).save_pretrained(tmp_path / "bert")
+    BertModel(
+        BertConfig(
+            vocab_size=words.get_vocab_size(),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=128,
+        )
+    ).save_pretrained(tmp_path / "bert")
     transformer = Transformer(str(tmp_path / "bert"), max_seq_length=128)
-    model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")], device="cpu")
+    model = SentenceTransformer(
+        modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")], device="cpu"
+    )
     assert special_token_frame(model.tokenizer) == ([2], [3])
     chunk_vectors_match_their_texts(model, model.tokenizer)
     assert padding_needs_mask(model, [2, 10, 11, 12, 3]) is True
@@ -390,7 +439,9 @@ def test_hnsw_over_wide_vectors_builds_its_graph_on_their_principal_components_a
     rng = np.random.default_rng(0)
     dim = 2 * GRAPH_DIMENSIONS + 64
     # Embedding-like: most of the variance in a few dozen directions, plus noise in all of them.
-    vectors = (rng.standard_normal((4000, 48)) @ rng.standard_normal((48, dim)) + 0.3 * rng.standard_normal((4000, dim))).astype(np.float32)
+    vectors = (
+        rng.standard_normal((4000, 48)) @ rng.standard_normal((48, dim)) + 0.3 * rng.standard_normal((4000, dim))
+    ).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     ids = np.arange(4000, dtype=np.int64) * 7 + 5
     index = make_index("hnsw", vectors, ids)

@@ -1,19 +1,20 @@
 """Metadata kept from the input files, filters applied during retrieval (every mode, every index type),
 and highlighted snippets."""
+
 import json
 import shutil
 
 import numpy as np
 import pytest
 
-from search.filters import DocumentFilter, DocumentFilters, FilterError
 from common.readers import read_documents
 from common.store import Corpus, Store
 from common.workspace import Workspace
 from conftest import corpus_metadata, run_cli
-from index.faiss_index import make_index
 from index.build import refresh_indexes
+from index.faiss_index import make_index
 from search.engine import AllowedChunks, DenseIndex, SearchEngine
+from search.filters import DocumentFilter, DocumentFilters, FilterError
 from search.snippets import make_snippet, snippet_terms
 
 SHARES = {"1%": 1, "10%": 12, "90%": 108}  # documents kept of the 120: `year < 1900 + n` keeps the first n
@@ -39,27 +40,52 @@ def test_every_extra_field_is_kept_typed_and_returned(engine, corpus_file):
     assert document["metadata"] == hits[0].metadata and document["text"] == rows[5]["text"]
     fields = engine.filters.fields
     assert {name: fields[name] for name in ("year", "journal", "open_access", "published", "tags")} == {
-        "year": "BIGINT", "journal": "VARCHAR", "open_access": "BOOLEAN", "published": "DATE", "tags": "VARCHAR[]"}
+        "year": "BIGINT",
+        "journal": "VARCHAR",
+        "open_access": "BOOLEAN",
+        "published": "DATE",
+        "tags": "VARCHAR[]",
+    }
 
 
 def test_csv_and_parquet_columns_become_typed_metadata(tmp_path):
     import duckdb
 
     csv = tmp_path / "papers.csv"
-    csv.write_text("id,title,abstract,year,score,journal\np1,First,Some text,2015,0.5,Nature\np2,Second,More text,2019,1.25,Cell\n")
+    csv.write_text(
+        "id,title,abstract,year,score,journal\np1,First,Some text,2015,0.5,Nature\np2,Second,More text,2019,1.25,Cell\n"
+    )
     con = duckdb.connect()
-    con.execute(f"COPY (SELECT 'q1' AS id, 'text here' AS text, DATE '2020-02-29' AS published, [1, 2] AS counts, "
-                f"{{'lab': 'x'}} AS origin) TO '{tmp_path / 'more.parquet'}' (FORMAT parquet)")
+    con.execute(
+        f"COPY (SELECT 'q1' AS id, 'text here' AS text, DATE '2020-02-29' AS published, [1, 2] AS counts, "
+        f"{{'lab': 'x'}} AS origin) TO '{tmp_path / 'more.parquet'}' (FORMAT parquet)"
+    )
     con.close()
     docs = {d.id: d for d in read_documents([tmp_path])}
     assert docs["p1"].metadata == {"year": 2015, "score": 0.5, "journal": "Nature"}
     assert docs["q1"].metadata == {"published": "2020-02-29", "counts": [1, 2], "origin": {"lab": "x"}}
-    corpus = Corpus(0, list(docs), ["", "", ""], ["", "", ""], ["", "", ""], [d.metadata for d in docs.values()],
-                    np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, bool), [])
+    corpus = Corpus(
+        0,
+        list(docs),
+        ["", "", ""],
+        ["", "", ""],
+        ["", "", ""],
+        [d.metadata for d in docs.values()],
+        np.zeros(0, np.int64),
+        np.zeros(0, np.int32),
+        np.zeros(0, bool),
+        [],
+    )
     filters = DocumentFilters(corpus)
     assert {k: filters.fields[k] for k in ("year", "score", "published", "counts")} == {
-        "year": "BIGINT", "score": "DOUBLE", "published": "DATE", "counts": "BIGINT[]"}
-    assert list(filters.allowed_documents(DocumentFilter.of({"published": {"gte": "2020-01-01"}}))) == [list(docs).index("q1")]
+        "year": "BIGINT",
+        "score": "DOUBLE",
+        "published": "DATE",
+        "counts": "BIGINT[]",
+    }
+    assert list(filters.allowed_documents(DocumentFilter.of({"published": {"gte": "2020-01-01"}}))) == [
+        list(docs).index("q1")
+    ]
     assert len(filters.allowed_documents(DocumentFilter.of(where="score > 1 OR counts[1] = 1"))) == 2
 
 
@@ -77,14 +103,28 @@ def test_filters_keep_k_hits_in_every_mode_and_index_type(copied_workspace, kind
     query = "cells in tumour growth and immune response"
     everything = {mode: engine.search(query, k=1000, mode=mode) for mode in ("dense", "lexical")}
     for share, n in SHARES.items():
-        allowed = {engine.corpus.doc_ids[i] for i in range(len(engine.corpus.doc_ids)) if engine.corpus.metadata[i]["year"] < 1900 + n}
+        allowed = {
+            engine.corpus.doc_ids[i]
+            for i in range(len(engine.corpus.doc_ids))
+            if engine.corpus.metadata[i]["year"] < 1900 + n
+        }
         assert len(allowed) == n
         for mode in ("dense", "lexical", "hybrid"):
             hits = engine.search(query, k=10, mode=mode, filters=years_below(n))
-            assert {h.doc_id for h in hits} <= allowed and all(h.metadata["year"] < 1900 + n for h in hits), (kind, share, mode)
-            matching = min(10, n) if mode != "lexical" else min(10, len([h for h in everything["lexical"] if h.doc_id in allowed]))
+            assert {h.doc_id for h in hits} <= allowed and all(h.metadata["year"] < 1900 + n for h in hits), (
+                kind,
+                share,
+                mode,
+            )
+            matching = (
+                min(10, n)
+                if mode != "lexical"
+                else min(10, len([h for h in everything["lexical"] if h.doc_id in allowed]))
+            )
             assert len(hits) == matching, (kind, share, mode)
-            if mode != "hybrid" and (kind == "flat" or mode == "lexical"):  # exact: the unfiltered ranking's allowed documents
+            if mode != "hybrid" and (
+                kind == "flat" or mode == "lexical"
+            ):  # exact: the unfiltered ranking's allowed documents
                 expected = [h.doc_id for h in everything[mode] if h.doc_id in allowed][:10]
                 assert [h.doc_id for h in hits] == expected, (kind, share, mode)
 
@@ -98,8 +138,18 @@ def test_dense_filters_return_k_hits_on_a_large_approximate_index():
     vectors = rng.standard_normal((n, dim)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     ids = np.arange(n, dtype=np.int64) * 3  # chunk ids are not positions
-    corpus = Corpus(0, [str(i) for i in range(n)], [""] * n, [""] * n, [""] * n, [{}] * n, ids,
-                    np.arange(n, dtype=np.int32), np.zeros(n, bool), [""] * n)
+    corpus = Corpus(
+        0,
+        [str(i) for i in range(n)],
+        [""] * n,
+        [""] * n,
+        [""] * n,
+        [{}] * n,
+        ids,
+        np.arange(n, dtype=np.int32),
+        np.zeros(n, bool),
+        [""] * n,
+    )
     queries = vectors[:5] + 0.2 * rng.standard_normal((5, dim)).astype(np.float32)
     for kind in ("hnsw", "ivf"):
         index = make_index(kind, vectors, ids)
@@ -108,23 +158,29 @@ def test_dense_filters_return_k_hits_on_a_large_approximate_index():
             kept = np.sort(rng.choice(n, int(share * n), replace=False))
             allowed = AllowedChunks(kept, corpus)
             for query in queries:
-                (positions, scores), = dense.search(query[None, :], 40, allowed)
+                ((positions, scores),) = dense.search(query[None, :], 40, allowed)
                 assert len(positions) == 40 and np.isin(positions, kept).all(), (kind, share)
                 assert np.all(np.diff(scores) <= 1e-6)  # best first
 
 
 def test_structured_filter_errors_name_the_field_and_values_stay_values(engine):
-    for structured, message in [({"yeer": {"gte": 1}}, "unknown field 'yeer'"), ({"year": {"between": [1, 2]}}, "unknown operator 'between'"),
-                                ({"year": {"gte": "soon"}}, "filter.year.gte: expects a number, got \"soon\""),
-                                ({"journal": {"gt": "A"}}, "filter.journal.gt: 'journal' is text"),
-                                ({"year": {"in": []}}, "expects a non-empty list"), ({"published": {"lt": "yesterday"}}, "expects an ISO date")]:
+    for structured, message in [
+        ({"yeer": {"gte": 1}}, "unknown field 'yeer'"),
+        ({"year": {"between": [1, 2]}}, "unknown operator 'between'"),
+        ({"year": {"gte": "soon"}}, 'filter.year.gte: expects a number, got "soon"'),
+        ({"journal": {"gt": "A"}}, "filter.journal.gt: 'journal' is text"),
+        ({"year": {"in": []}}, "expects a non-empty list"),
+        ({"published": {"lt": "yesterday"}}, "expects an ISO date"),
+    ]:
         with pytest.raises(FilterError, match=message):
             engine.search("cells", k=5, filters=DocumentFilter.of(structured))
     injection = "Nature' OR '1'='1"
     assert engine.search("cells", k=5, mode="lexical", filters=DocumentFilter.of({"journal": injection})) == []
     with pytest.raises(FilterError, match="unknown field"):
-        engine.search("cells", k=5, filters=DocumentFilter.of({"journal\" = journal OR \"year": "x"}))
-    nature = engine.search("cells", k=20, mode="dense", filters=DocumentFilter.of({"journal": {"in": ["Nature", "Cell"]}, "tags": "even"}))
+        engine.search("cells", k=5, filters=DocumentFilter.of({'journal" = journal OR "year': "x"}))
+    nature = engine.search(
+        "cells", k=20, mode="dense", filters=DocumentFilter.of({"journal": {"in": ["Nature", "Cell"]}, "tags": "even"})
+    )
     assert nature and all(h.metadata["journal"] in ("Nature", "Cell") and "even" in h.metadata["tags"] for h in nature)
 
 
@@ -132,13 +188,29 @@ def test_where_on_the_command_line(copied_workspace):
     root = str(copied_workspace.root)
     with Store(copied_workspace.db_path, read_only=True) as store:
         before = store.counts()
-    hits = [json.loads(line) for line in run_cli("search", "-w", root, "cells", "--json", "-k", "5", "--mode", "lexical",
-                                                 "--where", "year >= 1950 AND journal = 'Cell' AND NOT open_access").stdout.splitlines()]
+    hits = [
+        json.loads(line)
+        for line in run_cli(
+            "search",
+            "-w",
+            root,
+            "cells",
+            "--json",
+            "-k",
+            "5",
+            "--mode",
+            "lexical",
+            "--where",
+            "year >= 1950 AND journal = 'Cell' AND NOT open_access",
+        ).stdout.splitlines()
+    ]
     assert len(hits) == 5 and all(h["metadata"]["year"] >= 1950 and h["metadata"]["journal"] == "Cell" for h in hits)
-    for where, message in [("yeer > 3", 'error: --where: Binder Error: Referenced column "yeer" not found'),
-                           ("year >", "error: --where: Parser Error: syntax error"),
-                           ("1=1); DROP TABLE documents; SELECT (1", "error: --where:"),
-                           ("year IN (SELECT 1 FROM read_csv('/etc/passwd'))", "error: --where:")]:
+    for where, message in [
+        ("yeer > 3", 'error: --where: Binder Error: Referenced column "yeer" not found'),
+        ("year >", "error: --where: Parser Error: syntax error"),
+        ("1=1); DROP TABLE documents; SELECT (1", "error: --where:"),
+        ("year IN (SELECT 1 FROM read_csv('/etc/passwd'))", "error: --where:"),
+    ]:
         result = run_cli("search", "-w", root, "cells", "--where", where, check=False)
         assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, (where, result.stderr)
         assert result.stderr.startswith(message), (where, result.stderr)

@@ -1,5 +1,6 @@
 """Incremental index updates: adds, changes and deletes since the last full build answer as a full build
 over the same documents does, and a deleted document never comes back from any retriever."""
+
 import json
 import shutil
 from pathlib import Path
@@ -7,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from search.filters import DocumentFilter
 from common.workspace import Workspace
 from conftest import SCIFACT, run_cli
 from embed.run import EmbedSettings, run_embed
 from index.build import refresh_indexes
 from search.engine import SearchEngine
+from search.filters import DocumentFilter
 
 CHUNKING = dict(chunk_tokens=64, overlap=8)
 MODES = ("dense", "lexical", "hybrid")
@@ -24,7 +25,7 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
 
 
 def scifact_rows(start: int, n: int) -> list[dict]:
-    return [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()[start:start + n]]
+    return [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()[start : start + n]]
 
 
 def answers(engine: SearchEngine, queries: list[str], mode: str, k: int = 10) -> list[list[tuple[str, float]]]:
@@ -78,8 +79,17 @@ def updated(trained_workspace, tmp_path_factory):
     run_embed(scratch, [data], None, EmbedSettings(model_dir=ws.model_dir, **CHUNKING))
     refresh_indexes(scratch)
     queries = [r["title"] for r in rows[::9]] + ["telomerase", "zebrafish regeneration", "mitochondrial fission heart"]
-    return {"ws": ws, "data": data, "scratch": scratch, "first": first, "second": second, "deleted": deleted, "rows": rows,
-            "queries": queries, "deleted_titles": [titles[d] for d in deleted]}
+    return {
+        "ws": ws,
+        "data": data,
+        "scratch": scratch,
+        "first": first,
+        "second": second,
+        "deleted": deleted,
+        "rows": rows,
+        "queries": queries,
+        "deleted_titles": [titles[d] for d in deleted],
+    }
 
 
 def source_rows(ws: Workspace) -> list[dict]:
@@ -105,7 +115,9 @@ def test_an_updated_index_answers_as_a_full_build_of_the_same_documents(updated)
         # A hybrid score divides by the deviation of the top 100 scores: cosines that differ by float rounding
         # (~1e-6: a base and a delta are two matrix products, a full build one) differ by up to ~1e-3 there.
         tolerance = 2e-3 if mode == "hybrid" else 1e-4
-        for got, want in zip(answers(incremental, updated["queries"], mode), answers(scratch, updated["queries"], mode)):
+        for got, want in zip(
+            answers(incremental, updated["queries"], mode), answers(scratch, updated["queries"], mode)
+        ):
             assert_same_ranking(got, want, tolerance)
 
 
@@ -119,7 +131,9 @@ def test_deleted_and_replaced_documents_never_come_back(updated):
                 assert deleted.isdisjoint(h.doc_id for h in hits)
     # A changed document is found by its new text, and its old chunks are gone.
     hits = engine.search("Zebrafish regeneration was also observed", 3, "lexical")
-    assert hits and hits[0].doc_id == updated["rows"][5]["_id"] and "Zebrafish" in engine.document(hits[0].doc_id)["text"]
+    assert (
+        hits and hits[0].doc_id == updated["rows"][5]["_id"] and "Zebrafish" in engine.document(hits[0].doc_id)["text"]
+    )
     chunk_docs = [engine.corpus.doc_ids[d] for d in engine.corpus.chunk_docs]
     assert deleted.isdisjoint(chunk_docs)
 

@@ -7,11 +7,13 @@ answers exactly as before the command, or, once the command's work is in place (
 passed), refuses the way it does after that command completed; re-running the command ends where an
 uninterrupted run ends.
 """
+
 import json
 import shutil
 
 import numpy as np
 import pytest
+
 from common.errors import PipelineError
 from common.manifest import read_json
 from common.store import Store
@@ -35,12 +37,18 @@ def killer(tmp_path_factory):
 
 def answers(ws, modes=("lexical", "dense")) -> list:
     engine = SearchEngine(Workspace(ws))
-    return [[(h.doc_id, h.chunk_id, round(h.score, 5)) for h in engine.search(q, 5, mode)] for q in QUERIES for mode in modes]
+    return [
+        [(h.doc_id, h.chunk_id, round(h.score, 5)) for h in engine.search(q, 5, mode)]
+        for q in QUERIES
+        for mode in modes
+    ]
 
 
 def store_contents(ws) -> tuple:
     with Store(ws / "pipeline.duckdb", read_only=True) as store:
-        documents = store.con.execute("SELECT doc_id, title, source, text, content_hash FROM documents ORDER BY doc_id").fetchall()
+        documents = store.con.execute(
+            "SELECT doc_id, title, source, text, content_hash FROM documents ORDER BY doc_id"
+        ).fetchall()
         chunks = store.con.execute("SELECT * FROM chunks ORDER BY chunk_id").fetchall()
         ids, vectors = store.load_vectors()
     return documents, chunks, ids, vectors
@@ -53,7 +61,9 @@ def assert_same_store(a, b) -> None:
     np.testing.assert_allclose(vectors_a, vectors_b, atol=1e-6)
 
 
-def test_killed_embed_leaves_the_store_as_it_was_and_a_rerun_ends_as_an_uninterrupted_run(killer, trained_workspace, tmp_path):
+def test_killed_embed_leaves_the_store_as_it_was_and_a_rerun_ends_as_an_uninterrupted_run(
+    killer, trained_workspace, tmp_path
+):
     extra = scifact_slice(tmp_path / "extra.jsonl", 6, start=300)
     # A new chunking: every stored document is embedded again, with the new ones.
     straight = tmp_path / "straight"
@@ -63,14 +73,18 @@ def test_killed_embed_leaves_the_store_as_it_was_and_a_rerun_ends_as_an_uninterr
     shutil.copytree(trained_workspace, ws)
     before = answers(ws)
     args = ["embed", "-w", str(ws), "--data", str(extra), "--chunk-tokens", "48", "--overlap", "8"]
-    for point in ("common.store:Store.stage",  # after start: documents read, model loaded
-                  "common.store:Store.set_meta:next_chunk_id",  # inside the transaction writing the vectors
-                  "common.store:Store.set_meta:generation"):  # inside the transaction publishing them
+    for point in (
+        "common.store:Store.stage",  # after start: documents read, model loaded
+        "common.store:Store.set_meta:next_chunk_id",  # inside the transaction writing the vectors
+        "common.store:Store.set_meta:generation",
+    ):  # inside the transaction publishing them
         killer.run(point, 1, *args)
         assert answers(ws) == before, point
     # Killed after publishing, before the manifest: the store is new, the index is not.
     killer.run("common.manifest:replace_section:embedder", 1, *args)
-    with pytest.raises(PipelineError, match=r"^the documents changed since the index was built .*: run `pipeline index`$"):
+    with pytest.raises(
+        PipelineError, match=r"^the documents changed since the index was built .*: run `pipeline index`$"
+    ):
         SearchEngine(Workspace(ws), load_model=False)
     with pytest.raises(PipelineError, match="run `pipeline embed` again"):
         refresh_indexes(Workspace(ws))
@@ -86,15 +100,19 @@ def test_killed_index_keeps_the_previous_index_in_use_and_a_rerun_cleans_up(kill
     shutil.copytree(trained_workspace, ws)
     before, entry = answers(ws), read_json(Workspace(ws))["index"]
     args = ["index", "-w", str(ws), "--type", "flat", "--rebuild"]
-    for point in ("os:replace:.index",  # the FAISS file written to its temporary name, not renamed
-                  "common.lexical:np.save:chunk_ids.npy",  # in the middle of writing the BM25 index
-                  "common.manifest:replace_section:index"):  # both written, not recorded
+    for point in (
+        "os:replace:.index",  # the FAISS file written to its temporary name, not renamed
+        "common.lexical:np.save:chunk_ids.npy",  # in the middle of writing the BM25 index
+        "common.manifest:replace_section:index",
+    ):  # both written, not recorded
         killer.run(point, 1, *args)
         assert read_json(Workspace(ws))["index"] == entry and answers(ws) == before, point
     killer.run("index.files:remove_other_files", 1, *args)  # recorded; older files not yet removed
     assert read_json(Workspace(ws))["index"]["build_id"] != entry["build_id"] and answers(ws) == before
     summary = refresh_indexes(Workspace(ws), "flat")
-    assert sorted(p.name for p in (ws / "index").iterdir()) == sorted([summary["path"].split("/")[-1], summary["lexical_path"].split("/")[-1]])
+    assert sorted(p.name for p in (ws / "index").iterdir()) == sorted(
+        [summary["path"].split("/")[-1], summary["lexical_path"].split("/")[-1]]
+    )
     assert answers(ws) == before
 
 
@@ -107,7 +125,20 @@ def test_killed_tune_keeps_the_previous_embedder_until_its_model_is_in_place(kil
     run_embed(Workspace(ws), [], None, EmbedSettings(chunk_tokens=64, overlap=8))  # with the tuned model
     refresh_indexes(Workspace(ws))
     before, tuned_before = answers(ws), model_fingerprint(ws / "tuned")
-    args = ["tune", "-w", str(ws), "--architecture", "static", "--steps", "2", "--batch-size", "8", "--no-hard-negatives", "--seed", "1"]
+    args = [
+        "tune",
+        "-w",
+        str(ws),
+        "--architecture",
+        "static",
+        "--steps",
+        "2",
+        "--batch-size",
+        "8",
+        "--no-hard-negatives",
+        "--seed",
+        "1",
+    ]
     killer.run("embed.tune:replace_directory", 1, *args)  # trained and saved aside, not swapped in
     assert model_fingerprint(ws / "tuned") == tuned_before and answers(ws) == before
     # Swapped in, not yet recorded: the embedder changed, as after a finished tune.
@@ -120,7 +151,9 @@ def test_killed_tune_keeps_the_previous_embedder_until_its_model_is_in_place(kil
     assert summary["fingerprint"] == swapped  # the re-run ends with the model the killed run had made
 
 
-def test_killed_adaptation_keeps_the_previous_embedder_and_leaves_no_candidate_in_use(killer, trained_workspace, tmp_path):
+def test_killed_adaptation_keeps_the_previous_embedder_and_leaves_no_candidate_in_use(
+    killer, trained_workspace, tmp_path
+):
     """`pipeline tune --architecture auto` (what pretrain chains): killed after both candidates are tuned and
     measured, before the better one is swapped in, the previous embedder is still the one in use."""
     ws = tmp_path / "ws"
@@ -128,16 +161,34 @@ def test_killed_adaptation_keeps_the_previous_embedder_and_leaves_no_candidate_i
     docs = list(source_documents(Workspace(ws), [], None))
     run_tune(Workspace(ws), docs, TuneSettings(steps=2, batch_size=8, hard_negatives=False, seed=0))
     tuned_before = model_fingerprint(ws / "tuned")
-    args = ["tune", "-w", str(ws), "--steps", "2", "--batch-size", "8", "--no-hard-negatives", "--seed", "1", "--time-budget", "30m"]
+    args = [
+        "tune",
+        "-w",
+        str(ws),
+        "--steps",
+        "2",
+        "--batch-size",
+        "8",
+        "--no-hard-negatives",
+        "--seed",
+        "1",
+        "--time-budget",
+        "30m",
+    ]
     killer.run("embed.choose:replace_directory", 1, *args)
     assert model_fingerprint(ws / "tuned") == tuned_before
     assert json.loads((ws / "manifest.json").read_text())["tuned"]["fingerprint"] == tuned_before
     run_cli(*args)  # run again: ends with one of the candidates kept and recorded
     tuned = json.loads((ws / "manifest.json").read_text())["tuned"]
-    assert tuned["fingerprint"] == model_fingerprint(ws / "tuned") and set(tuned["candidates"]) == {"static", "transformer"}
+    assert tuned["fingerprint"] == model_fingerprint(ws / "tuned") and set(tuned["candidates"]) == {
+        "static",
+        "transformer",
+    }
 
 
-def test_killed_pretrain_keeps_the_previous_model_and_resumes_to_the_same_losses(killer, trained_workspace, tmp_path, corpus_file):
+def test_killed_pretrain_keeps_the_previous_model_and_resumes_to_the_same_losses(
+    killer, trained_workspace, tmp_path, corpus_file
+):
     args = ["--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "8", "--checkpoint-every", "2"]
     straight = tmp_path / "straight"
     run_cli("pretrain", "-w", str(straight), *args)
@@ -151,7 +202,11 @@ def test_killed_pretrain_keeps_the_previous_model_and_resumes_to_the_same_losses
     assert run_cli("pretrain", "-w", str(ws), "--resume", check=False).returncode == 2
     # In the middle of the third checkpoint (step 6): its tensors written, not its training state.
     killer.run("pretrain.checkpoint:atomic_write_json:train_state.json", 3, "pretrain", "-w", str(ws), *args)
-    assert sorted(p.name for p in (ws / "checkpoints").iterdir()) == ["step_00000002", "step_00000004", "step_00000006.tmp"]
+    assert sorted(p.name for p in (ws / "checkpoints").iterdir()) == [
+        "step_00000002",
+        "step_00000004",
+        "step_00000006.tmp",
+    ]
     # Resumed, then killed while swapping in the exported model.
     killer.run("pretrain.export:replace_directory", 1, "pretrain", "-w", str(ws), "--resume", "--no-adapt")
     assert model_fingerprint(ws / "model") == model_before and answers(ws, ("dense",)) == before
@@ -162,5 +217,8 @@ def test_killed_pretrain_keeps_the_previous_model_and_resumes_to_the_same_losses
     got = [m["loss"] for m in read_metrics(ws) if m["event"] == "train"]
     assert len(got) == len(want) == 8
     np.testing.assert_allclose(got, want, rtol=1e-6)
-    assert json.loads((ws / "manifest.json").read_text())["model"]["fingerprint"] == model_fingerprint(ws / "model") != model_before
-
+    assert (
+        json.loads((ws / "manifest.json").read_text())["model"]["fingerprint"]
+        == model_fingerprint(ws / "model")
+        != model_before
+    )

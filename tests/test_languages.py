@@ -1,6 +1,7 @@
 """Collections that are not cased English: Japanese (no spaces), Russian one-sentence documents without
 titles, lower-case English whose titles repeat the text. Slices of the benchmark collections in
 benchmarks/collections, embedded with the shared workspace's model (its byte-level BPE reads any text)."""
+
 import json
 import shutil
 from pathlib import Path
@@ -21,7 +22,19 @@ def collection_slice(name: str, n: int, path: Path) -> Path:
 def indexed(trained_workspace: Path, tmp_path: Path, name: str, n: int, *index_args: str) -> tuple[Path, list[dict]]:
     data = collection_slice(name, n, tmp_path / f"{name}.jsonl")
     ws = tmp_path / "ws"
-    run_cli("embed", "-w", str(ws), "--data", str(data), "--model", str(trained_workspace / "model"), "--chunk-tokens", "64", "--overlap", "8")
+    run_cli(
+        "embed",
+        "-w",
+        str(ws),
+        "--data",
+        str(data),
+        "--model",
+        str(trained_workspace / "model"),
+        "--chunk-tokens",
+        "64",
+        "--overlap",
+        "8",
+    )
     run_cli("index", "-w", str(ws), *index_args)
     return ws, [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines()]
 
@@ -58,9 +71,18 @@ def test_russian_sentences_without_titles_are_stemmed_and_measured_on_spans(trai
     assert hits and all("перехват" in texts[h.doc_id].lower() for h in hits)
     # The user's language overrides the detected one, with a full build
     summary = json.loads(run_cli("index", "-w", str(ws), "--language", "none", "--json").stdout)
-    assert summary["update"] == "full" and summary["analyzer"]["language"] == "none" and summary["analyzer"]["stemmer"] is None
-    assert run_cli("index", "-w", str(ws), "--language", "russian", check=False).stderr.strip().endswith(
-        "--language: 'russian' is not auto (detected), none (no stop words or stemming), or an ISO 639-1 code (en, de, ru, ja, ...)")
+    assert (
+        summary["update"] == "full"
+        and summary["analyzer"]["language"] == "none"
+        and summary["analyzer"]["stemmer"] is None
+    )
+    assert (
+        run_cli("index", "-w", str(ws), "--language", "russian", check=False)
+        .stderr.strip()
+        .endswith(
+            "--language: 'russian' is not auto (detected), none (no stop words or stemming), or an ISO 639-1 code (en, de, ru, ja, ...)"
+        )
+    )
 
 
 def test_tune_on_one_sentence_documents_trains_on_spans_rather_than_failing(trained_workspace, tmp_path):
@@ -81,5 +103,7 @@ def test_lower_case_titles_repeating_the_text_are_not_trained_as_their_own_answe
     docs = list(read_documents([collection_slice("cranfield", n, tmp_path / "cran.jsonl")]))
     pairs, report = make_pairs(docs, TuneSettings(steps=20, batch_size=16), [], "en")
     assert report["documents_split_into"].get("sentences", 0) > n // 2  # lower-case text has sentences too
-    titled = [(anchor, positive) for anchor, positive, source in pairs if anchor == " ".join(docs[source].title.split())]
+    titled = [
+        (anchor, positive) for anchor, positive, source in pairs if anchor == " ".join(docs[source].title.split())
+    ]
     assert titled and not any(positive.startswith(anchor) for anchor, positive in titled)

@@ -1,5 +1,6 @@
 """The code's layout rules, checked on the source: stages talk through the workspace, never through each
 other's packages, and common/ serves them all without depending on any."""
+
 import ast
 from pathlib import Path
 
@@ -24,14 +25,21 @@ def imported_packages(package: str, root: Path = REPO) -> dict[str, set[str]]:
 
 
 def test_no_stage_imports_another_stage():
-    crossings = [f"{module} imports {other}" for stage in STAGES for module, names in imported_packages(stage).items()
-                 for other in sorted(names & set(STAGES) - {stage})]
+    crossings = [
+        f"{module} imports {other}"
+        for stage in STAGES
+        for module, names in imported_packages(stage).items()
+        for other in sorted(names & set(STAGES) - {stage})
+    ]
     assert crossings == []
 
 
 def test_common_imports_no_stage():
-    crossings = [f"{module} imports {stage}" for module, names in imported_packages("common").items()
-                 for stage in sorted(names & set(STAGES))]
+    crossings = [
+        f"{module} imports {stage}"
+        for module, names in imported_packages("common").items()
+        for stage in sorted(names & set(STAGES))
+    ]
     assert crossings == []
 
 
@@ -40,7 +48,8 @@ def test_the_check_sees_imports_inside_functions(tmp_path):
     corpus that way), and so are plain and dotted imports."""
     (tmp_path / "embed").mkdir()
     (tmp_path / "embed" / "run.py").write_text(
-        "import json\nimport search.engine\n\ndef f():\n    from pretrain.default_corpus import stdlib_documents\n")
+        "import json\nimport search.engine\n\ndef f():\n    from pretrain.default_corpus import stdlib_documents\n"
+    )
     assert imported_packages("embed", tmp_path) == {"embed/run.py": {"json", "search", "pretrain"}}
 
 
@@ -57,7 +66,11 @@ def constructed_sections(root: Path = REPO) -> dict[str, set[str]]:
             continue
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.Call):
-                called = node.func.value if isinstance(node.func, ast.Attribute) and node.func.attr == "from_json" else node.func
+                called = (
+                    node.func.value
+                    if isinstance(node.func, ast.Attribute) and node.func.attr == "from_json"
+                    else node.func
+                )
                 if isinstance(called, ast.Name) and called.id in names:
                     found[called.id].add(str(relative))
     return found
@@ -78,6 +91,9 @@ def test_search_reads_index_files_only_through_common():
     """index/ writes the index files; search/ reads them through common/index_files.py, and index/ does
     not read search/ (the one allowed direction, through common/)."""
     assert not any("index" in names for names in imported_packages("search").values())
-    readers = {module for module, names in imported_packages("search").items() if "common" in names
-               and "common.index_files" in (REPO / module).read_text()}
+    readers = {
+        module
+        for module, names in imported_packages("search").items()
+        if "common" in names and "common.index_files" in (REPO / module).read_text()
+    }
     assert readers, "search/ reads the index files through common/index_files.py"

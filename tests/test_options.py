@@ -2,6 +2,7 @@
 out of range, a duration of no time) is one line on stderr naming the option, exit status 2, and the
 workspace is untouched, since the command never starts. Each case fails in the parser, so the file runs in
 seconds (the first run_cli pays the imports)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -120,9 +121,15 @@ def workspace(tmp_path_factory) -> Path:
 
 def snapshot(root: Path) -> dict:
     """Every path under root with its size, modification time and (for files) content hash."""
-    return {str(p.relative_to(root)): (p.is_dir(), p.stat().st_size, p.stat().st_mtime_ns,
-                                       None if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted(root.rglob("*"))} | {".": root.stat().st_mtime_ns}
+    return {
+        str(p.relative_to(root)): (
+            p.is_dir(),
+            p.stat().st_size,
+            p.stat().st_mtime_ns,
+            None if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest(),
+        )
+        for p in sorted(root.rglob("*"))
+    } | {".": root.stat().st_mtime_ns}
 
 
 def command_args(command: str, *args: str, workspace: Path) -> list[str]:
@@ -198,34 +205,95 @@ def test_the_limits_are_the_ones_each_stage_accepts():
     assert train_tokenizer(["a few words"], 1).get_vocab_size() == MIN_VOCAB_SIZE  # the fewest it makes
 
 
-@pytest.mark.parametrize("args", [
-    ["pretrain", "--lr", "1e-9", "--max-steps", "0", "--vocab-size", "257", "--seed", "4294967295", "--max-failures", "0",
-     "--dist-timeout", "0.001", "--time-budget", "0.001s", "--node-rank", "0", "--master-port", "65535", "--tokens", "1",
-     "--grad-accum", "1", "--eval-every", "1", "--checkpoint-every", "1", "--log-every", "1", "--seq-len", "1", "--batch-size", "1"],
-    ["tune", "--time-budget", "1s", "--steps", "1", "--batch-size", "2", "--mini-batch", "1", "--lr", "1e-9", "--seed", "0",
-     "--dimensions", "1", "--max-seq-length", "1"],
-    ["search", "q", "--dense-weight", "0", "-k", "1"],
-    ["search", "q", "--dense-weight", "1", "-k", "1000"],
-    ["eval", "--queries", "q.jsonl", "--qrels", "qrels.tsv", "--dense-weight", "0.5", "-k", "1000"],
-    ["embed", "--chunk-tokens", "8", "--overlap", "0", "--batch-size", "1"],
-    ["serve", "--port", "65535", "--api-key", "short"],
-    ["plan", "--seq-len", "1", "--global-batch", "1", "--vocab-size", "1", "--nproc", "1", "--top", "1"],
-], ids=lambda args: args[0])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [
+            "pretrain",
+            "--lr",
+            "1e-9",
+            "--max-steps",
+            "0",
+            "--vocab-size",
+            "257",
+            "--seed",
+            "4294967295",
+            "--max-failures",
+            "0",
+            "--dist-timeout",
+            "0.001",
+            "--time-budget",
+            "0.001s",
+            "--node-rank",
+            "0",
+            "--master-port",
+            "65535",
+            "--tokens",
+            "1",
+            "--grad-accum",
+            "1",
+            "--eval-every",
+            "1",
+            "--checkpoint-every",
+            "1",
+            "--log-every",
+            "1",
+            "--seq-len",
+            "1",
+            "--batch-size",
+            "1",
+        ],
+        [
+            "tune",
+            "--time-budget",
+            "1s",
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--mini-batch",
+            "1",
+            "--lr",
+            "1e-9",
+            "--seed",
+            "0",
+            "--dimensions",
+            "1",
+            "--max-seq-length",
+            "1",
+        ],
+        ["search", "q", "--dense-weight", "0", "-k", "1"],
+        ["search", "q", "--dense-weight", "1", "-k", "1000"],
+        ["eval", "--queries", "q.jsonl", "--qrels", "qrels.tsv", "--dense-weight", "0.5", "-k", "1000"],
+        ["embed", "--chunk-tokens", "8", "--overlap", "0", "--batch-size", "1"],
+        ["serve", "--port", "65535", "--api-key", "short"],
+        ["plan", "--seq-len", "1", "--global-batch", "1", "--vocab-size", "1", "--nproc", "1", "--top", "1"],
+    ],
+    ids=lambda args: args[0],
+)
 def test_the_edges_of_each_range_are_accepted(args, tmp_path):
     """The parser takes them: the command starts and fails on something else (no data, no workspace, ...),
     with a stage's error, not a usage error."""
     missing = tmp_path / "missing"
-    extra = {"pretrain": ["--data", str(missing)], "tune": ["--data", str(missing)], "plan": ["--cluster", str(missing)]}
+    extra = {
+        "pretrain": ["--data", str(missing)],
+        "tune": ["--data", str(missing)],
+        "plan": ["--cluster", str(missing)],
+    }
     result = run_cli("-w", str(tmp_path / "ws"), *args, *extra.get(args[0], []), check=False)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
-    assert result.stderr.startswith("error: ") and "--help`" not in result.stderr  # a usage error ends with "see `pipeline X --help`"
+    assert (
+        result.stderr.startswith("error: ") and "--help`" not in result.stderr
+    )  # a usage error ends with "see `pipeline X --help`"
 
 
 def test_options_checked_together_still_fail_before_anything_is_written(workspace):
     before = snapshot(workspace)
     result = run_cli("pretrain", "-w", str(workspace), "--nnodes", "2", "--node-rank", "2", check=False)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["error: --node-rank 2 is not a node of the job: the ranks of --nnodes 2 are 0 to 1"]
+    assert result.stderr.strip().splitlines() == [
+        "error: --node-rank 2 is not a node of the job: the ranks of --nnodes 2 are 0 to 1"
+    ]
     assert snapshot(workspace) == before
 
 

@@ -8,6 +8,7 @@ gradient from the loss, not from its norm).
 
 The 8-process job (data × tensor × pipeline parallel) is skipped unless PIPELINE_SLOW_TESTS=1.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,14 +29,22 @@ import torch
 
 from common.errors import PipelineError
 from common.workspace import Workspace
-from pretrain.config import ModelConfig, TrainConfig
+from pretrain.config import SCHEDULES, ModelConfig, ParallelConfig, RuntimeOptions, TrainConfig
 from pretrain.launch import RunSpec, launch
-from pretrain.config import SCHEDULES, ParallelConfig, RuntimeOptions
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 5
-TRAIN = dict(max_steps=STEPS, seq_len=16, batch_size=8, lr=1e-3, vocab_size=300, eval_every=STEPS, eval_batches=2,
-             checkpoint_every=3, log_every=1)  # checkpoints at steps 3 and 5
+TRAIN = dict(
+    max_steps=STEPS,
+    seq_len=16,
+    batch_size=8,
+    lr=1e-3,
+    vocab_size=300,
+    eval_every=STEPS,
+    eval_batches=2,
+    checkpoint_every=3,
+    log_every=1,
+)  # checkpoints at steps 3 and 5
 RTOL = 1e-4
 
 # name -> plan; the world size is the product of the degrees.
@@ -62,7 +71,9 @@ PLANS_8 = {"dp2xtp2xpp2": dict(strategy="hybrid", dp_shard=2, tp=2, pp=2, pp_sch
 # Gathering the full weights: FSDP shards across pipeline stages; TP shards across two stages per rank.
 EXPORTED = {"dp2xpp2-gpipe", "tp2xpp2-interleaved"}
 # Eight processes on a small machine take most of a minute to start: opt in.
-SLOW = pytest.mark.skipif(not os.environ.get("PIPELINE_SLOW_TESTS"), reason="set PIPELINE_SLOW_TESTS=1 for the 8-process job")
+SLOW = pytest.mark.skipif(
+    not os.environ.get("PIPELINE_SLOW_TESTS"), reason="set PIPELINE_SLOW_TESTS=1 for the 8-process job"
+)
 # Saved under one plan at step 3, resumed under another: name -> (run whose checkpoint, plan).
 RESUMED_2 = {
     "pp-1f1b->fsdp": ("pp-1f1b", dict(strategy="fsdp", dp_shard=2)),
@@ -71,8 +82,10 @@ RESUMED_2 = {
 }
 RESUME_SOURCES = {source for source, _ in RESUMED_2.values()}
 
-WORDS = ("the a of model data token train loss step rank shard pipeline stage tensor parallel batch gradient "
-         "optimizer learning rate layer head attention mesh device process group checkpoint export").split()
+WORDS = (
+    "the a of model data token train loss step rank shard pipeline stage tensor parallel batch gradient "
+    "optimizer learning rate layer head attention mesh device process group checkpoint export"
+).split()
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +98,9 @@ def prepared(tmp_path_factory) -> Path:
     corpus.mkdir()
     rng = random.Random(0)
     for i in range(20):
-        (corpus / f"doc{i}.txt").write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) + "." for _ in range(40)))
+        (corpus / f"doc{i}.txt").write_text(
+            "\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) + "." for _ in range(40))
+        )
     ws = Workspace(root / "prepared").create()
     prepare_data(ws, [corpus], None, TrainConfig(**TRAIN))
     return ws.root
@@ -110,15 +125,21 @@ def steps(ws_root: Path) -> dict[int, dict]:
 
 
 def val_loss(ws_root: Path) -> float:
-    return [m for m in map(json.loads, (ws_root / "metrics.jsonl").read_text().splitlines()) if m["event"] == "val"][-1]["val_loss"]
+    return [m for m in map(json.loads, (ws_root / "metrics.jsonl").read_text().splitlines()) if m["event"] == "val"][
+        -1
+    ]["val_loss"]
 
 
 def assert_same_training(got_root: Path, want_root: Path, first_step: int = 1) -> None:
     got, want = steps(got_root), steps(want_root)
     assert sorted(got) == list(range(first_step, STEPS + 1))
     for key in ("loss", "grad_norm"):
-        np.testing.assert_allclose([got[s][key] for s in sorted(got)], [want[s][key] for s in sorted(got)], rtol=RTOL,
-                                   err_msg=f"{key} of {got_root.name} differs from {want_root.name}")
+        np.testing.assert_allclose(
+            [got[s][key] for s in sorted(got)],
+            [want[s][key] for s in sorted(got)],
+            rtol=RTOL,
+            err_msg=f"{key} of {got_root.name} differs from {want_root.name}",
+        )
     np.testing.assert_allclose(val_loss(got_root), val_loss(want_root), rtol=RTOL)
 
 
@@ -137,7 +158,9 @@ def single(prepared) -> Path:
     return ws.root
 
 
-def run_job(prepared: Path, nproc: int, runs: dict[str, tuple[dict, str | None]], measure_comm: bool = False) -> dict[str, Path]:
+def run_job(
+    prepared: Path, nproc: int, runs: dict[str, tuple[dict, str | None]], measure_comm: bool = False
+) -> dict[str, Path]:
     """One torchrun job of `nproc` workers running `runs` (name -> (plan, checkpoint to resume or None)) in order.
 
     measure_comm starts the profiler, whose first start costs each process a second or two: only
@@ -150,8 +173,16 @@ def run_job(prepared: Path, nproc: int, runs: dict[str, tuple[dict, str | None]]
         plan = dict(plan)
         run_cfg = dict(cfg, checkpoint_every=3 if name in RESUME_SOURCES else STEPS, **plan.pop("train", {}))
         options = asdict(RuntimeOptions(**plan.pop("options", {})))
-        specs.append(RunSpec(str(ws.root), run_cfg, asdict(ParallelConfig(**plan)), resume_from, export=name in EXPORTED,
-                             options=options))
+        specs.append(
+            RunSpec(
+                str(ws.root),
+                run_cfg,
+                asdict(ParallelConfig(**plan)),
+                resume_from,
+                export=name in EXPORTED,
+                options=options,
+            )
+        )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OMP_NUM_THREADS", "1")
         launch(specs, nproc)
@@ -217,26 +248,32 @@ def test_every_plan_exports_the_same_hugging_face_model(prepared, world4, single
     """The exports hold the same files and config, and the weights of the single-process run."""
     from safetensors.torch import load_file
 
+    from pretrain.checkpoint import load_checkpoint
     from pretrain.export import to_hf_state_dict
     from pretrain.model import GPT
-    from pretrain.checkpoint import load_checkpoint
     from pretrain.train import build_optimizer
 
     cfg = train_config(prepared)
     model = GPT(cfg.model)
     optimizer = build_optimizer(model, cfg)
-    load_checkpoint(Path(checkpoint(single, STEPS)), model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0))
+    load_checkpoint(
+        Path(checkpoint(single, STEPS)), model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    )
     want = to_hf_state_dict(model.state_dict(), cfg.model)
     model_dirs = [world4[name] / "model" for name in sorted(EXPORTED)]
     files = {d.name: sorted(p.relative_to(d) for p in d.rglob("*") if p.is_file()) for d in model_dirs}
     assert "model.safetensors" in map(str, files[model_dirs[0].name])
     for model_dir in model_dirs:
-        assert sorted(p.relative_to(model_dir) for p in model_dir.rglob("*") if p.is_file()) == files[model_dirs[0].name]
+        assert (
+            sorted(p.relative_to(model_dir) for p in model_dir.rglob("*") if p.is_file()) == files[model_dirs[0].name]
+        )
         assert (model_dir / "config.json").read_text() == (model_dirs[0] / "config.json").read_text()
         got = load_file(model_dir / "model.safetensors")
         assert set(got) == set(want)
         for key in want:
-            torch.testing.assert_close(got[key], want[key], rtol=0, atol=2e-5, msg=lambda m: f"{model_dir.parent.name} {key}: {m}")
+            torch.testing.assert_close(
+                got[key], want[key], rtol=0, atol=2e-5, msg=lambda m: f"{model_dir.parent.name} {key}: {m}"
+            )
 
 
 def test_metrics_report_throughput_memory_communication_and_bubble(world2):
@@ -302,15 +339,23 @@ record(launch.worker)(sys.argv[1])
 """
 
 
-@pytest.mark.parametrize("failure, expected", [
-    ("raise", "training failed: rank 1 raised RuntimeError: injected failure on rank 1"),
-])  # ("kill", ...) works the same; the CLI test below kills a worker for real
+@pytest.mark.parametrize(
+    "failure, expected",
+    [
+        ("raise", "training failed: rank 1 raised RuntimeError: injected failure on rank 1"),
+    ],
+)  # ("kill", ...) works the same; the CLI test below kills a worker for real
 def test_a_failing_rank_ends_the_job_with_one_clear_error(prepared, tmp_path, failure, expected):
     (tmp_path / "failing_worker.py").write_text(FAILING_WORKER)
     cfg = replace(train_config(prepared), max_steps=50)
     # Rank 0 is blocked in the pipeline when rank 1 fails: the job must still end, quickly.
-    spec = RunSpec(str(new_workspace(prepared, f"failing-{failure}").root), asdict(cfg),
-                   asdict(ParallelConfig(strategy="pp", pp=2)), export=False, options=asdict(RuntimeOptions(timeout_s=600)))
+    spec = RunSpec(
+        str(new_workspace(prepared, f"failing-{failure}").root),
+        asdict(cfg),
+        asdict(ParallelConfig(strategy="pp", pp=2)),
+        export=False,
+        options=asdict(RuntimeOptions(timeout_s=600)),
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OMP_NUM_THREADS", "1")
         mp.setenv("FAILURE", failure)
@@ -319,9 +364,13 @@ def test_a_failing_rank_ends_the_job_with_one_clear_error(prepared, tmp_path, fa
             launch([spec], 2, module="failing_worker")
     # Under load a peer's connection error can reach the agent first; the message still names a rank.
     message = str(error.value)
-    assert message.startswith(expected) or (message.startswith("training failed: rank 0") and "rank" in message[20:]), message
+    assert message.startswith(expected) or (message.startswith("training failed: rank 0") and "rank" in message[20:]), (
+        message
+    )
     assert "\n" not in message
-    assert "timeout" not in message.lower() and "timed out" not in message.lower()  # ended by the failure, not the 600 s timeout
+    assert (
+        "timeout" not in message.lower() and "timed out" not in message.lower()
+    )  # ended by the failure, not the 600 s timeout
 
 
 def children(pid: int) -> list[int]:
@@ -338,9 +387,37 @@ def children(pid: int) -> list[int]:
 
 def test_cli_launches_workers_prints_the_layout_and_fails_in_one_line_when_a_worker_is_killed(prepared, tmp_path):
     ws = tmp_path / "ws"
-    args = [sys.executable, str(REPO / "cli.py"), "pretrain", "-w", str(ws), "--data", str(prepared.parent / "corpus"),
-            "--vocab-size", "300", "--seq-len", "16", "--batch-size", "8", "--n-layer", "4", "--n-embd", "32",
-            "--n-head", "4", "--max-steps", "1000", "--log-every", "1", "--nproc", "2", "--dp", "2", "--strategy", "fsdp"]
+    args = [
+        sys.executable,
+        str(REPO / "cli.py"),
+        "pretrain",
+        "-w",
+        str(ws),
+        "--data",
+        str(prepared.parent / "corpus"),
+        "--vocab-size",
+        "300",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "8",
+        "--n-layer",
+        "4",
+        "--n-embd",
+        "32",
+        "--n-head",
+        "4",
+        "--max-steps",
+        "1000",
+        "--log-every",
+        "1",
+        "--nproc",
+        "2",
+        "--dp",
+        "2",
+        "--strategy",
+        "fsdp",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -349,7 +426,9 @@ def test_cli_launches_workers_prints_the_layout_and_fails_in_one_line_when_a_wor
             assert process.poll() is None, process.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "no training step within 120 s"
             time.sleep(0.1)
-        workers = [pid for pid in children(process.pid) if b"pretrain.launch" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        workers = [
+            pid for pid in children(process.pid) if b"pretrain.launch" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
         assert len(workers) == 2
         os.kill(workers[1], signal.SIGKILL)
         _, stderr = process.communicate(timeout=60)
@@ -357,31 +436,55 @@ def test_cli_launches_workers_prints_the_layout_and_fails_in_one_line_when_a_wor
         if process.poll() is None:
             process.kill()
     assert process.returncode == 2, stderr[-3000:]
-    assert re.fullmatch(r"error: training failed: rank [01] was killed by SIGKILL( \(1 other rank failed after it\))?",
-                        stderr.strip().splitlines()[-1])
+    assert re.fullmatch(
+        r"error: training failed: rank [01] was killed by SIGKILL( \(1 other rank failed after it\))?",
+        stderr.strip().splitlines()[-1],
+    )
     # Rank 0 printed the layout once, for both ranks.
     assert "plan: fsdp, dp_shard=2 on 2 CPU process(es) (gloo)" in stderr
-    assert re.search(r"rank 0: layers 0-3 \+ embeddings \+ ln_f \+ head; FSDP shard 0/2 of each parameter; batch rows 0-3", stderr)
+    assert re.search(
+        r"rank 0: layers 0-3 \+ embeddings \+ ln_f \+ head; FSDP shard 0/2 of each parameter; batch rows 0-3", stderr
+    )
     assert re.search(r"rank 1: .*FSDP shard 1/2 of each parameter; batch rows 4-7", stderr)
 
 
 # ---------------------------------------------------------------- bad plans: one clear error, before any process starts
 
-@pytest.mark.parametrize("options, world, message", [
-    (dict(strategy="tp", tp=3), 4, "the plan needs 3 processes (tp=3) but the job has 4"),
-    (dict(strategy="ddp", tp=2), 2, "--strategy ddp does not take --tp; combine dimensions with --strategy hybrid"),
-    (dict(strategy="tp"), 8, "--tp 8 must divide the number of attention heads (4)"),
-    (dict(strategy="fsdp"), 3, "--batch-size 8 is not divisible by the data-parallel degree 3"),
-    (dict(strategy="pp", pp_split=[3, 2]), 2, "--pp-split 3,2 must give each stage at least one layer and sum to 4 layers"),
-    (dict(strategy="pp", pp_split=[4]), 2, "--pp-split has 1 entries but there are 2 stages"),
-    (dict(strategy="pp", pp_schedule="gpipe", stages_per_rank=2), 2, "--pp-schedule gpipe runs one stage per rank"),
-    (dict(strategy="pp", pp_schedule="1f1b", microbatches=1), 2, "--pp-schedule 1f1b needs at least as many microbatches as stages (2), got 1"),
-    (dict(strategy="pp", microbatches=3), 2, "the per-rank batch (8 sequences) is not divisible by --microbatches 3"),
-    (dict(strategy="pp", pp_schedule="interleaved-1f1b", stages_per_rank=4), 2, "8 pipeline stages need at least 8 layers, the model has 4"),
-    (dict(strategy="pp", pp_schedule="wavefront"), 2, "--pp-schedule: unknown schedule 'wavefront'"),
-    (dict(strategy="mystery"), 2, "--strategy: unknown strategy 'mystery'"),
-    (dict(strategy="single"), 1, None),
-])
+
+@pytest.mark.parametrize(
+    "options, world, message",
+    [
+        (dict(strategy="tp", tp=3), 4, "the plan needs 3 processes (tp=3) but the job has 4"),
+        (dict(strategy="ddp", tp=2), 2, "--strategy ddp does not take --tp; combine dimensions with --strategy hybrid"),
+        (dict(strategy="tp"), 8, "--tp 8 must divide the number of attention heads (4)"),
+        (dict(strategy="fsdp"), 3, "--batch-size 8 is not divisible by the data-parallel degree 3"),
+        (
+            dict(strategy="pp", pp_split=[3, 2]),
+            2,
+            "--pp-split 3,2 must give each stage at least one layer and sum to 4 layers",
+        ),
+        (dict(strategy="pp", pp_split=[4]), 2, "--pp-split has 1 entries but there are 2 stages"),
+        (dict(strategy="pp", pp_schedule="gpipe", stages_per_rank=2), 2, "--pp-schedule gpipe runs one stage per rank"),
+        (
+            dict(strategy="pp", pp_schedule="1f1b", microbatches=1),
+            2,
+            "--pp-schedule 1f1b needs at least as many microbatches as stages (2), got 1",
+        ),
+        (
+            dict(strategy="pp", microbatches=3),
+            2,
+            "the per-rank batch (8 sequences) is not divisible by --microbatches 3",
+        ),
+        (
+            dict(strategy="pp", pp_schedule="interleaved-1f1b", stages_per_rank=4),
+            2,
+            "8 pipeline stages need at least 8 layers, the model has 4",
+        ),
+        (dict(strategy="pp", pp_schedule="wavefront"), 2, "--pp-schedule: unknown schedule 'wavefront'"),
+        (dict(strategy="mystery"), 2, "--strategy: unknown strategy 'mystery'"),
+        (dict(strategy="single"), 1, None),
+    ],
+)
 def test_plans_are_checked_before_launch(options, world, message):
     cfg = TrainConfig(**TRAIN, model=ModelConfig(vocab_size=300, n_layer=4, n_head=4, n_embd=32, block_size=16))
     options = dict(options)
@@ -407,9 +510,29 @@ def test_strategy_is_inferred_from_the_degrees():
 
 
 def test_cli_rejects_a_bad_plan_in_one_line_without_starting_workers(tmp_path):
-    result = subprocess.run([sys.executable, str(REPO / "cli.py"), "pretrain", "-w", str(tmp_path), "--nproc", "2",
-                             "--strategy", "hybrid", "--dp", "2", "--tp", "2"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "cli.py"),
+            "pretrain",
+            "-w",
+            str(tmp_path),
+            "--nproc",
+            "2",
+            "--strategy",
+            "hybrid",
+            "--dp",
+            "2",
+            "--tp",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "error: the plan needs 4 processes (dp_shard=2 × tp=2) but the job has 2 (--nproc × --nnodes); make the degrees multiply to 2"]
+        "error: the plan needs 4 processes (dp_shard=2 × tp=2) but the job has 2 (--nproc × --nnodes); make the degrees multiply to 2"
+    ]
     assert not (tmp_path / "data").exists()

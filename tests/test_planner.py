@@ -1,6 +1,7 @@
 """The strategy planner: cluster descriptions, the meta-device model profile, the schedule simulation,
 plan choices that follow the hardware, bad input, and the link emulator and cluster measurement on a
 real gloo job. Benchmarks (benchmarks/bench_planner.py) check predictions against measured runs."""
+
 from __future__ import annotations
 
 import functools
@@ -53,32 +54,51 @@ latency_ms = {latency}
 
 def gpu_sites(latency_ms: float, per_node: int = 4, nodes: int = 2):
     """Identical GPU nodes: NVLink inside, `latency_ms` and 10 Gbit/s between."""
-    return uniform_cluster(per_node * nodes, 150e12, 40 * GB, Link(10e-6, 300 * GB), Link(latency_ms / 1e3, 10 * GB / 8),
-                           per_node=per_node, mem_bw_Bps=1.5e12, dispatch_s=5e-6)
+    return uniform_cluster(
+        per_node * nodes,
+        150e12,
+        40 * GB,
+        Link(10e-6, 300 * GB),
+        Link(latency_ms / 1e3, 10 * GB / 8),
+        per_node=per_node,
+        mem_bw_Bps=1.5e12,
+        dispatch_s=5e-6,
+    )
 
 
 # ---------------------------------------------------------------- cluster files
+
 
 def test_cluster_toml_gives_a_link_matrix_with_slow_links_only_between_sites(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(TWO_SITES.format(latency=30))
     cluster = load_cluster_toml(path)
     assert cluster.world_size == 8 and cluster.nodes == ["site-a", "site-b"]
-    assert cluster.link(0, 3).latency_s == pytest.approx(1e-5) and cluster.link(0, 3).bandwidth_Bps == pytest.approx(300e9)
-    assert cluster.link(3, 4).latency_s == pytest.approx(0.03) and cluster.link(3, 4).bandwidth_Bps == pytest.approx(1.25e9)
+    assert cluster.link(0, 3).latency_s == pytest.approx(1e-5) and cluster.link(0, 3).bandwidth_Bps == pytest.approx(
+        300e9
+    )
+    assert cluster.link(3, 4).latency_s == pytest.approx(0.03) and cluster.link(3, 4).bandwidth_Bps == pytest.approx(
+        1.25e9
+    )
     assert cluster.ring([0, 1, 2, 3]).latency_s < 1e-3 and cluster.ring([0, 4]).latency_s == pytest.approx(0.03)
     assert cluster.devices[5].memory_bytes == 40e9 and cluster.devices[5].flops == 150e12
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda t: t.replace("memory_gb = 40\n", "", 1), "nodes[0]: missing field 'memory_gb'"),
-    (lambda t: t.replace("tflops = 150", "tflops = -3", 1), "nodes[0]: 'tflops' must be positive, got -3"),
-    (lambda t: t.replace("bandwidth_gbps = 10", "bandwidth_gbps = 0"), "[links.inter_node]: 'bandwidth_gbps' must be positive, got 0"),
-    (lambda t: t.replace("devices = 4", 'devices = "four"', 1), "nodes[0]: 'devices' must be a number"),
-    (lambda t: t[: t.index("[links.inter_node]")], "[links.inter_node]: missing table"),
-    (lambda t: "nodes = 3", "missing [[nodes]]"),
-    (lambda t: t + "\n[[[", "invalid TOML"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda t: t.replace("memory_gb = 40\n", "", 1), "nodes[0]: missing field 'memory_gb'"),
+        (lambda t: t.replace("tflops = 150", "tflops = -3", 1), "nodes[0]: 'tflops' must be positive, got -3"),
+        (
+            lambda t: t.replace("bandwidth_gbps = 10", "bandwidth_gbps = 0"),
+            "[links.inter_node]: 'bandwidth_gbps' must be positive, got 0",
+        ),
+        (lambda t: t.replace("devices = 4", 'devices = "four"', 1), "nodes[0]: 'devices' must be a number"),
+        (lambda t: t[: t.index("[links.inter_node]")], "[links.inter_node]: missing table"),
+        (lambda t: "nodes = 3", "missing [[nodes]]"),
+        (lambda t: t + "\n[[[", "invalid TOML"),
+    ],
+)
 def test_bad_cluster_files_are_one_error_naming_the_field(tmp_path, edit, message):
     path = tmp_path / "c.toml"
     path.write_text(edit(TWO_SITES.format(latency=30)))
@@ -88,6 +108,7 @@ def test_bad_cluster_files_are_one_error_naming_the_field(tmp_path, edit, messag
 
 
 # ---------------------------------------------------------------- the model profile
+
 
 def test_profile_of_gpt2_large_is_built_on_the_meta_device_without_memory():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -124,6 +145,7 @@ def test_activation_bytes_counted_on_meta_match_what_autograd_saves_on_cpu():
 
 # ---------------------------------------------------------------- the schedule simulation
 
+
 def test_simulated_1f1b_and_gpipe_have_the_textbook_bubble_and_in_flight_microbatches():
     p, m, tf, tb = 4, 8, 1.0, 2.0
     no_comm = {(a, b): 0.0 for a in range(p) for b in range(p) if a != b}
@@ -133,25 +155,47 @@ def test_simulated_1f1b_and_gpipe_have_the_textbook_bubble_and_in_flight_microba
         assert sim.makespan == pytest.approx((m + p - 1) * (tf + tb))  # bubble (p-1)/(m+p-1)
         assert sim.peak_inflight[0] == in_flight
     # a transfer between stages delays every hop of the critical path
-    slow = simulate(ParallelConfig(strategy="pp", pp=p, pp_schedule="1f1b", microbatches=m), [tf] * p, [tb] * p, [1.0] * p,
-                    {k: 0.5 for k in no_comm})
+    slow = simulate(
+        ParallelConfig(strategy="pp", pp=p, pp_schedule="1f1b", microbatches=m),
+        [tf] * p,
+        [tb] * p,
+        [1.0] * p,
+        {k: 0.5 for k in no_comm},
+    )
     assert slow.makespan >= (m + p - 1) * (tf + tb) + 2 * (p - 1) * 0.5
 
 
 def test_interleaved_and_zero_bubble_orders_come_from_torch_and_shrink_the_bubble():
     p, m = 4, 8
     no_comm = {(a, b): 0.0 for a in range(p) for b in range(p) if a != b}
-    one = simulate(ParallelConfig(strategy="pp", pp=p, pp_schedule="1f1b", microbatches=m), [1.0] * p, [2.0] * p, [1.0] * p, no_comm)
+    one = simulate(
+        ParallelConfig(strategy="pp", pp=p, pp_schedule="1f1b", microbatches=m),
+        [1.0] * p,
+        [2.0] * p,
+        [1.0] * p,
+        no_comm,
+    )
     v = 2  # the same work in twice as many stages of half the size
-    inter = simulate(ParallelConfig(strategy="pp", pp=p, pp_schedule="interleaved-1f1b", microbatches=m, stages_per_rank=v),
-                     [0.5] * p * v, [1.0] * p * v, [0.5] * p * v, no_comm)
-    zb = simulate(ParallelConfig(strategy="pp", pp=p, pp_schedule="zero-bubble", microbatches=m, stages_per_rank=v),
-                  [0.5] * p * v, [1.0] * p * v, [0.5] * p * v, no_comm)
+    inter = simulate(
+        ParallelConfig(strategy="pp", pp=p, pp_schedule="interleaved-1f1b", microbatches=m, stages_per_rank=v),
+        [0.5] * p * v,
+        [1.0] * p * v,
+        [0.5] * p * v,
+        no_comm,
+    )
+    zb = simulate(
+        ParallelConfig(strategy="pp", pp=p, pp_schedule="zero-bubble", microbatches=m, stages_per_rank=v),
+        [0.5] * p * v,
+        [1.0] * p * v,
+        [0.5] * p * v,
+        no_comm,
+    )
     busy = m * 3.0
     assert busy < zb.makespan <= inter.makespan < one.makespan
 
 
 # ---------------------------------------------------------------- choices that follow the hardware
+
 
 def test_small_matmuls_cost_more_per_flop_where_the_device_measured_so():
     device = Device("cpu", 0, 8 * GB, 200e9, matmul_rates=[[1e6, 20e9], [1e8, 100e9], [1e10, 200e9]])
@@ -193,10 +237,16 @@ def test_tensor_parallel_step_time_grows_with_latency_faster_than_pipeline():
     work = Workload(model_config_for("small", 8192, 512), 512, 32)
     tp = Candidate(ParallelConfig(strategy="tp", tp=2))
     pp = Candidate(ParallelConfig(strategy="pp", pp=2, pp_schedule="1f1b", microbatches=4))
-    def fast_link(latency_ms):  # NVLink-class bandwidth, only the latency changes
-        return uniform_cluster(2, 150e12, 40 * GB, Link(latency_ms / 1e3, 300 * GB), per_node=1, mem_bw_Bps=1.5e12, dispatch_s=5e-6)
 
-    times = {lat: (estimate(tp, work, fast_link(lat)).step_s, estimate(pp, work, fast_link(lat)).step_s) for lat in (0.0, 20.0)}
+    def fast_link(latency_ms):  # NVLink-class bandwidth, only the latency changes
+        return uniform_cluster(
+            2, 150e12, 40 * GB, Link(latency_ms / 1e3, 300 * GB), per_node=1, mem_bw_Bps=1.5e12, dispatch_s=5e-6
+        )
+
+    times = {
+        lat: (estimate(tp, work, fast_link(lat)).step_s, estimate(pp, work, fast_link(lat)).step_s)
+        for lat in (0.0, 20.0)
+    }
     ratio = {lat: tp_s / pp_s for lat, (tp_s, pp_s) in times.items()}
     assert ratio[0.0] < 1.5  # a fast link: TP is competitive
     assert ratio[20.0] > 5 * ratio[0.0]  # 20 ms: TP's per-layer all-reduces collapse it, PP pays a few hops
@@ -212,7 +262,9 @@ def test_sends_crossing_between_the_same_two_nodes_at_once_share_the_link():
     fsdp_pp = ParallelConfig(strategy="hybrid", dp_shard=2, pp=2, pp_schedule="1f1b", microbatches=2)
     assert Layout(fsdp_pp, shared, ()).pp_link(0, 1).bandwidth_Bps == pytest.approx(inter / 2)  # both replicas cross
     assert Layout(fsdp_pp, own, ()).pp_link(0, 1).bandwidth_Bps == pytest.approx(inter)
-    assert Layout(fsdp_pp, shared, ()).slowest_ring("dp_shard")[0].bandwidth_Bps == pytest.approx(10 * GB)  # inside a node
+    assert Layout(fsdp_pp, shared, ()).slowest_ring("dp_shard")[0].bandwidth_Bps == pytest.approx(
+        10 * GB
+    )  # inside a node
     pp4 = ParallelConfig(strategy="pp", pp=4, pp_schedule="1f1b", microbatches=4)
     assert Layout(pp4, shared, ()).pp_link(1, 2).bandwidth_Bps == pytest.approx(inter)  # one stage boundary crosses
     fsdp_tp = ParallelConfig(strategy="hybrid", dp_shard=2, tp=2)  # TP inside the nodes, FSDP pairs across
@@ -243,8 +295,16 @@ def test_memory_estimate_shards_with_fsdp_and_counts_in_flight_microbatches():
     ddp = estimate(Candidate(ParallelConfig(strategy="ddp", dp_replicate=8)), work, cluster)
     fsdp = estimate(Candidate(ParallelConfig(strategy="fsdp", dp_shard=8)), work, cluster)
     assert fsdp.memory_parts["optimizer"] == pytest.approx(ddp.memory_parts["optimizer"] / 8)
-    gpipe = estimate(Candidate(ParallelConfig(strategy="pp", pp=8, pp_schedule="gpipe", microbatches=16)), Workload(work.model, 1024, 32), cluster)
-    onef = estimate(Candidate(ParallelConfig(strategy="pp", pp=8, pp_schedule="1f1b", microbatches=16)), Workload(work.model, 1024, 32), cluster)
+    gpipe = estimate(
+        Candidate(ParallelConfig(strategy="pp", pp=8, pp_schedule="gpipe", microbatches=16)),
+        Workload(work.model, 1024, 32),
+        cluster,
+    )
+    onef = estimate(
+        Candidate(ParallelConfig(strategy="pp", pp=8, pp_schedule="1f1b", microbatches=16)),
+        Workload(work.model, 1024, 32),
+        cluster,
+    )
     assert gpipe.memory_parts["activations"] > 1.8 * onef.memory_parts["activations"]  # 16 vs 8 microbatches in flight
 
 
@@ -255,19 +315,31 @@ def test_every_enumerated_plan_is_one_training_accepts():
     assert {"ddp", "fsdp", "hsdp", "tp", "pp"} <= {k.split("-")[0].rstrip("0123456789") for k in kinds}
     for c in plans:
         assert c.config.world_size == 4
-        ParallelConfig.resolve(c.config.strategy, 4, dp_replicate=c.config.dp_replicate if c.config.dp_replicate > 1 else None,
-                               dp_shard=c.config.dp_shard if c.config.dp_shard > 1 else None,
-                               tp=c.config.tp if c.config.tp > 1 else None, pp=c.config.pp if c.config.pp > 1 else None)
+        ParallelConfig.resolve(
+            c.config.strategy,
+            4,
+            dp_replicate=c.config.dp_replicate if c.config.dp_replicate > 1 else None,
+            dp_shard=c.config.dp_shard if c.config.dp_shard > 1 else None,
+            tp=c.config.tp if c.config.tp > 1 else None,
+            pp=c.config.pp if c.config.pp > 1 else None,
+        )
 
 
 # ---------------------------------------------------------------- bad input
+
 
 def test_bad_planning_input_names_the_problem():
     cfg = ModelConfig(vocab_size=512, n_layer=1, n_head=3, n_embd=48, block_size=64)  # no TP or PP of 2 or 4: dp = 4
     with pytest.raises(PipelineError, match="--global-batch 3 cannot be divided"):
         plan(Workload(cfg, 64, 3), uniform_cluster(4, 1e12, 8 * GB, Link(1e-5, 1e10)))
-    with pytest.raises(PipelineError, match=r"fits no plan on 8 device\(s\): the smallest plan .* needs [0-9.]+ GiB per device, the devices have 1.00 GiB"):
-        plan(Workload(model_config_for("large", 50257, 1024), 1024, 64), uniform_cluster(8, 1e12, 2**30, Link(1e-5, 1e10)))
+    with pytest.raises(
+        PipelineError,
+        match=r"fits no plan on 8 device\(s\): the smallest plan .* needs [0-9.]+ GiB per device, the devices have 1.00 GiB",
+    ):
+        plan(
+            Workload(model_config_for("large", 50257, 1024), 1024, 64),
+            uniform_cluster(8, 1e12, 2**30, Link(1e-5, 1e10)),
+        )
     with pytest.raises(PipelineError, match="--dp 3 × --tp 1 × --pp 1 = 3, not the world size 4"):
         check_degrees(4, 3, 1, 1)
     with pytest.raises(PipelineError, match="do not divide the world size 4"):
@@ -277,20 +349,32 @@ def test_bad_planning_input_names_the_problem():
 def test_plan_command_table_json_and_errors(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(TWO_SITES.format(latency=30))
-    table = run_cli("plan", "--preset", "medium", "--cluster", str(path), "--seq-len", "1024", "--global-batch", "64", "--top", "5")
+    table = run_cli(
+        "plan", "--preset", "medium", "--cluster", str(path), "--seq-len", "1024", "--global-batch", "64", "--top", "5"
+    )
     assert "step ms" in table.stdout and "tokens/s" in table.stdout and "best:" in table.stdout
     data = json.loads(run_cli("plan", "--preset", "tiny", "--cluster", str(path), "--json").stdout)
     first = data["plans"][0]
-    assert data["world_size"] == 8 and first["fits"] and first["step_s"] > 0 and first["memory_mb"] > 0 and first["main_cost"]
+    assert (
+        data["world_size"] == 8
+        and first["fits"]
+        and first["step_s"] > 0
+        and first["memory_mb"] > 0
+        and first["main_cost"]
+    )
     assert all(a["step_s"] <= b["step_s"] for a, b in zip(data["plans"], data["plans"][1:]))
     bad = run_cli("plan", "--cluster", str(path), "--preset", "tiny", "--dp", "3", check=False)
-    assert bad.returncode == 2 and bad.stderr.strip() == "error: the degrees given (dp=3 = 3) do not divide the world size 8"
+    assert (
+        bad.returncode == 2
+        and bad.stderr.strip() == "error: the degrees given (dp=3 = 3) do not divide the world size 8"
+    )
     path.write_text(TWO_SITES.format(latency=30).replace("tflops = 150\n", "", 1))
     missing = run_cli("plan", "--cluster", str(path), check=False)
     assert missing.returncode == 2 and missing.stderr.strip() == f"error: {path}: nodes[0]: missing field 'tflops'"
 
 
 # ---------------------------------------------------------------- real processes: emulator and measurement
+
 
 def test_measured_links_show_the_emulated_latency_and_bandwidth():
     """A real 2-process gloo job measures this machine; the benchmarks' link emulator, installed in each
@@ -334,8 +418,9 @@ def test_strategy_auto_trains_the_top_plan_and_logs_its_prediction_beside_the_me
     from conftest import TINY_TRAINING
 
     ws = tmp_path / "ws"
-    done = run_cli("pretrain", "-w", str(ws), "--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "2",
-                   "--strategy", "auto")
+    done = run_cli(
+        "pretrain", "-w", str(ws), "--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "2", "--strategy", "auto"
+    )
     assert "strategy auto: single out of" in done.stderr
     assert list(json.loads((ws / "cluster.json").read_text())) != []
     steps = [json.loads(line) for line in (ws / "metrics.jsonl").read_text().splitlines()]

@@ -47,9 +47,9 @@ def test_export_matches_training_model_in_transformers_and_loads_in_sentence_tra
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModelForCausalLM
 
+    from common.workspace import Workspace
     from pretrain.checkpoint import checkpoint_dirs, config_from_checkpoint, load_checkpoint
     from pretrain.train import build_optimizer
-    from common.workspace import Workspace
 
     ws = Workspace(trained_workspace)
     checkpoint = checkpoint_dirs(ws)[-1]
@@ -73,6 +73,7 @@ def test_a_failed_pretrain_changes_nothing_in_the_workspace(trained_workspace, t
 
     def files():
         return {p.relative_to(ws): p.read_bytes() for p in sorted(ws.rglob("*")) if p.is_file()}
+
     before = files()
     tiny = tmp_path / "tiny.jsonl"
     tiny.write_text('{"_id": "1", "text": "Too short."}\n{"_id": "2", "text": "Also short."}\n')
@@ -95,34 +96,55 @@ def test_default_corpus_and_zero_steps_export_the_model_at_initialisation(tmp_pa
     from safetensors.torch import load_file
 
     ws = tmp_path / "ws"
-    result = run_cli("pretrain", "-w", str(ws), *TINY_TRAINING, "--max-steps", "0", "--vocab-size", "300", "--seed", "5")
+    result = run_cli(
+        "pretrain", "-w", str(ws), *TINY_TRAINING, "--max-steps", "0", "--vocab-size", "300", "--seed", "5"
+    )
     assert "built-in corpus of Python standard library docstrings" in result.stderr
     manifest = json.loads((ws / "manifest.json").read_text())
     assert manifest["model"]["steps"] == 0 and manifest["model"]["final_loss"] is None
     torch.manual_seed(5)
-    initial = GPT(model_config_for("tiny", **{k: manifest["model"]["config"][k] for k in ("vocab_size",)},
-                                   seq_len=32, n_layer=2, n_head=2, n_embd=32))
+    initial = GPT(
+        model_config_for(
+            "tiny",
+            **{k: manifest["model"]["config"][k] for k in ("vocab_size",)},
+            seq_len=32,
+            n_layer=2,
+            n_head=2,
+            n_embd=32,
+        )
+    )
     exported = load_file(ws / "model" / "model.safetensors")
     torch.testing.assert_close(exported["transformer.wte.weight"], initial.tok_emb.weight.detach(), rtol=0, atol=0)
-    torch.testing.assert_close(exported["transformer.h.1.mlp.c_fc.weight"], initial.layers["1"].mlp.fc_in.weight.detach().t(),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        exported["transformer.h.1.mlp.c_fc.weight"], initial.layers["1"].mlp.fc_in.weight.detach().t(), rtol=0, atol=0
+    )
     no_index = run_cli("search", "-w", str(ws), "anything", check=False)
     assert no_index.returncode == 2
-    assert no_index.stderr.strip() == f"error: workspace {ws} has no index: run `pipeline embed` and `pipeline index` first"
+    assert (
+        no_index.stderr.strip()
+        == f"error: workspace {ws} has no index: run `pipeline embed` and `pipeline index` first"
+    )
 
 
 def test_sizing_moves_up_the_ladder_on_a_faster_machine_and_discounts_repeated_data():
     from pretrain.sizing import LADDER, choose_shape, predicted_loss
 
     # Repeated tokens are worth less than new ones, and more than none.
-    assert predicted_loss(10**6, 10**7, 10**7) < predicted_loss(10**6, 10**7, 10**6) < predicted_loss(10**6, 10**6, 10**6)
+    assert (
+        predicted_loss(10**6, 10**7, 10**7) < predicted_loss(10**6, 10**7, 10**6) < predicted_loss(10**6, 10**6, 10**6)
+    )
 
     def machine(flops_per_s: float):
         def timer(shape, vocab_size, device):  # a step costs its training FLOPs at this speed
             parameters = 12 * shape.n_layer * shape.n_embd**2 + vocab_size * shape.n_embd
             return parameters, 6 * parameters * shape.batch_size * shape.seq_len / flops_per_s
+
         return timer
-    chosen = {speed: choose_shape(2_000_000, 8192, 600, torch.device("cpu"), timer=machine(speed))[0] for speed in (5e10, 5e13)}
+
+    chosen = {
+        speed: choose_shape(2_000_000, 8192, 600, torch.device("cpu"), timer=machine(speed))[0]
+        for speed in (5e10, 5e13)
+    }
     slow, fast = chosen[5e10], chosen[5e13]
     assert LADDER.index(fast.shape) > LADDER.index(slow.shape)
     assert slow.epochs > 1 and slow.steps >= 100  # a small corpus on a CPU: a small model, several epochs
@@ -132,12 +154,23 @@ def test_pretrain_without_a_shape_is_sized_to_the_time_budget(tmp_path, corpus_f
     from pretrain.sizing import LADDER
 
     ws = tmp_path / "ws"
-    result = run_cli("pretrain", "-w", str(ws), "--data", str(corpus_file), "--time-budget", "5s", "--no-adapt", "--log-every", "5")
+    result = run_cli(
+        "pretrain", "-w", str(ws), "--data", str(corpus_file), "--time-budget", "5s", "--no-adapt", "--log-every", "5"
+    )
     assert "sizing for" in result.stderr and "chosen:" in result.stderr
     model = json.loads((ws / "manifest.json").read_text())["model"]
     shapes = {(s.n_layer, s.n_embd, s.n_head, s.batch_size) for s in LADDER}
     assert model["preset"] == "sized" and model["steps"] >= 1
-    assert (model["config"]["n_layer"], model["config"]["n_embd"], model["config"]["n_head"], model["batch_size"]) in shapes
-    bad = run_cli("pretrain", "-w", str(tmp_path / "bad"), "--data", str(corpus_file), "--time-budget", "soon", check=False)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["error: --time-budget: 'soon' is not a duration (e.g. 90s, 15m, 1.5h); see `pipeline pretrain --help`"]
+    assert (
+        model["config"]["n_layer"],
+        model["config"]["n_embd"],
+        model["config"]["n_head"],
+        model["batch_size"],
+    ) in shapes
+    bad = run_cli(
+        "pretrain", "-w", str(tmp_path / "bad"), "--data", str(corpus_file), "--time-budget", "soon", check=False
+    )
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "error: --time-budget: 'soon' is not a duration (e.g. 90s, 15m, 1.5h); see `pipeline pretrain --help`"
+    ]
     assert not (tmp_path / "bad").exists()

@@ -17,12 +17,30 @@ def test_ray_embedded_vectors_equal_single_process_ones(trained_workspace, tmp_p
 
     stores = {}
     single, ray = Workspace(tmp_path / "single").create(), Workspace(tmp_path / "ray").create()
-    run_embed(single, [data], None, EmbedSettings(model_dir=trained_workspace / "model", chunk_tokens=48, overlap=8))  # the reference, in this process
-    run_cli_process("embed", "-w", str(ray.root), "--data", str(data), "--model", str(trained_workspace / "model"),
-                    "--chunk-tokens", "48", "--overlap", "8", "--ray", "local", timeout=400)
+    run_embed(
+        single, [data], None, EmbedSettings(model_dir=trained_workspace / "model", chunk_tokens=48, overlap=8)
+    )  # the reference, in this process
+    run_cli_process(
+        "embed",
+        "-w",
+        str(ray.root),
+        "--data",
+        str(data),
+        "--model",
+        str(trained_workspace / "model"),
+        "--chunk-tokens",
+        "48",
+        "--overlap",
+        "8",
+        "--ray",
+        "local",
+        timeout=400,
+    )
     for name, ws in (("single", single), ("ray", ray)):
         with Store(ws.db_path, read_only=True) as store:
-            chunks = store.con.execute("SELECT chunk_id, doc_id, chunk_index, text FROM chunks ORDER BY chunk_id").fetchall()
+            chunks = store.con.execute(
+                "SELECT chunk_id, doc_id, chunk_index, text FROM chunks ORDER BY chunk_id"
+            ).fetchall()
             stores[name] = (chunks, *store.load_vectors())
     (chunks_1, ids_1, vectors_1), (chunks_r, ids_r, vectors_r) = stores["single"], stores["ray"]
     assert chunks_1 == chunks_r and len(chunks_1) > 30
@@ -42,15 +60,41 @@ def test_ray_training_matches_torchrun_and_survives_a_killed_worker(tmp_path, co
 
     # The kill lands within a step or two of the checkpoint of step 8; four more checkpoints (about 2 s each
     # on Ray) follow it, so it lands mid-run, not after the last step.
-    args = ["--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "24", "--checkpoint-every", "4",
-            "--nproc", "2", "--strategy", "ddp"]
+    args = [
+        "--data",
+        str(corpus_file),
+        *TINY_TRAINING,
+        "--max-steps",
+        "24",
+        "--checkpoint-every",
+        "4",
+        "--nproc",
+        "2",
+        "--strategy",
+        "ddp",
+    ]
     reference = tmp_path / "torchrun"
     run_cli("pretrain", "-w", str(reference), *args)
 
     ws = tmp_path / "ray"
     log = open(tmp_path / "ray.log", "w")
-    process = subprocess.Popen([sys.executable, str(REPO / "cli.py"), "pretrain", "-w", str(ws), *args,
-                                "--ray", "local", "--max-failures", "1"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "cli.py"),
+            "pretrain",
+            "-w",
+            str(ws),
+            *args,
+            "--ray",
+            "local",
+            "--max-failures",
+            "1",
+        ],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.time() + 400
     while not (ws / "checkpoints" / "step_00000008").exists():
         assert process.poll() is None, (tmp_path / "ray.log").read_text()[-3000:]

@@ -37,7 +37,11 @@ def test_text_file_ids_are_relative_to_the_path_given(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     relative, absolute = list(read_documents([Path("txt")])), list(read_documents([tmp_path / "txt"]))
     assert [d.id for d in relative] == [d.id for d in absolute] == ["a.md", "sub/b.md"]
-    assert [d.source for d in relative] == [d.source for d in absolute] == [str(tmp_path / "txt" / "a.md"), str(tmp_path / "txt" / "sub" / "b.md")]
+    assert (
+        [d.source for d in relative]
+        == [d.source for d in absolute]
+        == [str(tmp_path / "txt" / "a.md"), str(tmp_path / "txt" / "sub" / "b.md")]
+    )
     assert [d.id for d in read_documents([Path("txt/sub/b.md")])] == ["b.md"]  # a file given itself: its name
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "a.md").write_text("another alpha\n")
@@ -71,12 +75,15 @@ def test_a_text_field_that_is_not_a_string_is_refused_naming_file_line_and_field
         list(read_documents([g]))
 
 
-@pytest.mark.parametrize("bad_line, message", [
-    (b'{"_id": "2", "text": \n', "invalid JSON (Expecting value at column 22)"),
-    (b'["not", "an", "object"]\n', "expected a JSON object, got an array"),
-    (b'"just text"\n', "expected a JSON object, got a string"),
-    (b'{"_id": "2", "text": "caf\xe9"}\n', "not UTF-8 (byte 0xe9 at column 26)"),
-])
+@pytest.mark.parametrize(
+    "bad_line, message",
+    [
+        (b'{"_id": "2", "text": \n', "invalid JSON (Expecting value at column 22)"),
+        (b'["not", "an", "object"]\n', "expected a JSON object, got an array"),
+        (b'"just text"\n', "expected a JSON object, got a string"),
+        (b'{"_id": "2", "text": "caf\xe9"}\n', "not UTF-8 (byte 0xe9 at column 26)"),
+    ],
+)
 def test_every_jsonl_input_reports_a_bad_line_alike(tmp_path, bad_line, message):
     """Documents, eval's queries and tune's labelled pairs go through one JSON-lines reader: a bad line is
     the same one-line error, naming file and line, whichever command reads it."""
@@ -85,7 +92,11 @@ def test_every_jsonl_input_reports_a_bad_line_alike(tmp_path, bad_line, message)
 
     path = tmp_path / "input.jsonl"
     path.write_bytes(b'{"_id": "1", "text": "fine", "query": "fine", "document": "fine"}\n\n' + bad_line)
-    for read in (lambda: list(read_documents([path])), lambda: read_queries(path), lambda: read_labelled_pairs(path, {})):
+    for read in (
+        lambda: list(read_documents([path])),
+        lambda: read_queries(path),
+        lambda: read_labelled_pairs(path, {}),
+    ):
         with pytest.raises(PipelineError) as error:
             read()
         assert str(error.value) == f"{path}:3: {message}"
@@ -128,7 +139,9 @@ def test_missing_path_empty_corpus_and_duplicates(tmp_path):
     with pytest.raises(PipelineError, match="empty corpus"):
         list(read_documents([tmp_path / "empty.txt"]))
     f = write_jsonl(tmp_path / "dup.jsonl", [{"id": "1", "text": "a"}, {"id": "1", "text": "b"}])
-    with pytest.raises(PipelineError, match=r"dup\.jsonl:2: duplicate document id '1' \(first seen at .*dup\.jsonl:1\)"):
+    with pytest.raises(
+        PipelineError, match=r"dup\.jsonl:2: duplicate document id '1' \(first seen at .*dup\.jsonl:1\)"
+    ):
         list(read_documents([f]))
 
 

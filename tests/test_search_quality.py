@@ -1,4 +1,5 @@
 """Lexical and hybrid search, filters, and `pipeline eval` on the SciFact slice of the shared workspace."""
+
 import json
 import shutil
 from pathlib import Path
@@ -9,9 +10,9 @@ import pytest
 from common.errors import PipelineError
 from common.workspace import Workspace
 from conftest import run_cli
-from search.filters import DocumentFilter
 from search.engine import NO_RANKING, Ranking, SearchEngine, fuse
 from search.evaluate import evaluate, read_qrels, read_queries
+from search.filters import DocumentFilter
 
 
 def corpus_rows(corpus_file):
@@ -36,17 +37,25 @@ def test_rebuilding_replaces_the_lexical_index_and_removes_the_old_one(trained_w
     shutil.copytree(trained_workspace, ws)
     first = json.loads(run_cli("index", "-w", str(ws), "--json").stdout)  # nothing changed: an update of the last build
     second = json.loads(run_cli("index", "-w", str(ws), "--json", "--rebuild").stdout)
-    assert first["update"] == "incremental" and first["path"] == json.loads((trained_workspace / "manifest.json").read_text())["index"]["path"]
-    assert second["update"] == "full" and first["lexical_path"] != second["lexical_path"] and first["build_id"] != second["build_id"]
+    assert (
+        first["update"] == "incremental"
+        and first["path"] == json.loads((trained_workspace / "manifest.json").read_text())["index"]["path"]
+    )
+    assert (
+        second["update"] == "full"
+        and first["lexical_path"] != second["lexical_path"]
+        and first["build_id"] != second["build_id"]
+    )
     assert first["path"] != second["path"]
-    assert sorted(p.name for p in (ws / "index").iterdir()) == sorted([second["path"].split("/")[-1], second["lexical_path"].split("/")[-1]])
+    assert sorted(p.name for p in (ws / "index").iterdir()) == sorted(
+        [second["path"].split("/")[-1], second["lexical_path"].split("/")[-1]]
+    )
 
 
 def test_bm25_tokens_are_bm25s_tokens(corpus_file):
     """Our tokenizer makes bm25s's tokens (its word pattern, stop words, stemmer) without its per-call set-up:
     indexes written with bm25s's tokenizer stay valid."""
     import bm25s
-
     import Stemmer
 
     from common.lexical import Analyzer
@@ -54,12 +63,16 @@ def test_bm25_tokens_are_bm25s_tokens(corpus_file):
     texts = [f"{row['title']}\n{row['text']}" for row in corpus_rows(corpus_file)]
     texts += ["naïve café it's x_y __ a1 1a ½ ²³ THE The the", "a b cc ddd e-f g_h", ""]
     english = Stemmer.Stemmer("english")
-    assert Analyzer("en").tokenize(texts) == bm25s.tokenize(texts, stopwords="en", stemmer=english, return_ids=False, show_progress=False)
+    assert Analyzer("en").tokenize(texts) == bm25s.tokenize(
+        texts, stopwords="en", stemmer=english, return_ids=False, show_progress=False
+    )
     # An index written before languages were analysed keeps its tokens, CJK runs whole, as bm25s made them
     texts.append("東京 the runs")
     old = Analyzer.load(Path("no such index"))
     assert old == Analyzer("en", cjk_bigrams=False)
-    assert old.tokenize(texts) == bm25s.tokenize(texts, stopwords="en", stemmer=english, return_ids=False, show_progress=False)
+    assert old.tokenize(texts) == bm25s.tokenize(
+        texts, stopwords="en", stemmer=english, return_ids=False, show_progress=False
+    )
 
 
 def test_bm25_analyzes_by_language_and_cjk_by_bigrams():
@@ -68,7 +81,9 @@ def test_bm25_analyzes_by_language_and_cjk_by_bigrams():
     assert Analyzer("ru").tokenize(["Яблоки падают на землю."]) == [["яблок", "пада", "земл"]]  # "на": a stop word
     assert Analyzer("ja").tokenize(["東京都に住む ＡＢＣ"]) == [["東京", "京都", "都に", "に住", "住む", "abc"]]
     assert Analyzer("en").tokenize(["東 the runs"]) == [["東", "run"]]  # a CJK character alone is a token too
-    assert Analyzer("en").tokenize(["ＩＢＭ rocks"]) == Analyzer("en").tokenize(["IBM rocks"]) == [["ibm", "rock"]]  # full-width folded
+    assert (
+        Analyzer("en").tokenize(["ＩＢＭ rocks"]) == Analyzer("en").tokenize(["IBM rocks"]) == [["ibm", "rock"]]
+    )  # full-width folded
     assert choose_analyzer(["Это русский текст о яблоках и грушах, который растёт."] * 5)[0] == Analyzer("ru")
     assert choose_analyzer(["anything"], "none")[0].tokenize(["The running"]) == [["the", "running"]]
     with pytest.raises(PipelineError, match="--language: 'english' is not"):
@@ -93,7 +108,9 @@ def test_hybrid_keeps_what_lexical_finds_and_returns_distinct_documents(engine, 
 
 
 def test_fusion_combines_standardised_scores():
-    def ranking(*scored, chunk=0):  # (score, document letter) pairs, best first; a document's chunk: its number * 10 + chunk
+    def ranking(
+        *scored, chunk=0
+    ):  # (score, document letter) pairs, best first; a document's chunk: its number * 10 + chunk
         docs = np.array([ord(letter) - ord("a") for _, letter in scored], dtype=np.int64)
         return Ranking(docs, docs * 10 + chunk, np.array([score for score, _ in scored], dtype=np.float64))
 
@@ -108,8 +125,13 @@ def test_fusion_combines_standardised_scores():
     # Each retriever adds weight * (score - its lowest score) / deviation of its scores. a leads dense by
     # a clear gap; c is dense's last but BM25's first, barely ahead of d: a wins, where reciprocal rank
     # fusion would put c, the only document in both lists, first.
-    expected = {"a": 0.5 * 0.2 / np.std([0.9, 0.8, 0.7]), "b": 0.5 * 0.1 / np.std([0.9, 0.8, 0.7]),
-                "c": 0.5 * 7.0 / np.std([9.0, 8.9, 2.0]), "d": 0.5 * 6.9 / np.std([9.0, 8.9, 2.0]), "e": 0.0}
+    expected = {
+        "a": 0.5 * 0.2 / np.std([0.9, 0.8, 0.7]),
+        "b": 0.5 * 0.1 / np.std([0.9, 0.8, 0.7]),
+        "c": 0.5 * 7.0 / np.std([9.0, 8.9, 2.0]),
+        "d": 0.5 * 6.9 / np.std([9.0, 8.9, 2.0]),
+        "e": 0.0,
+    }
     assert letters(balanced) == ["a", "c", "d", "b", "e"]
     assert dict(zip(letters(balanced), balanced.scores)) == pytest.approx(expected)
     assert list(balanced.chunks) == [0, 21, 31, 10, 41]  # the chunk of the retriever that contributed more
@@ -124,10 +146,17 @@ def test_filters_restrict_results(engine, corpus_file):
     rows = corpus_rows(corpus_file)
     word = "cell"
     for mode in ("dense", "lexical", "hybrid"):
-        hits = engine.search("cells in tumours", k=5, mode=mode, filters=DocumentFilter.of({"title": {"contains": word.upper()}}))
+        hits = engine.search(
+            "cells in tumours", k=5, mode=mode, filters=DocumentFilter.of({"title": {"contains": word.upper()}})
+        )
         assert hits and all(word in h.title.lower() for h in hits), mode
-        assert engine.search("cells", k=5, mode=mode, filters=DocumentFilter.of({"source": {"glob": "/no/such/dir/*"}})) == []
-    everything = engine.search("cells", k=5, mode="dense", filters=DocumentFilter.of({"source": {"glob": str(corpus_file.parent / "*.jsonl")}}))
+        assert (
+            engine.search("cells", k=5, mode=mode, filters=DocumentFilter.of({"source": {"glob": "/no/such/dir/*"}}))
+            == []
+        )
+    everything = engine.search(
+        "cells", k=5, mode="dense", filters=DocumentFilter.of({"source": {"glob": str(corpus_file.parent / "*.jsonl")}})
+    )
     assert len(everything) == 5 and {h.source for h in everything} == {str(corpus_file)}
     assert len(rows) > 5
 
@@ -138,11 +167,20 @@ def test_a_relative_source_glob_is_read_from_the_current_directory(engine, corpu
     for glob in (f"{folder}/*.jsonl", f"./{folder}/corpus.*", "*.jsonl"):
         hits = engine.search("cells", k=5, mode="lexical", filters=DocumentFilter.of({"source": {"glob": glob}}))
         assert len(hits) == 5 and {h.source for h in hits} == {str(corpus_file)}, glob
-    assert engine.search("cells", k=5, mode="lexical", filters=DocumentFilter.of({"source": {"glob": "elsewhere/*.jsonl"}})) == []
+    assert (
+        engine.search(
+            "cells", k=5, mode="lexical", filters=DocumentFilter.of({"source": {"glob": "elsewhere/*.jsonl"}})
+        )
+        == []
+    )
 
 
 def test_bad_requests_are_pipeline_errors(engine):
-    for query, k, mode, message in [("", 5, None, "empty query"), ("q", 0, None, "k must be between"), ("q", 5, "fuzzy", "unknown mode")]:
+    for query, k, mode, message in [
+        ("", 5, None, "empty query"),
+        ("q", 0, None, "k must be between"),
+        ("q", 5, "fuzzy", "unknown mode"),
+    ]:
         with pytest.raises(PipelineError, match=message):
             engine.search(query, k, mode)
 
@@ -167,29 +205,51 @@ def judged_titles(corpus_file, tmp_path_factory):
     and one query far longer than the model reads (five documents' texts), judged relevant to those five."""
     rows = corpus_rows(corpus_file)[:30]
     folder = tmp_path_factory.mktemp("eval")
-    queries = [{"_id": f"q{i}", "text": r["title"]} for i, r in enumerate(rows)] + [{"_id": "long", "text": " ".join(r["text"] for r in rows[:5])}]
+    queries = [{"_id": f"q{i}", "text": r["title"]} for i, r in enumerate(rows)] + [
+        {"_id": "long", "text": " ".join(r["text"] for r in rows[:5])}
+    ]
     (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
-    (folder / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\t{r['_id']}\t1\n" for i, r in enumerate(rows))
-                                      + "".join(f"long\t{r['_id']}\t1\n" for r in rows[:5]))
+    (folder / "qrels.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n"
+        + "".join(f"q{i}\t{r['_id']}\t1\n" for i, r in enumerate(rows))
+        + "".join(f"long\t{r['_id']}\t1\n" for r in rows[:5])
+    )
     return folder
 
 
 def test_eval_scores_every_mode_with_pytrec_eval_and_sets_the_default(trained_workspace, judged_titles, tmp_path):
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
-    result = run_cli("eval", "-w", str(ws), "--queries", str(judged_titles / "queries.jsonl"),
-                     "--qrels", str(judged_titles / "qrels.tsv"), "--mode", "all", "--set-default", "--dense-weight", "0.2", "--json")
+    result = run_cli(
+        "eval",
+        "-w",
+        str(ws),
+        "--queries",
+        str(judged_titles / "queries.jsonl"),
+        "--qrels",
+        str(judged_titles / "qrels.tsv"),
+        "--mode",
+        "all",
+        "--set-default",
+        "--dense-weight",
+        "0.2",
+        "--json",
+    )
     reports = {r["mode"]: r for r in json.loads(result.stdout)}
     best = max(reports, key=lambda m: reports[m]["ndcg@10"])
     assert reports["hybrid"]["dense_weight"] == 0.2
     assert json.loads((ws / "manifest.json").read_text())["search"]["default_mode"] == best
     assert SearchEngine(Workspace(ws), load_model=False).resolve_mode(None) == best
-    assert SearchEngine(Workspace(ws), load_model=False).resolve_dense_weight(None) == 0.2  # the weight that was measured
+    assert (
+        SearchEngine(Workspace(ws), load_model=False).resolve_dense_weight(None) == 0.2
+    )  # the weight that was measured
     assert f"default mode for this workspace: {best}" in result.stderr
     # it says what it is doing: loading the model once, then each mode's queries
     queries = reports["dense"]["queries"]
     assert result.stderr.count("loading the embedding model") == 1
-    assert [line.split(":")[0] for line in result.stderr.splitlines() if f"searching {queries} judged queries" in line] == list(reports)
+    assert [
+        line.split(":")[0] for line in result.stderr.splitlines() if f"searching {queries} judged queries" in line
+    ] == list(reports)
     # the long query is evaluated, cut to the model's input length, with one warning though two modes embed it
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and warnings[0].startswith("warning: query long is "), warnings
@@ -212,8 +272,20 @@ def test_eval_scores_every_mode_with_pytrec_eval_and_sets_the_default(trained_wo
     assert reports["dense"]["ndcg@10"] < reports["lexical"]["ndcg@10"]  # the barely trained, untuned test model
     # Without --json: a table, one line per mode. A mode chosen on judged queries is kept when `pipeline index`
     # runs again for the same model.
-    table = run_cli("eval", "-w", str(ws), "--queries", str(judged_titles / "queries.jsonl"), "--qrels", str(judged_titles / "qrels.tsv"),
-                    "--mode", "all", "--set-default", "--dense-weight", "0.2").stdout.splitlines()
+    table = run_cli(
+        "eval",
+        "-w",
+        str(ws),
+        "--queries",
+        str(judged_titles / "queries.jsonl"),
+        "--qrels",
+        str(judged_titles / "qrels.tsv"),
+        "--mode",
+        "all",
+        "--set-default",
+        "--dense-weight",
+        "0.2",
+    ).stdout.splitlines()
     assert [line.split()[0] for line in table] == ["dense", "lexical", "hybrid"]
     assert "nDCG@10" in table[1] and "Recall@100 1.0000" in table[1] and "MRR@10" in table[1]
     run_cli("index", "-w", str(ws))
@@ -253,7 +325,10 @@ def test_index_chooses_the_default_mode_on_held_out_corpus_pairs(trained_workspa
 
     manifest = json.loads((trained_workspace / "manifest.json").read_text())
     search = manifest["search"]
-    assert search["chosen_by"] == "held-out corpus pairs" and search["embedder_fingerprint"] == manifest["index"]["embedder_fingerprint"]
+    assert (
+        search["chosen_by"] == "held-out corpus pairs"
+        and search["embedder_fingerprint"] == manifest["index"]["embedder_fingerprint"]
+    )
     assert search["inconclusive"] is (max(search["ndcg@10"].values()) < 0.05)
     assert 0 < search["pairs"] <= search["collection_documents"] == manifest["embedder"]["documents"]
     scores = search["ndcg@10"]
@@ -281,17 +356,47 @@ def test_eval_agrees_with_a_hand_computed_reciprocal_rank(judged_titles, engine)
 def test_eval_bad_input_is_one_line(trained_workspace, judged_titles, tmp_path):
     bad = tmp_path / "qrels.tsv"
     bad.write_text("query-id\tcorpus-id\tscore\nq1\tdoc\tvery\n")
-    result = run_cli("eval", "-w", str(trained_workspace), "--queries", str(judged_titles / "queries.jsonl"), "--qrels", str(bad), check=False)
+    result = run_cli(
+        "eval",
+        "-w",
+        str(trained_workspace),
+        "--queries",
+        str(judged_titles / "queries.jsonl"),
+        "--qrels",
+        str(bad),
+        check=False,
+    )
     assert result.returncode == 2
-    assert result.stderr.strip() == f"error: {bad}:2: expected query-id, corpus-id and an integer score separated by tabs"
+    assert (
+        result.stderr.strip() == f"error: {bad}:2: expected query-id, corpus-id and an integer score separated by tabs"
+    )
     queries = tmp_path / "q.jsonl"
     queries.write_text('{"_id": "x", "text": "fine"}\n{"_id": "y"\n')
-    result = run_cli("eval", "-w", str(trained_workspace), "--queries", str(queries), "--qrels", str(judged_titles / "qrels.tsv"), check=False)
+    result = run_cli(
+        "eval",
+        "-w",
+        str(trained_workspace),
+        "--queries",
+        str(queries),
+        "--qrels",
+        str(judged_titles / "qrels.tsv"),
+        check=False,
+    )
     assert result.returncode == 2 and result.stderr.startswith(f"error: {queries}:2: invalid JSON")
     other = tmp_path / "other.tsv"
     other.write_text("nope\tdoc\t1\n")
-    result = run_cli("eval", "-w", str(trained_workspace), "--queries", str(judged_titles / "queries.jsonl"), "--qrels", str(other), check=False)
+    result = run_cli(
+        "eval",
+        "-w",
+        str(trained_workspace),
+        "--queries",
+        str(judged_titles / "queries.jsonl"),
+        "--qrels",
+        str(other),
+        check=False,
+    )
     assert result.returncode == 2 and "no query in the qrels file has a text in the queries file" in result.stderr
     result = run_cli("search", "-w", str(trained_workspace), "cells", "--mode", "fuzzy", check=False)
     assert result.returncode == 2 and result.stderr.strip() == (
-        "error: --mode: 'fuzzy' is not one of 'dense', 'lexical', 'hybrid'; see `pipeline search --help`")
+        "error: --mode: 'fuzzy' is not one of 'dense', 'lexical', 'hybrid'; see `pipeline search --help`"
+    )

@@ -1,4 +1,5 @@
 """`pipeline serve`: a real uvicorn server on loopback, real HTTP requests, a real headless browser."""
+
 import json
 import shutil
 import socket
@@ -64,21 +65,29 @@ def test_search_get_and_post_return_ranked_documents(client, workspace):
     lexical_post = client.post("/search", json={"q": "vitamin D deficiency", "k": 3, "mode": "lexical"}).json()
     assert lexical_get["results"] == lexical_post["results"] and lexical_post["mode"] == "lexical"
 
-    filtered = client.post("/search", json={"q": "cells", "k": 5, "mode": "dense", "filter": {"title": {"contains": "cell"}}}).json()
+    filtered = client.post(
+        "/search", json={"q": "cells", "k": 5, "mode": "dense", "filter": {"title": {"contains": "cell"}}}
+    ).json()
     assert filtered["results"] and all("cell" in h["title"].lower() for h in filtered["results"])
     nothing = client.get("/search", params={"q": "cells", "source": "/no/such/*"}).json()
     assert nothing["results"] == []
 
 
 def test_structured_filters_metadata_and_highlights(client, workspace):
-    structured = {"year": {"gte": 1950}, "journal": {"in": ["Nature", "Cell"]}, "source": {"glob": str(workspace.parent.parent) + "/**"}}
+    structured = {
+        "year": {"gte": 1950},
+        "journal": {"in": ["Nature", "Cell"]},
+        "source": {"glob": str(workspace.parent.parent) + "/**"},
+    }
     body = client.post("/search", json={"q": "tumour cells", "k": 7, "mode": "hybrid", "filter": structured}).json()
     assert len(body["results"]) == 7
     for hit in body["results"]:
         assert hit["metadata"]["year"] >= 1950 and hit["metadata"]["journal"] in ("Nature", "Cell")
         assert "<" not in hit["snippet"] or "<mark>" not in hit["snippet"]  # offsets, never HTML
         assert all(0 <= start < end <= len(hit["snippet"]) for start, end in hit["highlights"])
-    as_get = client.get("/search", params={"q": "tumour cells", "k": 7, "mode": "hybrid", "filter": json.dumps(structured)}).json()
+    as_get = client.get(
+        "/search", params={"q": "tumour cells", "k": 7, "mode": "hybrid", "filter": json.dumps(structured)}
+    ).json()
     assert as_get["results"] == body["results"]
     lexical = client.get("/search", params={"q": "tumour cells", "k": 3, "mode": "lexical"}).json()["results"]
     assert all(h["highlights"] for h in lexical)
@@ -88,26 +97,37 @@ def test_structured_filters_metadata_and_highlights(client, workspace):
     fields = client.get("/fields").json()
     assert fields["fields"]["year"] == "BIGINT" and "gte" in fields["operators"]
 
-    for wrong, named in [({"yeer": {"gte": 1}}, "filter: unknown field 'yeer'"), ({"year": {"around": 1}}, "unknown operator 'around'"),
-                         ({"year": {"gte": "1950; DROP TABLE documents"}}, "filter.year.gte: expects a number")]:
+    for wrong, named in [
+        ({"yeer": {"gte": 1}}, "filter: unknown field 'yeer'"),
+        ({"year": {"around": 1}}, "unknown operator 'around'"),
+        ({"year": {"gte": "1950; DROP TABLE documents"}}, "filter.year.gte: expects a number"),
+    ]:
         response = client.post("/search", json={"q": "cells", "filter": wrong})
         assert response.status_code == 422 and named in response.json()["error"], response.text
     assert client.get("/search", params={"q": "cells", "filter": "{not json"}).status_code == 422
-    injected = client.post("/search", json={"q": "cells", "mode": "lexical", "filter": {"journal": "x' OR '1'='1"}}).json()
+    injected = client.post(
+        "/search", json={"q": "cells", "mode": "lexical", "filter": {"journal": "x' OR '1'='1"}}
+    ).json()
     assert injected["results"] == []
     assert client.get("/health").json()["status"] == "ok"
 
 
 def test_docs_work_offline_and_the_schema_declares_models_and_the_key(client):
     page = client.get("/docs")
-    assert page.status_code == 200 and "docs-assets/swagger-ui-bundle.js" in page.text and "cdn" not in page.text.lower()
+    assert (
+        page.status_code == 200 and "docs-assets/swagger-ui-bundle.js" in page.text and "cdn" not in page.text.lower()
+    )
     for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
         served = client.get(f"/docs-assets/{asset}")
         assert served.status_code == 200 and len(served.content) > 10_000
     assert client.get("/docs-assets/../manifest.json").status_code == 404
     schema = client.get("/openapi.json").json()
-    assert schema["components"]["securitySchemes"]["APIKeyHeader"] == {"type": "apiKey", "in": "header", "name": "X-API-Key",
-                                                                     "description": "The server's --api-key."}
+    assert schema["components"]["securitySchemes"]["APIKeyHeader"] == {
+        "type": "apiKey",
+        "in": "header",
+        "name": "X-API-Key",
+        "description": "The server's --api-key.",
+    }
     post = schema["paths"]["/search"]["post"]
     assert post["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/SearchResponse")
     assert post["responses"]["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
@@ -153,7 +173,9 @@ def test_request_size_is_bounded_and_the_bounds_are_in_the_schema(client):
     assert schema["components"]["schemas"]["SearchRequest"]["properties"]["q"]["maxLength"] == 2000
     too_long = client.post("/search", json={"q": "x" * 2001})
     assert too_long.status_code == 422 and "at most 2000 characters" in too_long.json()["error"]
-    huge = client.post("/search", content=b'{"q": "x", "pad": "' + b"y" * 200_000 + b'"}', headers={"content-type": "application/json"})
+    huge = client.post(
+        "/search", content=b'{"q": "x", "pad": "' + b"y" * 200_000 + b'"}', headers={"content-type": "application/json"}
+    )
     assert huge.status_code == 413 and "Too Large" in huge.text  # answered by the framework's limit, before parsing
     assert client.get("/health").json()["status"] == "ok"
 
@@ -175,11 +197,24 @@ def test_no_path_reads_a_file_outside_the_workspace(server, workspace):
     secret = workspace.parent / "secret.txt"
     secret.write_text("TOP-SECRET-0451")
     depth = "../" * len(workspace.parts)
-    paths = ["/documents/../secret.txt", "/documents/..%2Fsecret.txt", "/documents/%2e%2e/%2e%2e/secret.txt",
-             f"/documents/{secret}", f"/documents/%2F{str(secret).lstrip('/')}", f"/documents/{depth}etc/passwd",
-             f"/documents/{depth.replace('/', '%2F')}etc%2Fpasswd", f"/{depth}etc/passwd", f"/%2e%2e/{depth}etc/passwd",
-             f"/docs/{depth}etc/passwd", f"/static/{depth}etc/passwd", f"/{secret}", "/documents/manifest.json",
-             "/documents/../manifest.json", "/..%2Fmanifest.json", "/pipeline.duckdb"]
+    paths = [
+        "/documents/../secret.txt",
+        "/documents/..%2Fsecret.txt",
+        "/documents/%2e%2e/%2e%2e/secret.txt",
+        f"/documents/{secret}",
+        f"/documents/%2F{str(secret).lstrip('/')}",
+        f"/documents/{depth}etc/passwd",
+        f"/documents/{depth.replace('/', '%2F')}etc%2Fpasswd",
+        f"/{depth}etc/passwd",
+        f"/%2e%2e/{depth}etc/passwd",
+        f"/docs/{depth}etc/passwd",
+        f"/static/{depth}etc/passwd",
+        f"/{secret}",
+        "/documents/manifest.json",
+        "/documents/../manifest.json",
+        "/..%2Fmanifest.json",
+        "/pipeline.duckdb",
+    ]
     manifest = (workspace / "manifest.json").read_text()
     for path in paths:
         status, body = raw_get(server, path)
@@ -191,7 +226,8 @@ def test_fuzzed_requests_never_get_a_server_error(api_schema):
     """Schemathesis generates requests for every operation of the OpenAPI description, within the declared
     bounds and outside them; none may answer 5xx, and every answer must match the schema. Bounded to 60
     requests: a few seconds."""
-    from hypothesis import HealthCheck, given, settings, strategies as st
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
     from schemathesis import checks
     from schemathesis.generation import GenerationMode
 
@@ -203,8 +239,15 @@ def test_fuzzed_requests_never_get_a_server_error(api_schema):
         # Status codes, content types and bodies as the schema declares them. (Not "positive data acceptance":
         # a filter's fields are the loaded documents' own, which a schema cannot list, so a schema-valid
         # filter on a field that does not exist is rightly a 422.)
-        case.validate_response(response, checks=[checks.not_a_server_error, checks.status_code_conformance,
-                                                 checks.content_type_conformance, checks.response_schema_conformance])
+        case.validate_response(
+            response,
+            checks=[
+                checks.not_a_server_error,
+                checks.status_code_conformance,
+                checks.content_type_conformance,
+                checks.response_schema_conformance,
+            ],
+        )
         seen.add((case.method, case.path))
 
     seen = set()
@@ -214,8 +257,12 @@ def test_fuzzed_requests_never_get_a_server_error(api_schema):
 
 def test_api_key_is_required_for_data_but_not_for_health(server):
     assert httpx.get(f"{server}/search", params={"q": "cancer"}).status_code == 401
-    assert httpx.get(f"{server}/search", params={"q": "cancer"}, headers={"X-API-Key": "wrong-key-000"}).status_code == 401
-    assert httpx.get(f"{server}/documents/1").json() == {"error": "missing or wrong API key (send it in the X-API-Key header)"}
+    assert (
+        httpx.get(f"{server}/search", params={"q": "cancer"}, headers={"X-API-Key": "wrong-key-000"}).status_code == 401
+    )
+    assert httpx.get(f"{server}/documents/1").json() == {
+        "error": "missing or wrong API key (send it in the X-API-Key header)"
+    }
     assert httpx.get(f"{server}/search", params={"q": "cancer", "api_key": KEY}).status_code == 200
     health = httpx.get(f"{server}/health").json()
     assert health["auth"] is True and health["index"]["lexical"] is True
@@ -242,21 +289,33 @@ def test_a_static_embedders_searches_answer_concurrently_as_the_engine_does(trai
     """A static model's searches run on the server's event loop (search/serve/batcher.py): many at once, in every
     mode, each answered exactly as the engine answers it in process; a served transformer (the other
     tests) goes through the thread pool."""
+    from test_embed_index_search import save_static_model
+
     from common.workspace import Workspace
     from search.engine import SearchEngine
-    from test_embed_index_search import save_static_model
 
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
     run_cli("embed", "-w", str(ws), "--model", str(save_static_model(trained_workspace, tmp_path / "static")))
     run_cli("index", "-w", str(ws))
     engine = SearchEngine(Workspace(ws))
-    requests = [(q, mode) for q in ("cancer", "vitamin D", "stem cells", "bone density", "   ") for mode in ("dense", "lexical", "hybrid")] * 4
-    with running_server(ws, output=subprocess.PIPE, timeout_s=180) as base, httpx.Client(base_url=base, timeout=60) as c:
+    requests = [
+        (q, mode)
+        for q in ("cancer", "vitamin D", "stem cells", "bone density", "   ")
+        for mode in ("dense", "lexical", "hybrid")
+    ] * 4
+    with (
+        running_server(ws, output=subprocess.PIPE, timeout_s=180) as base,
+        httpx.Client(base_url=base, timeout=60) as c,
+    ):
         with ThreadPoolExecutor(16) as pool:
             answers = list(pool.map(lambda r: c.get("/search", params={"q": r[0], "k": 5, "mode": r[1]}), requests))
     # a blank query searched alongside others is refused alone
-    assert all((a.status_code, a.json()) == (400, {"error": "empty query"}) for (q, _), a in zip(requests, answers) if not q.strip())
+    assert all(
+        (a.status_code, a.json()) == (400, {"error": "empty query"})
+        for (q, _), a in zip(requests, answers)
+        if not q.strip()
+    )
     assert all(a.status_code == 200 for (q, _), a in zip(requests, answers) if q.strip())
     for (q, mode), answer in zip(requests, answers):
         if not q.strip():
@@ -280,7 +339,10 @@ def test_a_rebuilt_index_is_picked_up_without_a_failed_request(client, workspace
     try:
         run_cli("index", "-w", str(workspace), "--type", "hnsw")
         deadline = time.monotonic() + 60
-        while client.get("/health").json()["index"]["build_id"] == before["index"]["build_id"] and time.monotonic() < deadline:
+        while (
+            client.get("/health").json()["index"]["build_id"] == before["index"]["build_id"]
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.2)
     finally:
         done.set()
@@ -296,26 +358,41 @@ def test_port_in_use_is_a_one_line_error(workspace):
         taken.listen()
         port = taken.getsockname()[1]
         result = run_cli("serve", "-w", str(workspace), "--port", str(port), check=False)
-    assert result.returncode == 2 and result.stderr.strip() == f"error: cannot listen on 127.0.0.1:{port} (Address already in use)"
+    assert (
+        result.returncode == 2
+        and result.stderr.strip() == f"error: cannot listen on 127.0.0.1:{port} (Address already in use)"
+    )
 
 
 def test_web_page_searches_in_a_real_browser(server, tmp_path):
     if not CHROMIUM.exists():
-        pytest.skip("no browser: /usr/bin/chromium is missing (scripts/setup.sh installs Debian's chromium when run as root)")
+        pytest.skip(
+            "no browser: /usr/bin/chromium is missing (scripts/setup.sh installs Debian's chromium when run as root)"
+        )
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--no-first-run"])
+        browser = p.chromium.launch(
+            executable_path=str(CHROMIUM),
+            args=[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--no-first-run",
+            ],
+        )
         try:
             page = browser.new_page()
             page.goto(f"{server}/?api_key={KEY}")
             page.fill("#q", "cancer cells")
             page.click("#go")
             # results, or an error the page shows (then the assertion below names it)
-            page.wait_for_function("document.querySelector('li.result') || document.getElementById('status').className === 'error'",
-                                   timeout=60_000)
+            page.wait_for_function(
+                "document.querySelector('li.result') || document.getElementById('status').className === 'error'",
+                timeout=60_000,
+            )
             results = page.locator("li.result")
             assert results.count() == 10, page.inner_text("#status")
             first = results.nth(0)
@@ -335,9 +412,16 @@ def test_web_page_searches_in_a_real_browser(server, tmp_path):
             page.select_option("#k", "5")
             page.fill("#q", "tumour cells")
             page.click("#go")
-            page.wait_for_function("document.getElementById('status').textContent.startsWith('5 results')", timeout=60_000)
-            assert all(int(text.split("year: ")[1].split(" ")[0]) >= 1990 for text in page.locator("li.result .fields").all_inner_texts())
-            marked = page.locator("li.result .snippet mark").all_inner_texts()  # hybrid and lexical results share a term
+            page.wait_for_function(
+                "document.getElementById('status').textContent.startsWith('5 results')", timeout=60_000
+            )
+            assert all(
+                int(text.split("year: ")[1].split(" ")[0]) >= 1990
+                for text in page.locator("li.result .fields").all_inner_texts()
+            )
+            marked = page.locator(
+                "li.result .snippet mark"
+            ).all_inner_texts()  # hybrid and lexical results share a term
             assert (marked or default == "dense") and all(m.lower().startswith(("tumo", "cell")) for m in marked)
             assert "filter=" in page.url and "q=tumour+cells" in page.url and "k=5" in page.url
             filtered_url, first_title = page.url, page.locator("li.result .title").nth(0).inner_text()
@@ -346,7 +430,9 @@ def test_web_page_searches_in_a_real_browser(server, tmp_path):
             page.wait_for_selector("#document-view:not([hidden])")
             assert page.inner_text("#document-title") == first_title and "year: " in page.inner_text("#document-fields")
             page.go_back()
-            page.wait_for_function("document.getElementById('status').textContent.startsWith('5 results')", timeout=60_000)
+            page.wait_for_function(
+                "document.getElementById('status').textContent.startsWith('5 results')", timeout=60_000
+            )
             assert page.url == filtered_url and page.input_value(".filter-value") == "1990"
 
             page.fill(".filter-value", "3000")  # nothing left: a clear empty state
@@ -390,4 +476,6 @@ def test_changed_documents_keep_the_loaded_index_serving_and_health_says_so(clie
     health = client.get("/health").json()
     assert health["consistent"] is True and health["problem"] is None and health["reloads"] == reloads + 1
     title, doc_id = (json.loads(new.read_text().splitlines()[0])[k] for k in ("title", "_id"))
-    assert client.get("/search", params={"q": title, "k": 1, "mode": "lexical"}).json()["results"][0]["doc_id"] == doc_id
+    assert (
+        client.get("/search", params={"q": title, "k": 1, "mode": "lexical"}).json()["results"][0]["doc_id"] == doc_id
+    )

@@ -1,4 +1,5 @@
 """`pipeline tune`: pairs from the corpus, contrastive training, and the tuned model becoming embed's default."""
+
 import collections
 import json
 import random
@@ -7,18 +8,31 @@ import shutil
 import numpy as np
 import pytest
 
-from common.errors import PipelineError
 from common.embedder import encode, load_embedder
+from common.errors import PipelineError
+from common.language import sentences
+from common.lexical import Analyzer
 from common.readers import Document, read_documents
 from common.workspace import Workspace
 from conftest import run_cli, scifact_slice
-from common.language import sentences
-from common.lexical import Analyzer
-from embed.tune import (MAX_PAIR_REPEATS, DistinctDocumentsBatchSampler, TuneSettings, adaptation_steps, batch_keys, document_text,
-                        hard_negatives, make_pairs, pair_for, pair_sources, read_labelled_pairs)
+from embed.tune import (
+    MAX_PAIR_REPEATS,
+    DistinctDocumentsBatchSampler,
+    TuneSettings,
+    adaptation_steps,
+    batch_keys,
+    document_text,
+    hard_negatives,
+    make_pairs,
+    pair_for,
+    pair_sources,
+    read_labelled_pairs,
+)
 
-ABSTRACT = ("Vitamin D is made in the skin. Sunlight drives its synthesis. Older people make less of it. "
-            "Supplements raise blood levels. Bone density depends on it. Deficiency is common in winter.")
+ABSTRACT = (
+    "Vitamin D is made in the skin. Sunlight drives its synthesis. Older people make less of it. "
+    "Supplements raise blood levels. Bone density depends on it. Deficiency is common in winter."
+)
 
 
 def source(doc: Document, language: str = "en"):
@@ -35,21 +49,30 @@ def test_pairs_the_corpus_provides():
     for seed in range(20):
         anchor, positive = pair_for(doc, "ict", random.Random(seed), 1000)
         assert anchor in parts and positive.startswith("Vitamin D and bone\n")
-    removed = sum(pair_for(doc, "ict", random.Random(s), 1000)[0] not in pair_for(doc, "ict", random.Random(s), 1000)[1]
-                  for s in range(200))
+    removed = sum(
+        pair_for(doc, "ict", random.Random(s), 1000)[0] not in pair_for(doc, "ict", random.Random(s), 1000)[1]
+        for s in range(200)
+    )
     assert 150 < removed < 200  # the anchor sentence is taken out of its context about 90% of the time
     first, second = pair_for(doc, "neighbours", random.Random(1), 1000)
     assert ABSTRACT.index(first) < ABSTRACT.index(second)
     assert pair_for(doc, "dropout", random.Random(0), 1000)[0] == pair_for(doc, "dropout", random.Random(0), 1000)[1]
     short = source(Document("d2", "", "src", "One sentence only."))
-    assert pair_for(short, "title", random.Random(0), 1000) is None and pair_for(short, "ict", random.Random(0), 1000) is None
+    assert (
+        pair_for(short, "title", random.Random(0), 1000) is None
+        and pair_for(short, "ict", random.Random(0), 1000) is None
+    )
 
 
 def test_sentences_in_lower_case_and_other_scripts_and_spans_where_there_are_none():
     lower = "the boundary layer was measured at mach 2. results show that the flow separates early. this is new."
     assert len(source(Document("a", "", "s", lower)).parts) == 3
     russian = "Это первое предложение текста. Ёлки растут в лесу! Яблоко упало на землю."
-    assert source(Document("b", "", "s", russian), "ru").parts == ["Это первое предложение текста.", "Ёлки растут в лесу!", "Яблоко упало на землю."]
+    assert source(Document("b", "", "s", russian), "ru").parts == [
+        "Это первое предложение текста.",
+        "Ёлки растут в лесу!",
+        "Яблоко упало на землю.",
+    ]
     japanese = "東京は日本の首都である。人口は約千四百万人である。経済の中心でもある。"
     assert len(source(Document("c", "", "s", japanese), "ja").parts) == 3
     # One long sentence: spans of about 16 words, so it still gives ict pairs
@@ -67,7 +90,10 @@ def test_a_title_repeating_the_text_is_taken_off_its_positive_and_a_shared_title
 
 
 def test_no_pair_is_repeated_more_than_a_few_times_and_a_poor_corpus_gives_fewer_pairs():
-    docs = [Document(str(i), f"Title number {i}", "s", f"Only one sentence in document {i} with some words.") for i in range(30)]
+    docs = [
+        Document(str(i), f"Title number {i}", "s", f"Only one sentence in document {i} with some words.")
+        for i in range(30)
+    ]
     pairs, report = make_pairs(docs, TuneSettings(steps=100, batch_size=32), [])
     assert len(pairs) < 100 * 32  # the corpus cannot give that many distinct pairs
     assert max(collections.Counter((a, p) for a, p, _ in pairs).values()) <= MAX_PAIR_REPEATS
@@ -85,8 +111,10 @@ def test_make_pairs_covers_the_steps_one_pair_per_document_per_round(corpus_file
     assert len(pairs) >= 320 and counts["title"] > 0 and counts["ict"] > 0
     rounds = -(-320 // (len(docs) + 1))
     assert counts["labelled"] == rounds and sum(counts.values()) == len(pairs)
-    assert all(source is None if (anchor, positive) == ("a query", "its document") else docs[source].text
-               for anchor, positive, source in pairs)
+    assert all(
+        source is None if (anchor, positive) == ("a query", "its document") else docs[source].text
+        for anchor, positive, source in pairs
+    )
 
 
 def test_hard_negatives_share_the_anchors_words_and_are_never_its_own_document(corpus_file):
@@ -97,8 +125,10 @@ def test_hard_negatives_share_the_anchors_words_and_are_never_its_own_document(c
     negatives = hard_negatives(docs, pairs, settings)
     assert len(negatives) == len(pairs)
     assert not any(negative == source for negative, (_, _, source) in zip(negatives, pairs))
-    shared = [bool(set(tokenize([anchor])[0]) & set(tokenize([document_text(docs[negative], settings.max_chars)])[0]))
-              for (anchor, _, _), negative in zip(pairs, negatives)]
+    shared = [
+        bool(set(tokenize([anchor])[0]) & set(tokenize([document_text(docs[negative], settings.max_chars)])[0]))
+        for (anchor, _, _), negative in zip(pairs, negatives)
+    ]
     assert sum(shared) >= 0.9 * len(pairs)  # BM25 ranked them for the anchor's words (a few fall back to random)
 
 
@@ -140,7 +170,7 @@ def test_labelled_pairs_file(tmp_path):
     with pytest.raises(PipelineError, match=f"^{bad}:1: doc_id '404' is not in the corpus$"):
         read_labelled_pairs(bad, docs)
     bad.write_text('{"query": "q1"}\n')
-    with pytest.raises(PipelineError, match="needs a \"document\" text or a \"doc_id\""):
+    with pytest.raises(PipelineError, match='needs a "document" text or a "doc_id"'):
         read_labelled_pairs(bad, docs)
 
 
@@ -154,8 +184,23 @@ def mean_pairwise_cosine(vectors: np.ndarray) -> float:
 def tuned_workspace(trained_workspace, tmp_path_factory):
     ws = tmp_path_factory.mktemp("tuned") / "ws"
     shutil.copytree(trained_workspace, ws)
-    run_cli("tune", "-w", str(ws), "--architecture", "transformer", "--steps", "40", "--batch-size", "16",
-            "--max-seq-length", "48", "--lr", "2e-3", "--pooling", "weightedmean")
+    run_cli(
+        "tune",
+        "-w",
+        str(ws),
+        "--architecture",
+        "transformer",
+        "--steps",
+        "40",
+        "--batch-size",
+        "16",
+        "--max-seq-length",
+        "48",
+        "--lr",
+        "2e-3",
+        "--pooling",
+        "weightedmean",
+    )
     return ws
 
 
@@ -179,10 +224,15 @@ def test_embed_uses_the_tuned_model_by_default_and_search_follows(tuned_workspac
     ws = tmp_path / "ws"
     shutil.copytree(tuned_workspace, ws)
     few = scifact_slice(tmp_path / "few.jsonl", 12)
-    summary = json.loads(run_cli("embed", "-w", str(ws), "--data", str(few), "--prune", "--chunk-tokens", "64", "--overlap", "8", "--json").stdout)
+    summary = json.loads(
+        run_cli(
+            "embed", "-w", str(ws), "--data", str(few), "--prune", "--chunk-tokens", "64", "--overlap", "8", "--json"
+        ).stdout
+    )
     assert summary["model_path"] == "tuned"
     run_cli("index", "-w", str(ws))
     from search.engine import SearchEngine
+
     hits = SearchEngine(Workspace(ws)).search("cancer", k=3, mode="dense")
     assert len(hits) == 3 and SearchEngine(Workspace(ws)).model_dir == (ws / "tuned").resolve()
     # A pretrained model newer than the tuning makes embed fall back to it, saying why.
@@ -190,6 +240,7 @@ def test_embed_uses_the_tuned_model_by_default_and_search_follows(tuned_workspac
     manifest["tuned"]["base_fingerprint"] = "0" * 16
     (ws / "manifest.json").write_text(json.dumps(manifest))
     from embed.tune import default_model_dir
+
     assert default_model_dir(Workspace(ws)) == ws / "model"
 
 
@@ -201,28 +252,37 @@ def title_hit_rate(ws, docs: list[Document]) -> float:
     return float(np.mean([engine.search(d.title, k=1, mode="dense")[0].doc_id == d.id for d in docs]))
 
 
-def test_static_tune_from_the_pretrained_token_embeddings_finds_documents_by_title(trained_workspace, corpus_file, tmp_path):
+def test_static_tune_from_the_pretrained_token_embeddings_finds_documents_by_title(
+    trained_workspace, corpus_file, tmp_path
+):
     docs = list(read_documents([corpus_file]))
     ws = tmp_path / "static"
     shutil.copytree(trained_workspace, ws)
     run_cli("tune", "-w", str(ws), "--architecture", "static", "--steps", "150", "--batch-size", "32")
     run_cli("embed", "-w", str(ws))
     run_cli("index", "-w", str(ws))
-    rates = {"raw": title_hit_rate(trained_workspace, docs[:40]), "static": title_hit_rate(ws, docs[:40])}  # raw: the untuned model
+    rates = {
+        "raw": title_hit_rate(trained_workspace, docs[:40]),
+        "static": title_hit_rate(ws, docs[:40]),
+    }  # raw: the untuned model
     tuned = json.loads((tmp_path / "static" / "manifest.json").read_text())["tuned"]
     assert tuned["architecture"] == "static" and tuned["lr"] == 5e-2 and tuned["final_loss"] < tuned["first_loss"]
     status = json.loads(run_cli("status", "-w", str(tmp_path / "static"), "--json").stdout)["parts"]
     assert status["tuned"]["state"] == "ok" and status["tuned"]["detail"].startswith("static embedder, 150 steps")
     assert status["index"]["detail"].endswith("BM25 lexical index (en)")  # the language detected
     # pipeline index chose the default mode on held-out pairs of the corpus, for this model
-    assert status["search"]["state"] == "ok" and status["search"]["detail"].endswith("(chosen on held-out corpus pairs)")
+    assert status["search"]["state"] == "ok" and status["search"]["detail"].endswith(
+        "(chosen on held-out corpus pairs)"
+    )
     modules = json.loads((tmp_path / "static" / "tuned" / "modules.json").read_text())
     assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["StaticEmbedding"]
     # The untuned transformer's mean-pooled states rarely put a document first for its own title; the tuned static embedder mostly does.
     assert rates["static"] >= 0.6 and rates["static"] > rates["raw"] + 0.3, rates
 
 
-def test_auto_tunes_both_embedders_within_the_budget_and_keeps_the_better_on_held_out_pairs(trained_workspace, tmp_path):
+def test_auto_tunes_both_embedders_within_the_budget_and_keeps_the_better_on_held_out_pairs(
+    trained_workspace, tmp_path
+):
     ws = tmp_path / "auto"
     shutil.copytree(trained_workspace, ws)
     run_cli("tune", "-w", str(ws), "--steps", "3", "--batch-size", "8", "--time-budget", "30m")
@@ -256,14 +316,33 @@ def test_a_corpus_of_three_documents_tunes_with_in_batch_negatives(trained_works
 
 def test_tune_bad_options_are_one_line(trained_workspace, tmp_path):
     # choices are checked by the CLI, each stage's own check stays for callers in Python
-    for args, message in [(["--pooling", "max"], "error: --pooling: 'max' is not one of 'mean', 'weightedmean', 'lasttoken'; see `pipeline tune --help`"),
-                          (["--architecture", "rnn"], "error: --architecture: 'rnn' is not one of 'auto', 'static', 'transformer'; see `pipeline tune --help`"),
-                          (["--architecture", "static", "--pooling", "lasttoken"], "error: --pooling lasttoken: a static embedding is the mean of its token vectors; "
-                                                       "pooling modes apply to --architecture transformer"),
-                          (["--pairs-from", "title,magic"], "error: --pairs-from: unknown kind 'magic' (choose from title, ict, neighbours, dropout); see `pipeline tune --help`"),
-                          (["--batch-size", "1"], "error: --batch-size: 1 is not in the range x>=2; see `pipeline tune --help`"),
-                          (["--time-budget", "soon"], "error: --time-budget: 'soon' is not a duration (e.g. 90s, 15m, 1.5h); see `pipeline tune --help`")]:
+    for args, message in [
+        (
+            ["--pooling", "max"],
+            "error: --pooling: 'max' is not one of 'mean', 'weightedmean', 'lasttoken'; see `pipeline tune --help`",
+        ),
+        (
+            ["--architecture", "rnn"],
+            "error: --architecture: 'rnn' is not one of 'auto', 'static', 'transformer'; see `pipeline tune --help`",
+        ),
+        (
+            ["--architecture", "static", "--pooling", "lasttoken"],
+            "error: --pooling lasttoken: a static embedding is the mean of its token vectors; "
+            "pooling modes apply to --architecture transformer",
+        ),
+        (
+            ["--pairs-from", "title,magic"],
+            "error: --pairs-from: unknown kind 'magic' (choose from title, ict, neighbours, dropout); see `pipeline tune --help`",
+        ),
+        (["--batch-size", "1"], "error: --batch-size: 1 is not in the range x>=2; see `pipeline tune --help`"),
+        (
+            ["--time-budget", "soon"],
+            "error: --time-budget: 'soon' is not a duration (e.g. 90s, 15m, 1.5h); see `pipeline tune --help`",
+        ),
+    ]:
         result = run_cli("tune", "-w", str(trained_workspace), *args, check=False)
         assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == message
-    result = run_cli("tune", "-w", str(tmp_path / "empty"), "--data", str(trained_workspace / "nope.jsonl"), check=False)
+    result = run_cli(
+        "tune", "-w", str(tmp_path / "empty"), "--data", str(trained_workspace / "nope.jsonl"), check=False
+    )
     assert result.returncode == 2

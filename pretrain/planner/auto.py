@@ -4,6 +4,7 @@ and --autotune (a few real steps of each of the top K plans, keep the measured f
 The measured cluster is cached in the workspace (cluster.json), keyed by host, process count and
 device type, so a second `pipeline plan` or `pretrain --strategy auto` does not measure again.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,15 @@ from pathlib import Path
 from common.console import info
 from common.errors import PipelineError
 from common.workspace import Workspace
-from pretrain.config import PRESET_TRAINING, PRESETS, ModelConfig, ParallelConfig, RuntimeOptions, TrainConfig, model_config_for
+from pretrain.config import (
+    PRESET_TRAINING,
+    PRESETS,
+    ModelConfig,
+    ParallelConfig,
+    RuntimeOptions,
+    TrainConfig,
+    model_config_for,
+)
 from pretrain.planner.candidates import Candidate
 from pretrain.planner.cluster import Cluster, load_cluster_toml
 from pretrain.planner.cost import Estimate, estimate
@@ -36,8 +45,13 @@ def load_model_config(path: Path, seq_len: int | None, vocab_size: int | None) -
     if not isinstance(raw, dict):
         raise PipelineError(f"--model-config {path}: expected a JSON object")
     raw = raw.get("config", raw)  # a manifest's model section holds it under "config"
-    fields = {"vocab_size": raw.get("vocab_size"), "n_layer": raw.get("n_layer"), "n_head": raw.get("n_head"),
-              "n_embd": raw.get("n_embd"), "block_size": raw.get("block_size", raw.get("n_positions"))}
+    fields = {
+        "vocab_size": raw.get("vocab_size"),
+        "n_layer": raw.get("n_layer"),
+        "n_head": raw.get("n_head"),
+        "n_embd": raw.get("n_embd"),
+        "block_size": raw.get("block_size", raw.get("n_positions")),
+    }
     for name, value in fields.items():
         if name == "vocab_size" and vocab_size:
             continue
@@ -51,8 +65,14 @@ def load_model_config(path: Path, seq_len: int | None, vocab_size: int | None) -
     return cfg
 
 
-def workload_from_args(preset: str, model_config: Path | None, seq_len: int | None, global_batch: int | None,
-                       vocab_size: int | None, bf16: bool) -> Workload:
+def workload_from_args(
+    preset: str,
+    model_config: Path | None,
+    seq_len: int | None,
+    global_batch: int | None,
+    vocab_size: int | None,
+    bf16: bool,
+) -> Workload:
     if model_config is not None:
         cfg = load_model_config(model_config, seq_len, vocab_size)
         defaults = PRESET_TRAINING["small"]
@@ -61,7 +81,12 @@ def workload_from_args(preset: str, model_config: Path | None, seq_len: int | No
             raise PipelineError(f"--preset: unknown preset '{preset}' (choose from {', '.join(PRESETS)})")
         defaults = PRESET_TRAINING[preset]
         cfg = model_config_for(preset, vocab_size or defaults["vocab_size"], seq_len or defaults["seq_len"])
-    work = Workload(cfg, seq_len or min(defaults["seq_len"], cfg.block_size), global_batch or defaults["batch_size"], act_bytes=2 if bf16 else 4)
+    work = Workload(
+        cfg,
+        seq_len or min(defaults["seq_len"], cfg.block_size),
+        global_batch or defaults["batch_size"],
+        act_bytes=2 if bf16 else 4,
+    )
     work.validate()
     return work
 
@@ -80,8 +105,14 @@ def get_cluster(ws: Workspace | None, cluster_file: Path | None, nproc: int | No
     return cluster
 
 
-def plan_for(work: Workload, cluster: Cluster, world: int | None, dp: int | None = None, tp: int | None = None,
-             pp: int | None = None) -> PlanResult:
+def plan_for(
+    work: Workload,
+    cluster: Cluster,
+    world: int | None,
+    dp: int | None = None,
+    tp: int | None = None,
+    pp: int | None = None,
+) -> PlanResult:
     world = world or cluster.world_size
     check_degrees(world, dp, tp, pp)
     result = plan(work, cluster, world=world)
@@ -92,16 +123,23 @@ def plan_for(work: Workload, cluster: Cluster, world: int | None, dp: int | None
 
 # ---------------------------------------------------------------- pretrain --strategy auto / --autotune
 
-def choose_plan(ws: Workspace, cfg: TrainConfig, nproc: int, nnodes: int, cluster_file: Path | None, bf16: bool) -> tuple[PlanResult, Estimate]:
+
+def choose_plan(
+    ws: Workspace, cfg: TrainConfig, nproc: int, nnodes: int, cluster_file: Path | None, bf16: bool
+) -> tuple[PlanResult, Estimate]:
     """The planner's top plan for this run; prints why."""
     world = nproc * nnodes
     if nnodes > 1 and cluster_file is None:
-        raise PipelineError("--strategy auto on several nodes needs --cluster FILE describing them (only this node can be measured)")
+        raise PipelineError(
+            "--strategy auto on several nodes needs --cluster FILE describing them (only this node can be measured)"
+        )
     cluster = get_cluster(ws, cluster_file, nproc)
     work = Workload(cfg.model, cfg.seq_len, cfg.batch_size, act_bytes=2 if bf16 else 4)
     result = plan_for(work, cluster, world)
     best = result.ranked[0]
-    info(f"strategy auto: {best.label} out of {len(result.ranked)} plans that fit ({len(result.rejected)} do not): {why(best, result)}")
+    info(
+        f"strategy auto: {best.label} out of {len(result.ranked)} plans that fit ({len(result.rejected)} do not): {why(best, result)}"
+    )
     return result, best
 
 
@@ -111,11 +149,17 @@ def apply_estimate(cfg: TrainConfig, est: Estimate) -> tuple[ParallelConfig, Tra
 
 
 def prediction(est: Estimate) -> dict:
-    return {"plan": est.label, "step_s": est.step_s, "peak_mem_mb": est.memory_bytes / 2**20, "main_cost": est.main_cost}
+    return {
+        "plan": est.label,
+        "step_s": est.step_s,
+        "peak_mem_mb": est.memory_bytes / 2**20,
+        "main_cost": est.main_cost,
+    }
 
 
-def autotune_plan(ws: Workspace, cfg: TrainConfig, options: RuntimeOptions, result: PlanResult, k: int, steps: int,
-                  launch_args: dict) -> Estimate:
+def autotune_plan(
+    ws: Workspace, cfg: TrainConfig, options: RuntimeOptions, result: PlanResult, k: int, steps: int, launch_args: dict
+) -> Estimate:
     """Run `steps` steps of each of the top k plans in one job (scratch workspaces sharing the token files)
     and return the estimate of the measured fastest; prints predicted vs measured."""
     from pretrain.launch import RunSpec, launch
@@ -131,7 +175,9 @@ def autotune_plan(ws: Workspace, cfg: TrainConfig, options: RuntimeOptions, resu
             (root / "data").symlink_to(ws.data_dir.resolve())
             (root / "tokenizer").symlink_to(ws.tokenizer_dir.resolve())
             config, run_cfg = apply_estimate(trial_cfg, est)
-            specs.append(RunSpec(str(root), asdict(run_cfg), config.to_dict(), None, export=False, options=options.to_dict()))
+            specs.append(
+                RunSpec(str(root), asdict(run_cfg), config.to_dict(), None, export=False, options=options.to_dict())
+            )
             roots.append(root)
         info(f"autotune: {steps} steps of each of the top {len(top)} plans")
         if launch_args["nproc"] * launch_args.get("nnodes", 1) == 1:
@@ -145,8 +191,11 @@ def autotune_plan(ws: Workspace, cfg: TrainConfig, options: RuntimeOptions, resu
     for est, m in zip(top, measured):
         info(f"{est.label:40} {est.step_s * 1e3:12.1f} {m * 1e3:12.1f}")
     best = min(range(len(top)), key=lambda i: measured[i])
-    info(f"autotune: keeping {top[best].label} (measured {measured[best] * 1e3:.1f} ms/step"
-         + ("" if best == 0 else f"; the planner's pick {top[0].label} measured {measured[0] * 1e3:.1f}") + ")")
+    info(
+        f"autotune: keeping {top[best].label} (measured {measured[best] * 1e3:.1f} ms/step"
+        + ("" if best == 0 else f"; the planner's pick {top[0].label} measured {measured[0] * 1e3:.1f}")
+        + ")"
+    )
     return top[best]
 
 
@@ -158,6 +207,7 @@ def _median_step(root: Path) -> float:
 
 
 # ---------------------------------------------------------------- predicted beside measured, in every run
+
 
 def predict_run(ws: Workspace, cfg: TrainConfig, config: ParallelConfig, bf16: bool) -> dict | None:
     """The planner's step time and peak memory for this run's plan, if the workspace holds a cluster

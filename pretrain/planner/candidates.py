@@ -3,6 +3,7 @@ dimension, every pipeline schedule with its microbatch counts and stages per ran
 accumulation, and the node orders that differ (placement). Each plan is checked with
 ParallelConfig.validate, the same check training makes, so every candidate is one training accepts.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -20,6 +21,7 @@ MAX_NODE_ORDERS = 24  # placements tried per plan on clusters of unlike nodes
 @dataclass
 class Candidate:
     """One plan to estimate: the parallel config, gradient accumulation (without PP), node order."""
+
     config: ParallelConfig
     grad_accum: int = 1
     node_order: tuple[int, ...] = ()  # node i of the job runs on cluster node node_order[i]
@@ -54,6 +56,7 @@ def divisors(n: int) -> list[int]:
 @dataclass
 class SearchSpace:
     """What enumerate_plans may vary (benchmarks narrow it to keep measurement bounded)."""
+
     schedules: tuple[str, ...] = SCHEDULES
     max_microbatch_factor: int = 4  # microbatches up to this many times the pipeline degree
     stages_per_rank: tuple[int, ...] = (2, 4)
@@ -62,7 +65,9 @@ class SearchSpace:
     placements: bool = True
 
 
-def enumerate_plans(world: int, work: Workload, cluster: Cluster | None = None, space: SearchSpace | None = None) -> list[Candidate]:
+def enumerate_plans(
+    world: int, work: Workload, cluster: Cluster | None = None, space: SearchSpace | None = None
+) -> list[Candidate]:
     """Every plan for `world` ranks that training accepts (ParallelConfig.validate)."""
     space = space or SearchSpace()
     cfg = work.model
@@ -79,7 +84,11 @@ def enumerate_plans(world: int, work: Workload, cluster: Cluster | None = None, 
             local = work.global_batch // dp
             for data in _data_variants(dp, tp, pp, space):
                 for pipe in _pipe_variants(pp, local, cfg.n_layer, space):
-                    for ga in ([1] + ([g for g in divisors(local) if g > 1 and g <= MAX_GRAD_ACCUM] if space.grad_accum and pp == 1 else [])):
+                    for ga in [1] + (
+                        [g for g in divisors(local) if g > 1 and g <= MAX_GRAD_ACCUM]
+                        if space.grad_accum and pp == 1
+                        else []
+                    ):
                         config = ParallelConfig(**data, tp=tp, pp=pp, **pipe)
                         config.strategy = _strategy(config)
                         if _valid(config, work, ga):
@@ -119,7 +128,7 @@ def _pipe_variants(pp: int, local: int, n_layer: int, space: SearchSpace) -> lis
             if schedule in SINGLE_STAGE_SCHEDULES:
                 out.append(dict(pp_schedule=schedule, microbatches=m))
             else:
-                for v in ((2,) if schedule == "zbv" else space.stages_per_rank):
+                for v in (2,) if schedule == "zbv" else space.stages_per_rank:
                     if pp * v <= n_layer:
                         out.append(dict(pp_schedule=schedule, microbatches=m, stages_per_rank=v))
     return out

@@ -11,6 +11,7 @@ delays collectives by the same formulas but gives each pair of ranks a link of i
 that describes it sets shared_links=False; then the planner and the emulated network agree on what a
 link is and differ only in what the plan actually sends.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,6 +40,7 @@ class Link:
 @dataclass
 class Device:
     """One rank's device, as the cost model sees it."""
+
     name: str
     node: int  # index into Cluster.nodes
     memory_bytes: float
@@ -49,7 +51,9 @@ class Device:
     # bytes/s of a training step's non-matmul ops (layer norms, GELU, softmax, adds) as a real transformer
     # block runs them: GELU's and softmax's math makes them slower than a copy on CPUs; 0 = copy bandwidth
     elementwise_Bps: float = 0.0
-    optimizer_s_per_tensor: float = 0.0  # host seconds of gradient clipping + AdamW per parameter tensor; 0 = 40 ops' dispatch
+    optimizer_s_per_tensor: float = (
+        0.0  # host seconds of gradient clipping + AdamW per parameter tensor; 0 = 40 ops' dispatch
+    )
     dtensor_optimizer_s_per_tensor: float = 0.0  # the same for DTensor parameters (FSDP, TP); 0 = as plain ones
     fsdp_s_per_tensor: float = 0.0  # FSDP2's host cost per parameter tensor of a unit's forward + backward (measured)
     fsdp_gathered_s_per_tensor: float = 0.0  # the same for a unit kept gathered (pipeline microbatches)
@@ -89,7 +93,9 @@ class Cluster:
     bandwidth_Bps: list[list[float]]  # N×N
     source: str = "measured"
     collective_overhead_s: float = 0.0  # software cost of one collective beyond the ring model (measured)
-    dtensor_dispatch_s: float = 0.0  # extra host time of a DTensor op over a plain one (measured; 0 = DTENSOR_DISPATCH_FACTOR × dispatch)
+    dtensor_dispatch_s: float = (
+        0.0  # extra host time of a DTensor op over a plain one (measured; 0 = DTENSOR_DISPATCH_FACTOR × dispatch)
+    )
     # a real network: sends between the same two nodes at once share the link's bandwidth (False: each
     # pair of ranks has a link of its own, as benchmarks/linkemu.py emulates them)
     shared_links: bool = True
@@ -134,6 +140,7 @@ class Cluster:
 
 
 # ---------------------------------------------------------------- collective cost model
+
 
 def ring_hops(ranks: list[int]) -> list[tuple[int, int]]:
     """The (sender, receiver) pairs of a ring over `ranks` in this order; none for a single rank."""
@@ -208,7 +215,9 @@ def _number(table: dict, key: str, where: str, default=None, positive: bool = Tr
 def _link(table: dict | None, where: str) -> Link:
     if not isinstance(table, dict):
         raise PipelineError(f"{where}: missing table (bandwidth_gbps, latency_ms)")
-    return Link(_number(table, "latency_ms", where, positive=False) / 1e3, _number(table, "bandwidth_gbps", where) * GB / 8)
+    return Link(
+        _number(table, "latency_ms", where, positive=False) / 1e3, _number(table, "bandwidth_gbps", where) * GB / 8
+    )
 
 
 def load_cluster_toml(path: Path) -> Cluster:
@@ -225,7 +234,11 @@ def load_cluster_toml(path: Path) -> Cluster:
         raise PipelineError(f"{path}: missing [[nodes]] (at least one node with devices, memory_gb and tflops)")
     links = raw.get("links", {})
     intra = _link(links.get("intra_node"), f"{path}: [links.intra_node]")
-    inter = _link(links.get("inter_node"), f"{path}: [links.inter_node]") if len(nodes_raw) > 1 or any(n.get("count", 1) > 1 for n in nodes_raw) else intra
+    inter = (
+        _link(links.get("inter_node"), f"{path}: [links.inter_node]")
+        if len(nodes_raw) > 1 or any(n.get("count", 1) > 1 for n in nodes_raw)
+        else intra
+    )
     nodes, devices = [], []
     for i, node in enumerate(nodes_raw):
         where = f"{path}: nodes[{i}]"
@@ -240,12 +253,19 @@ def load_cluster_toml(path: Path) -> Cluster:
         name = str(node.get("name", f"node{i}"))
         for c in range(count):
             nodes.append(name if count == 1 else f"{name}-{c}")
-            devices += [Device(str(node.get("device", "device")), len(nodes) - 1, memory, flops, mem_bw, dispatch) for _ in range(int(per_node))]
+            devices += [
+                Device(str(node.get("device", "device")), len(nodes) - 1, memory, flops, mem_bw, dispatch)
+                for _ in range(int(per_node))
+            ]
     pair_links: dict[tuple[str, str], Link] = {}
     for k, between in enumerate(links.get("between", [])):
         where = f"{path}: links.between[{k}]"
         names = between.get("nodes")
-        if not isinstance(names, list) or len(names) != 2 or not all(n in nodes or any(x.startswith(f"{n}-") for x in nodes) for n in names):
+        if (
+            not isinstance(names, list)
+            or len(names) != 2
+            or not all(n in nodes or any(x.startswith(f"{n}-") for x in nodes) for n in names)
+        ):
             raise PipelineError(f"{where}: 'nodes' must name two nodes of the cluster ({', '.join(nodes)})")
         pair_links[tuple(names)] = pair_links[tuple(reversed(names))] = _link(between, where)
     n = len(devices)
@@ -256,7 +276,11 @@ def load_cluster_toml(path: Path) -> Cluster:
             if a == b:
                 continue
             na, nb = devices[a].node, devices[b].node
-            link = intra if na == nb else pair_links.get((_base(nodes[na]), _base(nodes[nb])), pair_links.get((nodes[na], nodes[nb]), inter))
+            link = (
+                intra
+                if na == nb
+                else pair_links.get((_base(nodes[na]), _base(nodes[nb])), pair_links.get((nodes[na], nodes[nb]), inter))
+            )
             latency[a][b], bandwidth[a][b] = link.latency_s, link.bandwidth_Bps
     return Cluster(devices, nodes, latency, bandwidth, source=str(path))
 
@@ -265,13 +289,30 @@ def _base(name: str) -> str:
     return name.rsplit("-", 1)[0] if name[-1:].isdigit() and "-" in name else name
 
 
-def uniform_cluster(n: int, flops: float, memory_bytes: float, intra: Link, inter: Link | None = None,
-                    per_node: int | None = None, name: str = "device", **device) -> Cluster:
+def uniform_cluster(
+    n: int,
+    flops: float,
+    memory_bytes: float,
+    intra: Link,
+    inter: Link | None = None,
+    per_node: int | None = None,
+    name: str = "device",
+    **device,
+) -> Cluster:
     """n identical devices, `per_node` to a node (default: all on one), for tests and benchmarks."""
     per_node = per_node or n
     devices = [Device(name, r // per_node, memory_bytes, flops, **device) for r in range(n)]
     nodes = [f"node{k}" for k in range((n + per_node - 1) // per_node)]
     inter = inter or intra
-    lat = [[0.0 if a == b else (intra if a // per_node == b // per_node else inter).latency_s for b in range(n)] for a in range(n)]
-    bw = [[float("inf") if a == b else (intra if a // per_node == b // per_node else inter).bandwidth_Bps for b in range(n)] for a in range(n)]
+    lat = [
+        [0.0 if a == b else (intra if a // per_node == b // per_node else inter).latency_s for b in range(n)]
+        for a in range(n)
+    ]
+    bw = [
+        [
+            float("inf") if a == b else (intra if a // per_node == b // per_node else inter).bandwidth_Bps
+            for b in range(n)
+        ]
+        for a in range(n)
+    ]
     return Cluster(devices, nodes, lat, bw, source="given")

@@ -20,6 +20,7 @@ estimate() adds up, per pipeline rank, what a step costs, one function per conce
 Collectives use the ring model over the slowest link their group crosses (cluster.py, layout.py).
 Everything is in bytes and seconds.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -80,20 +81,34 @@ class Estimate:
         return self.candidate.label()
 
     def to_dict(self) -> dict:
-        return {"plan": self.label, "config": self.candidate.config.to_dict(), "grad_accum": self.candidate.grad_accum,
-                "node_order": list(self.candidate.node_order), "step_s": self.step_s, "tokens_per_s": self.tokens_per_s,
-                "memory_mb": self.memory_bytes / MB, "fits": self.fits, "main_cost": self.main_cost,
-                "bubble_fraction": self.bubble_fraction,
-                "time_s": self.time_parts, "memory_parts_mb": {k: v / MB for k, v in self.memory_parts.items()}}
+        return {
+            "plan": self.label,
+            "config": self.candidate.config.to_dict(),
+            "grad_accum": self.candidate.grad_accum,
+            "node_order": list(self.candidate.node_order),
+            "step_s": self.step_s,
+            "tokens_per_s": self.tokens_per_s,
+            "memory_mb": self.memory_bytes / MB,
+            "fits": self.fits,
+            "main_cost": self.main_cost,
+            "bubble_fraction": self.bubble_fraction,
+            "time_s": self.time_parts,
+            "memory_parts_mb": {k: v / MB for k, v in self.memory_parts.items()},
+        }
 
 
 # ---------------------------------------------------------------- compute
 
+
 def compute_time(cost: OpCost, device, dtensor_s: float) -> float:
     """Roofline: each matmul at the device's rate for its size, other ops' bytes at the rate it measured
     for them, ops at its host cost per op."""
-    return (sum(device.matmul_time(f) for f in cost.matmuls) + cost.bytes / device.elementwise_bandwidth
-            + cost.ops * device.dispatch_s + cost.dtensor_ops * dtensor_s)
+    return (
+        sum(device.matmul_time(f) for f in cost.matmuls)
+        + cost.bytes / device.elementwise_bandwidth
+        + cost.ops * device.dispatch_s
+        + cost.dtensor_ops * dtensor_s
+    )
 
 
 def shared_cpu_speedup(device, utilisation: float) -> float:
@@ -120,23 +135,28 @@ def balanced_split(config: ParallelConfig, n_layer: int, layer_s: list[float], e
     return layers
 
 
-def stage_compute(c: ParallelConfig, s: int, layout: Layout, cluster: Cluster, profile: ModelProfile,
-                  rows: int) -> tuple[tuple[float, float], tuple[float, float]]:
+def stage_compute(
+    c: ParallelConfig, s: int, layout: Layout, cluster: Cluster, profile: ModelProfile, rows: int
+) -> tuple[tuple[float, float], tuple[float, float]]:
     """Seconds per microbatch of `rows` sequences on stage s's slowest device: (forward, backward) of one
     of its layers, and of its other parts (the embeddings on the first stage, the head on the last)."""
     device = min(layout.stage_devices(stage_rank(c, s) if c.pp > 1 else 0), key=lambda d: d.flops)
     seconds = lambda cost: compute_time(cost.for_rows(rows), device, cluster.dtensor_overhead(0))  # noqa: E731
     block = profile.block(c.tp)
     others = ([profile.embed()] if s == 0 else []) + ([profile.head()] if s == c.num_stages - 1 else [])
-    return ((seconds(block.fwd), seconds(block.bwd)),
-            (sum(seconds(part.fwd) for part in others), sum(seconds(part.bwd) for part in others)))
+    return (
+        (seconds(block.fwd), seconds(block.bwd)),
+        (sum(seconds(part.fwd) for part in others), sum(seconds(part.bwd) for part in others)),
+    )
 
 
 # ---------------------------------------------------------------- one step, concern by concern
 
+
 @dataclass
 class StepShape:
     """How a plan cuts one step of a workload."""
+
     config: ParallelConfig
     layout: Layout
     chunks: int  # microbatches per step on a data-parallel rank (pipeline microbatches, or gradient accumulation)
@@ -156,14 +176,22 @@ def step_shape(cand: Candidate, work: Workload, cluster: Cluster) -> StepShape:
     rows = work.global_batch // c.dp // chunks
     split = stage_layers(c, work.model.n_layer) if c.pp > 1 else [work.model.n_layer]
     stage_pp = [stage_rank(c, s) if c.pp > 1 else 0 for s in range(c.num_stages)]
-    return StepShape(c, Layout(c, cluster, cand.node_order), chunks, rows,
-                     rows * work.seq_len * work.model.n_embd * work.act_bytes, split, stage_pp)
+    return StepShape(
+        c,
+        Layout(c, cluster, cand.node_order),
+        chunks,
+        rows,
+        rows * work.seq_len * work.model.n_embd * work.act_bytes,
+        split,
+        stage_pp,
+    )
 
 
 @dataclass
 class StageCosts:
     """Per stage, for one microbatch: seconds of compute and of TP all-reduces, forward and backward,
     and the activation bytes saved for backward."""
+
     comp_f: list[float]
     comp_b: list[float]
     tp_f: list[float]
@@ -177,7 +205,12 @@ def stage_costs(shape: StepShape, cluster: Cluster, profile: ModelProfile) -> St
     tp_link, tp_n = shape.layout.slowest_ring("tp") if c.tp > 1 else (Link(0, float("inf")), 1)
 
     def tp_comm(n_all_reduces: int) -> float:  # per block and microbatch
-        return n_all_reduces * collective_time("all_reduce", shape.act_tensor, tp_link, tp_n, cluster.collective_overhead_s) if c.tp > 1 else 0.0
+        return (
+            n_all_reduces
+            * collective_time("all_reduce", shape.act_tensor, tp_link, tp_n, cluster.collective_overhead_s)
+            if c.tp > 1
+            else 0.0
+        )
 
     costs = StageCosts([], [], [], [], [])
     for s in range(shape.n_stages):
@@ -197,21 +230,27 @@ def rank_parameters(shape: StepShape, work: Workload, profile: ModelProfile) -> 
     """Parameters (before data-parallel sharding) and parameter tensors on each pipeline rank."""
     c, cfg = shape.config, work.model
     if c.pp == 1:  # the head is tied to the token embedding: only the final LayerNorm is extra
-        return ([cfg.n_layer * profile.block_params_on_rank(c.tp) + profile.embed_params + 2 * cfg.n_embd],
-                [cfg.n_layer * profile.block_tensors + EMBED_TENSORS + HEAD_TENSORS - 1])
+        return (
+            [cfg.n_layer * profile.block_params_on_rank(c.tp) + profile.embed_params + 2 * cfg.n_embd],
+            [cfg.n_layer * profile.block_tensors + EMBED_TENSORS + HEAD_TENSORS - 1],
+        )
     params, tensors = [0.0] * c.pp, [0] * c.pp
     for s in range(shape.n_stages):
         p = shape.split[s] * profile.block_params_on_rank(c.tp)
         p += profile.embed_params if s == 0 else 0
         p += profile.head_params if s == shape.n_stages - 1 else 0
         params[shape.stage_pp[s]] += p
-        tensors[shape.stage_pp[s]] += (shape.split[s] * profile.block_tensors + (EMBED_TENSORS if s == 0 else 0)
-                                       + (HEAD_TENSORS if s == shape.n_stages - 1 else 0))
+        tensors[shape.stage_pp[s]] += (
+            shape.split[s] * profile.block_tensors
+            + (EMBED_TENSORS if s == 0 else 0)
+            + (HEAD_TENSORS if s == shape.n_stages - 1 else 0)
+        )
     return params, tensors
 
 
-def data_parallel_time(shape: StepShape, work: Workload, cluster: Cluster, profile: ModelProfile, params: list[float],
-                       tensors: list[int]) -> tuple[list[float], list[float]]:
+def data_parallel_time(
+    shape: StepShape, work: Workload, cluster: Cluster, profile: ModelProfile, params: list[float], tensors: list[int]
+) -> tuple[list[float], list[float]]:
     """Per pipeline rank: seconds of data-parallel communication per step (on the slowest data-parallel
     ring), and the bytes FSDP holds unsharded at the memory peak."""
     c, layout, pb, coll = shape.config, shape.layout, work.param_bytes, cluster.collective_overhead_s
@@ -241,12 +280,18 @@ def data_parallel_time(shape: StepShape, work: Workload, cluster: Cluster, profi
                 dp_s[r] = shape.chunks * per_mb
                 unsharded[r] = root + FSDP_BLOCKS_GATHERED_AT_PEAK * block_b
             else:  # kept gathered through the step; gradients reduced once, after the last microbatch
-                dp_s[r] = (n_blocks * (ag(block_b) + rs(block_b)) + roots * (ag(root / roots) + rs(root / roots))
-                           + host * FSDP_KEPT_GATHERED_COLLECTIVES / FSDP_MEASURED_COLLECTIVES + shape.chunks * host_gathered)
+                dp_s[r] = (
+                    n_blocks * (ag(block_b) + rs(block_b))
+                    + roots * (ag(root / roots) + rs(root / roots))
+                    + host * FSDP_KEPT_GATHERED_COLLECTIVES / FSDP_MEASURED_COLLECTIVES
+                    + shape.chunks * host_gathered
+                )
                 unsharded[r] = 2 * full_bytes  # gathered parameters and unsharded gradients
             if c.dp_replicate > 1:
                 rlink, rn = layout.slowest_ring("dp_replicate")
-                dp_s[r] += (n_blocks + roots) * collective_time("all_reduce", full_bytes / n / (n_blocks + roots), rlink, rn, coll)
+                dp_s[r] += (n_blocks + roots) * collective_time(
+                    "all_reduce", full_bytes / n / (n_blocks + roots), rlink, rn, coll
+                )
     return dp_s, unsharded
 
 
@@ -267,7 +312,9 @@ def sync_time(shape: StepShape, work: Workload, cluster: Cluster) -> float:
         sync_s += collective_time("all_reduce", NORM_BYTES, link, n, coll)
         first, last = stage_rank(c, 0), stage_rank(c, shape.n_stages - 1)
         if first != last:
-            tie = work.model.vocab_size * work.model.n_embd * work.param_bytes  # the tied embedding's gradient (not TP-sharded)
+            tie = (
+                work.model.vocab_size * work.model.n_embd * work.param_bytes
+            )  # the tied embedding's gradient (not TP-sharded)
             sync_s += collective_time("all_reduce", tie, layout.pp_link(first, last), 2, coll)
     return sync_s
 
@@ -275,6 +322,7 @@ def sync_time(shape: StepShape, work: Workload, cluster: Cluster) -> float:
 @dataclass
 class PipelineTime:
     """The forward and backward of a step's microbatches on the critical path."""
+
     makespan: float  # seconds from the first forward to the last backward
     compute: float  # of which computing, on the busiest pipeline rank
     tp: float  # TP all-reduces, on the busiest pipeline rank
@@ -317,15 +365,23 @@ def pipeline_time(shape: StepShape, stages: StageCosts, cluster: Cluster) -> Pip
     on_worst = [s for s in range(n_stages) if shape.stage_pp[s] == worst]
     compute = sum(stages.comp_f[s] + stages.comp_b[s] for s in on_worst) / speedup * chunks
     tp_total = sum(stages.tp_f[s] + stages.tp_b[s] for s in on_worst) * chunks
-    return PipelineTime(sim.makespan, compute, tp_total, max(0.0, sim.makespan - ideal.makespan),
-                        max(0.0, ideal.makespan - max(ideal.busy)), sim.peak_inflight)
+    return PipelineTime(
+        sim.makespan,
+        compute,
+        tp_total,
+        max(0.0, sim.makespan - ideal.makespan),
+        max(0.0, ideal.makespan - max(ideal.busy)),
+        sim.peak_inflight,
+    )
 
 
 def ddp_buckets(nbytes: float) -> list[float]:
     if nbytes <= DDP_FIRST_BUCKET:
         return [nbytes]
     rest = nbytes - DDP_FIRST_BUCKET
-    return [DDP_FIRST_BUCKET] + [DDP_BUCKET] * int(rest // DDP_BUCKET) + ([rest % DDP_BUCKET] if rest % DDP_BUCKET else [])
+    return (
+        [DDP_FIRST_BUCKET] + [DDP_BUCKET] * int(rest // DDP_BUCKET) + ([rest % DDP_BUCKET] if rest % DDP_BUCKET else [])
+    )
 
 
 def optimizer_time(params: float, tensors: int, device, dtensors: bool) -> float:
@@ -336,8 +392,9 @@ def optimizer_time(params: float, tensors: int, device, dtensors: bool) -> float
     return params * FP32_BYTES * OPTIMIZER_PASSES / device.memory_bandwidth + host
 
 
-def memory_per_rank(shape: StepShape, work: Workload, params: list[float], inflight: list[float],
-                    unsharded: list[float]) -> list[dict[str, float]]:
+def memory_per_rank(
+    shape: StepShape, work: Workload, params: list[float], inflight: list[float], unsharded: list[float]
+) -> list[dict[str, float]]:
     """Bytes on each pipeline rank at its peak, by cause."""
     c, chunks, act_tensor = shape.config, shape.chunks, shape.act_tensor
     shard = c.dp_shard if c.uses_fsdp else 1
@@ -353,13 +410,22 @@ def memory_per_rank(shape: StepShape, work: Workload, params: list[float], infli
         states = params[r] * work.param_bytes / shard
         logits = shape.rows * work.seq_len * work.model.vocab_size * work.act_bytes
         transient = logits if r == shape.stage_pp[-1] else TEMPORARY_ACTIVATIONS * act_tensor
-        mems.append({"parameters": states, "gradients": states, "optimizer": ADAMW_STATES * states,
-                     "activations": inflight[r], "pipeline buffers": pipe_buffers[r],
-                     "unsharded (FSDP)": unsharded[r], "temporaries": transient})
+        mems.append(
+            {
+                "parameters": states,
+                "gradients": states,
+                "optimizer": ADAMW_STATES * states,
+                "activations": inflight[r],
+                "pipeline buffers": pipe_buffers[r],
+                "unsharded (FSDP)": unsharded[r],
+                "temporaries": transient,
+            }
+        )
     return mems
 
 
 # ---------------------------------------------------------------- the estimate
+
 
 def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelProfile | None = None) -> Estimate:
     """Predicted memory per device and step time of one plan (see the module docstring)."""
@@ -371,19 +437,45 @@ def estimate(cand: Candidate, work: Workload, cluster: Cluster, profile: ModelPr
     dp_s, unsharded = data_parallel_time(shape, work, cluster, profile, params, tensors)
     sync_s = sync_time(shape, work, cluster)
     pipe = pipeline_time(shape, stages, cluster)
-    opt_s = [optimizer_time(params[r] / (c.dp_shard if c.uses_fsdp else 1), tensors[r], shape.layout.stage_devices(r)[0],
-                            dtensors=c.uses_fsdp or c.tp > 1) for r in range(c.pp)]
+    opt_s = [
+        optimizer_time(
+            params[r] / (c.dp_shard if c.uses_fsdp else 1),
+            tensors[r],
+            shape.layout.stage_devices(r)[0],
+            dtensors=c.uses_fsdp or c.tp > 1,
+        )
+        for r in range(c.pp)
+    ]
     step = pipe.makespan + max(dp_s[r] + opt_s[r] for r in range(c.pp)) + sync_s
     # the step's parts, as they add up on the critical path
     dp_name = "DDP all-reduce" if c.uses_ddp else "FSDP all-gather/reduce-scatter" if c.uses_fsdp else "data-parallel"
-    parts = {"compute": pipe.compute, "TP all-reduce": pipe.tp, "PP transfers/schedule": pipe.p2p, "pipeline bubble": pipe.bubble,
-             dp_name: max(dp_s), "optimizer": max(opt_s), "norm/tie sync": sync_s}
+    parts = {
+        "compute": pipe.compute,
+        "TP all-reduce": pipe.tp,
+        "PP transfers/schedule": pipe.p2p,
+        "pipeline bubble": pipe.bubble,
+        dp_name: max(dp_s),
+        "optimizer": max(opt_s),
+        "norm/tie sync": sync_s,
+    }
     parts = {k: v for k, v in parts.items() if v > 0}
 
     mems = memory_per_rank(shape, work, params, pipe.inflight, unsharded)
     worst_mem = max(mems, key=lambda m: sum(m.values()))
-    fits = all(sum(mems[r].values()) <= min(d.memory_bytes for d in shape.layout.stage_devices(r)) * RESERVE for r in range(c.pp))
+    fits = all(
+        sum(mems[r].values()) <= min(d.memory_bytes for d in shape.layout.stage_devices(r)) * RESERVE
+        for r in range(c.pp)
+    )
     tokens = work.global_batch * work.seq_len
     main = max(parts, key=parts.get)
-    return Estimate(cand, step, tokens / step, sum(worst_mem.values()), fits, parts, worst_mem, main,
-                    pipe.bubble / step if step else 0.0)
+    return Estimate(
+        cand,
+        step,
+        tokens / step,
+        sum(worst_mem.values()),
+        fits,
+        parts,
+        worst_mem,
+        main,
+        pipe.bubble / step if step else 0.0,
+    )

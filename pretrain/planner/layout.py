@@ -1,5 +1,6 @@
 """Placement: which device each coordinate of a plan's mesh runs on, the groups each dimension forms,
 and the slowest link those groups' collectives and the pipeline's sends cross."""
+
 from __future__ import annotations
 
 import itertools
@@ -49,18 +50,29 @@ class Layout:
     def pp_link(self, a: int, b: int) -> Link:
         """The slowest link between pipeline ranks a and b over all their dp/tp coordinates (every
         replica sends at the same time)."""
-        return self._concurrent([(self.device_of_rank[self.rank(a, r, s, t)], self.device_of_rank[self.rank(b, r, s, t)])
-                                 for p, r, s, t in self.coords() if p == 0])
+        return self._concurrent(
+            [
+                (self.device_of_rank[self.rank(a, r, s, t)], self.device_of_rank[self.rank(b, r, s, t)])
+                for p, r, s, t in self.coords()
+                if p == 0
+            ]
+        )
 
     def _concurrent(self, hops: list[tuple[int, int]]) -> Link:
         """The slowest of device-to-device sends made at the same time. Where the cluster's links are
         shared (a real network), the sends crossing between the same two nodes in the same direction
         split that link's bandwidth."""
         node = lambda d: self.cluster.devices[d].node  # noqa: E731
-        flows = Counter((node(a), node(b)) for a, b in hops if node(a) != node(b)) if self.cluster.shared_links else Counter()
+        flows = (
+            Counter((node(a), node(b)) for a, b in hops if node(a) != node(b))
+            if self.cluster.shared_links
+            else Counter()
+        )
         links = [self.cluster.link(a, b) for a, b in hops]
-        return Link(max(link.latency_s for link in links),
-                    min(link.bandwidth_Bps / max(1, flows[(node(a), node(b))]) for link, (a, b) in zip(links, hops)))
+        return Link(
+            max(link.latency_s for link in links),
+            min(link.bandwidth_Bps / max(1, flows[(node(a), node(b))]) for link, (a, b) in zip(links, hops)),
+        )
 
     def stage_devices(self, p: int) -> list:
         return [self.device(self.rank(p, r, s, t)) for _, r, s, t in self.coords() if _ == 0]

@@ -15,6 +15,7 @@
 The calibrations (_block_costs, _pipeline_action_cost) fit the measured times against the planner's
 own profile and cost model, so that the model's counts and the measured rates add up to what ran.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,6 +33,7 @@ from pretrain.planner.cluster import Cluster, Device, Link
 from pretrain.planner.cost import compute_time, estimate
 from pretrain.planner.profile import Workload, profile_model
 
+
 @dataclass
 class MeasureSettings:
     seconds: float = 0.25  # per compute measurement
@@ -40,7 +42,9 @@ class MeasureSettings:
     repeats: int = 5  # ping-pongs per pair and size (fewer if each is slow)
 
 
-def measure_cluster(nproc: int, settings: MeasureSettings | None = None, setup: Callable[[], None] | None = None) -> Cluster:
+def measure_cluster(
+    nproc: int, settings: MeasureSettings | None = None, setup: Callable[[], None] | None = None
+) -> Cluster:
     """Measure this machine with a short real job of `nproc` processes (see the module docstring).
 
     `setup`, if given, runs in every rank of a job of several before it joins the process group (a
@@ -56,15 +60,22 @@ def measure_cluster(nproc: int, settings: MeasureSettings | None = None, setup: 
         if nproc == 1:
             measure_rank(0, 1, str(Path(tmp) / "store"), str(result), asdict(settings))
         else:
-            mp.start_processes(measure_rank, args=(nproc, str(Path(tmp) / "store"), str(result), asdict(settings), setup),
-                               nprocs=nproc, start_method="spawn")
+            mp.start_processes(
+                measure_rank,
+                args=(nproc, str(Path(tmp) / "store"), str(result), asdict(settings), setup),
+                nprocs=nproc,
+                start_method="spawn",
+            )
         raw = json.loads(result.read_text())
-    raw["source"] = f"measured on {socket.gethostname()} ({nproc} process{'es' if nproc > 1 else ''}, {'CUDA' if torch.cuda.is_available() else 'CPU'})"
+    raw["source"] = (
+        f"measured on {socket.gethostname()} ({nproc} process{'es' if nproc > 1 else ''}, {'CUDA' if torch.cuda.is_available() else 'CPU'})"
+    )
     return Cluster.from_dict(raw)
 
 
-def measure_rank(rank: int, world: int, store_path: str, result_path: str, settings: dict,
-                 setup: Callable[[], None] | None = None) -> None:
+def measure_rank(
+    rank: int, world: int, store_path: str, result_path: str, settings: dict, setup: Callable[[], None] | None = None
+) -> None:
     """One rank of measure_cluster's job (the ranks meet through a file store at `store_path`; rank 0
     writes the Cluster as JSON to `result_path`). Public so that a job spread over several network
     namespaces or hosts that share a file system can run it too."""
@@ -81,7 +92,9 @@ def measure_rank(rank: int, world: int, store_path: str, result_path: str, setti
     if world > 1:
         if setup is not None:
             setup()
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+        dist.init_process_group(
+            "nccl" if cuda else "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world
+        )
     try:
         mine = _measure_device(device, settings, world)
         everyone = [mine]
@@ -107,7 +120,9 @@ def measure_rank(rank: int, world: int, store_path: str, result_path: str, setti
                     lat[r][b] = lat[b][r] = l_r[r][b]
                     bw[r][b] = bw[b][r] = b_r[r][b]
         devices = [Device(**d, node=0) for d in everyone]
-        cluster = Cluster(devices, [socket.gethostname()], lat, bw, collective_overhead_s=overhead, dtensor_dispatch_s=dtensor)
+        cluster = Cluster(
+            devices, [socket.gethostname()], lat, bw, collective_overhead_s=overhead, dtensor_dispatch_s=dtensor
+        )
         if world > 1:
             cluster.pipeline_action_s = _pipeline_action_cost(cluster)
         if rank == 0:
@@ -150,10 +165,12 @@ def _measure_device(device, settings: MeasureSettings, world: int) -> dict:
     # Matmul throughput by size: a small model's matmuls run far below the peak of a large one. The best
     # of a few repeats, as for MFU's peak: a busy machine slows some down, nothing speeds one up.
     rates = []
-    for size in ((256, 512, 1024, 2048, 4096) if device.type == "cuda" else (32, 64, 128, 256, 512, 1024)):
+    for size in (256, 512, 1024, 2048, 4096) if device.type == "cuda" else (32, 64, 128, 256, 512, 1024):
         flops = 2 * size**3
         seconds = flops / measure_matmul_flops(device, dtype, size, settings.seconds / 3, repeats=3)
-        rates.append([float(flops), flops / max(seconds - launch, seconds / 10)])  # the op's own launch is counted per op
+        rates.append(
+            [float(flops), flops / max(seconds - launch, seconds / 10)]
+        )  # the op's own launch is counted per op
     x = torch.randn(8 * 2**20 // 4 * (8 if device.type == "cuda" else 1), device=device)
     y = torch.empty_like(x)
     copy_bw = 2 * x.numel() * 4 / _timed(lambda: y.copy_(x), device, settings.seconds / 2)
@@ -166,11 +183,22 @@ def _measure_device(device, settings: MeasureSettings, world: int) -> dict:
     else:
         import platform
 
-        name = f"CPU ({torch.get_num_threads()} thread{'s' if torch.get_num_threads() > 1 else ''}, {platform.machine()})"
+        name = (
+            f"CPU ({torch.get_num_threads()} thread{'s' if torch.get_num_threads() > 1 else ''}, {platform.machine()})"
+        )
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / world
         sharing = dict(host_cores=os.cpu_count() or 1, host_ranks=world, threads=torch.get_num_threads())
-    return dict(name=name, memory_bytes=memory, flops=max(r for _, r in rates), mem_bw_Bps=copy_bw, dispatch_s=dispatch,
-                elementwise_Bps=elementwise, matmul_rates=rates, optimizer_s_per_tensor=optimizer, **sharing)
+    return dict(
+        name=name,
+        memory_bytes=memory,
+        flops=max(r for _, r in rates),
+        mem_bw_Bps=copy_bw,
+        dispatch_s=dispatch,
+        elementwise_Bps=elementwise,
+        matmul_rates=rates,
+        optimizer_s_per_tensor=optimizer,
+        **sharing,
+    )
 
 
 def _block_costs(device, settings: MeasureSettings, rates: list[list[float]]) -> tuple[float, float]:
@@ -202,7 +230,9 @@ def _block_costs(device, settings: MeasureSettings, rates: list[list[float]]) ->
         traced = profile_model(cfg, cfg.block_size, 2 if cuda else 4).block(1)
         return seconds, (traced.fwd + traced.bwd).for_rows(rows)
 
-    probe = Device("probe", 0, 0.0, max(r for _, r in rates), matmul_rates=rates, dispatch_s=0.0, elementwise_Bps=float("inf"))
+    probe = Device(
+        "probe", 0, 0.0, max(r for _, r in rates), matmul_rates=rates, dispatch_s=0.0, elementwise_Bps=float("inf")
+    )
     tiny_s, tiny = run_and_trace(ModelConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=16), 1)
     dispatch = max(tiny_s - compute_time(tiny, probe, 0.0), tiny_s / 2) / tiny.ops
     size = dict(block_size=256, n_head=8, n_embd=512) if cuda else dict(block_size=64, n_head=4, n_embd=128)
@@ -337,8 +367,9 @@ def _fsdp_costs(device, world: int, iters: int = 20) -> dict:
     tensors = len(list(plain.parameters()))
     small = torch.zeros(world, device=device)
     piece = torch.zeros(1, device=device)
-    collectives = (2 * _timed_iters(lambda: dist.all_gather_single(small, piece), device, iters)
-                   + _timed_iters(lambda: dist.reduce_scatter_single(piece, small), device, iters))
+    collectives = 2 * _timed_iters(lambda: dist.all_gather_single(small, piece), device, iters) + _timed_iters(
+        lambda: dist.reduce_scatter_single(piece, small), device, iters
+    )
     plain_s = _timed_iters(lambda: plain(x).sum().backward(), device, iters)
     extra = _timed_iters(lambda: sharded(x).sum().backward(), device, iters) - plain_s - collectives
     optimizer = torch.optim.AdamW(sharded.parameters(), lr=1e-3)
@@ -351,8 +382,11 @@ def _fsdp_costs(device, world: int, iters: int = 20) -> dict:
     sharded.set_requires_gradient_sync(False)
     gathered = _timed_iters(lambda: sharded(x).sum().backward(), device, iters) - plain_s
     sharded.set_requires_gradient_sync(True)
-    return {"fsdp_s_per_tensor": max(0.0, extra) / tensors, "fsdp_gathered_s_per_tensor": max(0.0, gathered) / tensors,
-            "dtensor_optimizer_s_per_tensor": dtensor_step / tensors}
+    return {
+        "fsdp_s_per_tensor": max(0.0, extra) / tensors,
+        "fsdp_gathered_s_per_tensor": max(0.0, gathered) / tensors,
+        "dtensor_optimizer_s_per_tensor": dtensor_step / tensors,
+    }
 
 
 def _dtensor_overhead(device, world: int) -> float:
@@ -422,8 +456,9 @@ def cache_key(nproc: int) -> str:
     return f"{MEASUREMENT_VERSION}|{socket.gethostname()}|{nproc}|{'cuda' if torch.cuda.is_available() else 'cpu'}"
 
 
-def local_cluster(cache_path: Path | None, nproc: int, remeasure: bool = False,
-                  settings: MeasureSettings | None = None) -> tuple[Cluster, bool]:
+def local_cluster(
+    cache_path: Path | None, nproc: int, remeasure: bool = False, settings: MeasureSettings | None = None
+) -> tuple[Cluster, bool]:
     """The measured cluster for `nproc` local processes, from the cache when there; returns (cluster, cached)."""
     key = cache_key(nproc)
     cache = {}

@@ -5,6 +5,7 @@ Single-stage schedules (GPipe, 1F1B) are written out here as torch runs them; mu
 gives the step's makespan, each rank's busy time and its activations in flight at the worst moment:
 the bubble, the transfers on the critical path and the memory of the schedule follow from these.
 """
+
 from __future__ import annotations
 
 import functools
@@ -47,8 +48,12 @@ def schedule_order(config: ParallelConfig) -> dict[int, list[tuple[str, int, int
 def _torch_order(schedule: str, p: int, v: int, m: int) -> dict[int, list[tuple[str, int, int]]]:
     from torch.distributed.pipelining import schedules as S
 
-    cls = {"interleaved-1f1b": S.ScheduleInterleaved1F1B, "looped-bfs": S.ScheduleLoopedBFS,
-           "zero-bubble": S.ScheduleInterleavedZeroBubble, "zbv": S.ScheduleZBVZeroBubble}[schedule]
+    cls = {
+        "interleaved-1f1b": S.ScheduleInterleaved1F1B,
+        "looped-bfs": S.ScheduleLoopedBFS,
+        "zero-bubble": S.ScheduleInterleavedZeroBubble,
+        "zbv": S.ScheduleZBVZeroBubble,
+    }[schedule]
     # The action orders are computed from a handful of attributes, without stages or a process group.
     obj = cls.__new__(cls)
     obj.pp_group_size, obj.n_local_stages, obj._n_microbatches = p, v, m
@@ -60,8 +65,10 @@ def _torch_order(schedule: str, p: int, v: int, m: int) -> dict[int, list[tuple[
     if cls is S.ScheduleInterleavedZeroBubble:
         obj.pipeline_order = obj._add_bubbles_to_actions(v * p)
     kinds = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
-    return {r: [(kinds[a.computation_type.name], a.stage_index, a.microbatch_index) for a in ops if a is not None]
-            for r, ops in obj.pipeline_order.items()}
+    return {
+        r: [(kinds[a.computation_type.name], a.stage_index, a.microbatch_index) for a in ops if a is not None]
+        for r, ops in obj.pipeline_order.items()
+    }
 
 
 @dataclass
@@ -71,8 +78,9 @@ class SimResult:
     peak_inflight: list[float]  # per pipeline rank: activation bytes at the worst moment
 
 
-def simulate(config: ParallelConfig, fwd: list[float], bwd: list[float], act: list[float],
-             transfer: dict[tuple[int, int], float]) -> SimResult:
+def simulate(
+    config: ParallelConfig, fwd: list[float], bwd: list[float], act: list[float], transfer: dict[tuple[int, int], float]
+) -> SimResult:
     """Run the schedule's action order on a clock: each rank does its actions in order, each starting
     when the rank is free and its inputs have arrived (the previous stage's output plus the transfer
     time between their ranks). fwd/bwd/act are per stage; transfer[(rank_a, rank_b)] per microbatch."""
@@ -82,8 +90,12 @@ def simulate(config: ParallelConfig, fwd: list[float], bwd: list[float], act: li
     free = [0.0] * config.pp
     busy = [0.0] * config.pp
     pos = [0] * config.pp
-    duration = {"F": lambda s: fwd[s], "B": lambda s: bwd[s], "I": lambda s: bwd[s] * INPUT_GRAD_SHARE,
-                "W": lambda s: bwd[s] * (1 - INPUT_GRAD_SHARE)}
+    duration = {
+        "F": lambda s: fwd[s],
+        "B": lambda s: bwd[s],
+        "I": lambda s: bwd[s] * INPUT_GRAD_SHARE,
+        "W": lambda s: bwd[s] * (1 - INPUT_GRAD_SHARE),
+    }
 
     def hop(s_from: int, s_to: int) -> float:
         a, b = stage_rank(config, s_from), stage_rank(config, s_to)
@@ -127,7 +139,12 @@ def simulate(config: ParallelConfig, fwd: list[float], bwd: list[float], act: li
     for r in range(config.pp):
         live = peak = 0.0
         for kind, s, _ in order[r]:
-            live += {"F": act[s], "B": -act[s], "I": -act[s] * (1 - KEEP_FOR_WEIGHT_GRAD), "W": -act[s] * KEEP_FOR_WEIGHT_GRAD}[kind]
+            live += {
+                "F": act[s],
+                "B": -act[s],
+                "I": -act[s] * (1 - KEEP_FOR_WEIGHT_GRAD),
+                "W": -act[s] * KEEP_FOR_WEIGHT_GRAD,
+            }[kind]
             peak = max(peak, live)
         peaks.append(peak)
     return SimResult(max(free), busy, peaks)

@@ -7,6 +7,7 @@ meta tensors, counting per sequence: parameters, the bytes autograd saves for ba
 the FLOPs of each matmul (torch's FLOP formulas), bytes moved by non-matmul ops and the number of ops.
 Tensor-parallel shards are traced as the narrower blocks they are.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,7 +32,9 @@ class Workload:
 
     def validate(self) -> None:
         if self.seq_len < 1 or self.global_batch < 1:
-            raise PipelineError(f"--seq-len and --global-batch must be positive, got {self.seq_len} and {self.global_batch}")
+            raise PipelineError(
+                f"--seq-len and --global-batch must be positive, got {self.seq_len} and {self.global_batch}"
+            )
         if self.seq_len > self.model.block_size:
             raise PipelineError(f"--seq-len {self.seq_len} exceeds the model's block size {self.model.block_size}")
         if self.model.n_embd % self.model.n_head:
@@ -43,6 +46,7 @@ class OpCost:
     """Work of a forward or backward pass: the FLOPs of each matmul-like call (their sizes matter: small
     matmuls run far below a device's peak), bytes moved by non-matmul ops, ops dispatched, and those of
     them on DTensors (tensor parallelism's extra host cost)."""
+
     matmuls: tuple[float, ...] = ()  # FLOPs per call
     bytes: float = 0.0
     ops: float = 0.0
@@ -58,13 +62,19 @@ class OpCost:
         return OpCost(tuple(f * rows for f in self.matmuls), self.bytes * rows, self.ops, self.dtensor_ops)
 
     def __add__(self, other: "OpCost") -> "OpCost":
-        return OpCost(self.matmuls + other.matmuls, self.bytes + other.bytes, self.ops + other.ops, self.dtensor_ops + other.dtensor_ops)
+        return OpCost(
+            self.matmuls + other.matmuls,
+            self.bytes + other.bytes,
+            self.ops + other.ops,
+            self.dtensor_ops + other.dtensor_ops,
+        )
 
 
 @dataclass
 class PartProfile:
     """One part of the model (a block sharded over tp ranks, the embeddings, the head + loss) for a
     microbatch of `rows` sequences."""
+
     params: int  # held by one rank
     fwd: OpCost
     bwd: OpCost
@@ -72,6 +82,7 @@ class PartProfile:
 
 
 # ---------------------------------------------------------------- tracing on the meta device
+
 
 def _is_view(func) -> bool:
     returns = func._schema.returns
@@ -99,7 +110,11 @@ class _Counter:
                     import torch
                     from torch.utils._pytree import tree_leaves
 
-                    counter.bytes += sum(t.numel() * t.element_size() for t in tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
+                    counter.bytes += sum(
+                        t.numel() * t.element_size()
+                        for t in tree_leaves((args, kwargs, out))
+                        if isinstance(t, torch.Tensor)
+                    )
                 return out
 
         self.mode = Mode()
@@ -161,6 +176,7 @@ def _sharded_block(model_cfg: ModelConfig, tp: int):
 @dataclass
 class ModelProfile:
     """What the cost model needs to know about the model, per microbatch row (sequence)."""
+
     cfg: ModelConfig
     seq_len: int
     act_bytes: int
@@ -212,15 +228,30 @@ def _trace_part(cfg: ModelConfig, seq_len: int, kind: str, tp: int, act_bytes: i
     module = module.to(dtype)
     d = cfg.n_embd
     if kind == "embed":
-        fwd, bwd, saved = _trace(module, lambda: torch.zeros(1, seq_len, dtype=torch.long, device="meta"),
-                                 lambda out: out.float().sum(), dtype, seq_len)
+        fwd, bwd, saved = _trace(
+            module,
+            lambda: torch.zeros(1, seq_len, dtype=torch.long, device="meta"),
+            lambda out: out.float().sum(),
+            dtype,
+            seq_len,
+        )
     elif kind == "head":
         target = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
-        fwd, bwd, saved = _trace(module, lambda: torch.zeros(1, seq_len, d, device="meta", dtype=dtype, requires_grad=True),
-                                 lambda out: lm_loss(out, target), dtype, seq_len)
+        fwd, bwd, saved = _trace(
+            module,
+            lambda: torch.zeros(1, seq_len, d, device="meta", dtype=dtype, requires_grad=True),
+            lambda out: lm_loss(out, target),
+            dtype,
+            seq_len,
+        )
     else:
-        fwd, bwd, saved = _trace(module, lambda: torch.zeros(1, seq_len, d, device="meta", dtype=dtype, requires_grad=True),
-                                 lambda out: out.float().sum(), dtype, seq_len)
+        fwd, bwd, saved = _trace(
+            module,
+            lambda: torch.zeros(1, seq_len, d, device="meta", dtype=dtype, requires_grad=True),
+            lambda out: out.float().sum(),
+            dtype,
+            seq_len,
+        )
         if tp > 1:
             fwd.dtensor_ops = TP_SHARDED_LINEARS * DTENSOR_OPS_PER_LINEAR_FWD
             bwd.dtensor_ops = TP_SHARDED_LINEARS * DTENSOR_OPS_PER_LINEAR_BWD
@@ -243,7 +274,9 @@ def profile_model(cfg: ModelConfig, seq_len: int, act_bytes: int = 4) -> ModelPr
     if block is not None:
         for name, p in block.named_parameters():
             # column-split q/k/v/fc_in (weights and biases), row-split out_proj/fc_out weights
-            if any(k in name for k in ("q_proj", "k_proj", "v_proj", "fc_in")) or name.endswith(("out_proj.weight", "fc_out.weight")):
+            if any(k in name for k in ("q_proj", "k_proj", "v_proj", "fc_in")) or name.endswith(
+                ("out_proj.weight", "fc_out.weight")
+            ):
                 sharded += p.numel()
     embed = cfg.vocab_size * cfg.n_embd + cfg.block_size * cfg.n_embd
     head = 2 * cfg.n_embd + cfg.vocab_size * cfg.n_embd

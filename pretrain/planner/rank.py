@@ -1,5 +1,6 @@
 """Planning: estimate every candidate plan, drop those that don't fit, rank the rest fastest first;
 and the ranking's output (the table of `pipeline plan`, one line on why a plan was picked)."""
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,13 @@ class PlanResult:
     work: Workload
 
     def to_dict(self) -> dict:
-        return {"cluster": self.cluster.describe(), "cluster_source": self.cluster.source, "world_size": self.cluster.world_size,
-                "plans": [e.to_dict() for e in self.ranked], "rejected": len(self.rejected)}
+        return {
+            "cluster": self.cluster.describe(),
+            "cluster_source": self.cluster.source,
+            "world_size": self.cluster.world_size,
+            "plans": [e.to_dict() for e in self.ranked],
+            "rejected": len(self.rejected),
+        }
 
 
 def plan(work: Workload, cluster: Cluster, space: SearchSpace | None = None, world: int | None = None) -> PlanResult:
@@ -48,9 +54,11 @@ def plan(work: Workload, cluster: Cluster, space: SearchSpace | None = None, wor
     if not ranked:
         least = min(rejected, key=lambda e: e.memory_bytes)
         device = min(cluster.devices, key=lambda d: d.memory_bytes)
-        raise PipelineError(f"the model fits no plan on {world} device(s): the smallest plan ({least.label}) needs "
-                            f"{least.memory_bytes / GiB:.2f} GiB per device, the devices have {device.memory_bytes / GiB:.2f} GiB "
-                            f"(usable {RESERVE:.0%}); use more devices, a smaller --global-batch or --seq-len, or a smaller model")
+        raise PipelineError(
+            f"the model fits no plan on {world} device(s): the smallest plan ({least.label}) needs "
+            f"{least.memory_bytes / GiB:.2f} GiB per device, the devices have {device.memory_bytes / GiB:.2f} GiB "
+            f"(usable {RESERVE:.0%}); use more devices, a smaller --global-batch or --seq-len, or a smaller model"
+        )
     return PlanResult(ranked, rejected, cluster, work)
 
 
@@ -62,7 +70,9 @@ def _balanced(est: Estimate, work: Workload, cluster: Cluster, profile: ModelPro
     layout = Layout(c, cluster, est.candidate.node_order)
     rows = work.global_batch // c.dp // c.n_microbatches
     stages = [stage_compute(c, s, layout, cluster, profile, rows) for s in range(c.num_stages)]
-    split = balanced_split(c, work.model.n_layer, [sum(layer) for layer, _ in stages], [sum(other) for _, other in stages])
+    split = balanced_split(
+        c, work.model.n_layer, [sum(layer) for layer, _ in stages], [sum(other) for _, other in stages]
+    )
     if split == stage_layers(c, work.model.n_layer):
         return est
     other = estimate(replace(est.candidate, config=replace(c, pp_split=split)), work, cluster, profile)
@@ -77,16 +87,29 @@ def _first_devices(cluster: Cluster, n: int) -> Cluster:
     nodes_used = sorted({d.node for d in devices})
     remap = {k: i for i, k in enumerate(nodes_used)}
     devices = [replace(d, node=remap[d.node]) for d in devices]
-    return replace(cluster, devices=devices, nodes=[cluster.nodes[k] for k in nodes_used],
-                   latency_s=[row[:n] for row in cluster.latency_s[:n]], bandwidth_Bps=[row[:n] for row in cluster.bandwidth_Bps[:n]])
+    return replace(
+        cluster,
+        devices=devices,
+        nodes=[cluster.nodes[k] for k in nodes_used],
+        latency_s=[row[:n] for row in cluster.latency_s[:n]],
+        bandwidth_Bps=[row[:n] for row in cluster.bandwidth_Bps[:n]],
+    )
 
 
 def _no_plan_reason(world: int, work: Workload) -> str:
     cfg = work.model
-    dps = [world // (tp * pp) for tp in divisors(world) if cfg.n_head % tp == 0 for pp in divisors(world // tp) if pp <= cfg.n_layer]
+    dps = [
+        world // (tp * pp)
+        for tp in divisors(world)
+        if cfg.n_head % tp == 0
+        for pp in divisors(world // tp)
+        if pp <= cfg.n_layer
+    ]
     if not any(work.global_batch % dp == 0 for dp in dps):
-        return (f"--global-batch {work.global_batch} cannot be divided among the data-parallel degrees a plan for {world} "
-                f"devices can have ({', '.join(map(str, sorted(set(dps))))}); use a multiple of one of them")
+        return (
+            f"--global-batch {work.global_batch} cannot be divided among the data-parallel degrees a plan for {world} "
+            f"devices can have ({', '.join(map(str, sorted(set(dps))))}); use a multiple of one of them"
+        )
     return f"no valid plan for {world} devices with {cfg.n_head} heads, {cfg.n_layer} layers and global batch {work.global_batch}"
 
 
@@ -97,11 +120,17 @@ def check_degrees(world: int, dp: int | None, tp: int | None, pp: int | None) ->
         raise PipelineError(f"--dp {dp} × --tp {tp} × --pp {pp} = {dp * tp * pp}, not the world size {world}")
     product = math.prod(given.values()) if given else 1
     if world % product:
-        raise PipelineError(f"the degrees given ({' × '.join(f'{k}={v}' for k, v in given.items())} = {product}) do not divide the world size {world}")
+        raise PipelineError(
+            f"the degrees given ({' × '.join(f'{k}={v}' for k, v in given.items())} = {product}) do not divide the world size {world}"
+        )
 
 
 def filter_degrees(result: PlanResult, dp: int | None, tp: int | None, pp: int | None) -> PlanResult:
-    keep = [e for e in result.ranked if all(v is None or getattr(e.candidate.config, k) == v for k, v in dict(dp=dp, tp=tp, pp=pp).items())]
+    keep = [
+        e
+        for e in result.ranked
+        if all(v is None or getattr(e.candidate.config, k) == v for k, v in dict(dp=dp, tp=tp, pp=pp).items())
+    ]
     if not keep:
         raise PipelineError("no plan that fits has the degrees given (--dp/--tp/--pp)")
     return replace(result, ranked=keep)
@@ -109,20 +138,25 @@ def filter_degrees(result: PlanResult, dp: int | None, tp: int | None, pp: int |
 
 # ---------------------------------------------------------------- output
 
+
 def table_rows(result: PlanResult, top: int) -> list[list[str]]:
     rows = []
     for i, e in enumerate(result.ranked[:top], 1):
         parts = sorted(e.time_parts.items(), key=lambda kv: -kv[1])
         share = ", ".join(f"{k} {v / e.step_s:.0%}" for k, v in parts[:2])
-        rows.append([str(i), e.label, f"{e.step_s * 1e3:,.1f}", f"{e.tokens_per_s:,.0f}", f"{e.memory_bytes / MB:,.1f}", share])
+        rows.append(
+            [str(i), e.label, f"{e.step_s * 1e3:,.1f}", f"{e.tokens_per_s:,.0f}", f"{e.memory_bytes / MB:,.1f}", share]
+        )
     return rows
 
 
 def why(e: Estimate, result: PlanResult) -> str:
     """One line: why this plan was picked."""
     runner = result.ranked[1] if len(result.ranked) > 1 else None
-    text = (f"predicted {e.step_s * 1e3:,.1f} ms/step, {e.tokens_per_s:,.0f} tokens/s, {e.memory_bytes / MB:,.1f} MiB per device; "
-            f"main cost {e.main_cost} ({e.time_parts[e.main_cost] / e.step_s:.0%})")
+    text = (
+        f"predicted {e.step_s * 1e3:,.1f} ms/step, {e.tokens_per_s:,.0f} tokens/s, {e.memory_bytes / MB:,.1f} MiB per device; "
+        f"main cost {e.main_cost} ({e.time_parts[e.main_cost] / e.step_s:.0%})"
+    )
     if runner is not None:
         text += f"; {runner.step_s / e.step_s:.2f}× faster than the next ({runner.label})"
     return text

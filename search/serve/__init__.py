@@ -42,6 +42,7 @@ The package: schemas.py (the request and response models, the bounds), generatio
 its reload watcher, the document writes), batcher.py (SearchBatcher), routes.py (the routes, on routers),
 app.py (create_app, run_server), page/ (the web page's HTML, CSS and JavaScript, package data).
 """
+
 from search.serve.app import create_app, run_server
 
 __all__ = ["create_app", "run_server"]

@@ -1,5 +1,6 @@
 """`create_app`: the FastAPI application (its state, lifespan, error handlers and routers), and `run_server`,
 which checks the address and serves it with uvicorn (`pipeline serve`)."""
+
 from __future__ import annotations
 
 import logging
@@ -39,8 +40,10 @@ async def lifespan(app: FastAPI):
 
 
 async def invalid(request: Request, exc: RequestValidationError):
-    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p not in ('body', 'query')) or 'body'}: {e['msg']}"
-                         for e in exc.errors())
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in e['loc'] if p not in ('body', 'query')) or 'body'}: {e['msg']}"
+        for e in exc.errors()
+    )
     return error(422, problems or "invalid request")
 
 
@@ -53,12 +56,19 @@ async def unexpected(request: Request, exc: Exception):
     return error(500, f"internal error ({type(exc).__name__}); the server keeps running")
 
 
-def create_app(ws: Workspace, write_documents: WriteDocuments, api_key: str | None = None,
-               poll_seconds: float = POLL_SECONDS) -> FastAPI:
+def create_app(
+    ws: Workspace, write_documents: WriteDocuments, api_key: str | None = None, poll_seconds: float = POLL_SECONDS
+) -> FastAPI:
     """The app serving `ws`; its document API writes through `write_documents` (workflows.write_documents)."""
-    app = FastAPI(title="embedding-pipeline search", lifespan=lifespan, max_body_size=MAX_BODY_BYTES, docs_url=None,
-                  redoc_url=None, description="Search the documents of a pipeline workspace: dense, lexical (BM25) or "
-                                              "hybrid, with metadata filters.")
+    app = FastAPI(
+        title="embedding-pipeline search",
+        lifespan=lifespan,
+        max_body_size=MAX_BODY_BYTES,
+        docs_url=None,
+        redoc_url=None,
+        description="Search the documents of a pipeline workspace: dense, lexical (BM25) or "
+        "hybrid, with metadata filters.",
+    )
     app.state.generation = Generation(ws, write_documents, poll_seconds)
     app.state.batcher = SearchBatcher()
     app.state.api_key = api_key
@@ -89,6 +99,7 @@ def run_server(ws: Workspace, host: str, port: int, api_key: str | None, write_d
     # torch's thread pool on a small, busy machine (57 ms -> 6 ms per query encode on 2 cores).
     import faiss
     import torch
+
     torch.set_num_threads(1)
     faiss.omp_set_num_threads(1)
     app = create_app(ws, write_documents, api_key)

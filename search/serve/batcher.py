@@ -1,4 +1,5 @@
 """`SearchBatcher`: a static model's unfiltered searches, answered together on the event loop."""
+
 from __future__ import annotations
 
 import asyncio

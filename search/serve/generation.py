@@ -2,6 +2,7 @@
 beside it and swaps it in, and the document API's writes (`Generation.write`): the store and the indexes
 changed by `write_documents` (given by workflows.py: embed's upsert, then index's refresh, the same two
 functions `pipeline embed` and `pipeline index` use), the result loaded before they return."""
+
 from __future__ import annotations
 
 import logging
@@ -105,8 +106,10 @@ class Generation:
         with self._store_lock, self.ws.writing(wait=WRITE_WAIT_SECONDS):
             engine = self.current()
             if not engine.index_entry.built_by(require(self.ws, "embedder", "run `pipeline embed` first")):
-                raise WriteConflict("the workspace's documents were embedded with another model or chunking than the served "
-                                    "index: run `pipeline index`, then the server loads it")
+                raise WriteConflict(
+                    "the workspace's documents were embedded with another model or chunking than the served "
+                    "index: run `pipeline index`, then the server loads it"
+                )
             written = self.write_documents(self.ws, engine, upserts, deletes)
             self.check(raise_errors=True)
         return written
@@ -118,6 +121,7 @@ class Generation:
                     self.check()
                 except Exception as e:  # the watcher must never die; the old generation keeps serving
                     log.exception("index watcher: %s", e)
+
         self._thread = threading.Thread(target=watch, name="index-watcher", daemon=True)
         self._thread.start()
 

@@ -2,6 +2,7 @@
 has one, which create_app decides as it includes the router) and `public` (health, the page, the docs).
 What they share lives on the app's state, set by create_app, and reaches them as dependencies: the served
 `Generation`, the `SearchBatcher`, the API key, and the fixed files the page and the docs are made of."""
+
 from __future__ import annotations
 
 import functools
@@ -18,16 +19,32 @@ from fastapi.security import APIKeyHeader, APIKeyQuery
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from common.embedder import is_static
 from common.errors import PipelineError, UnknownDocument
 from common.manifest import read_manifest
-from search.filters import OPERATORS, DocumentFilter, FilterError
-from common.embedder import is_static
 from common.readers import Document
+from search.filters import OPERATORS, DocumentFilter, FilterError
 from search.serve.batcher import SearchBatcher
 from search.serve.generation import Generation, WriteConflict
-from search.serve.schemas import (ERRORS, FILTER_HELP, MAX_FILTER_CHARS, MAX_QUERY_CHARS, MAX_SERVE_K, MODE_HELP,
-                                  NOT_FOUND, QUERY_HELP, WRITE_ERRORS, DocumentResponse, FieldsResponse, HealthResponse,
-                                  SearchRequest, SearchResponse, UpsertRequest, WriteResponse, error)
+from search.serve.schemas import (
+    ERRORS,
+    FILTER_HELP,
+    MAX_FILTER_CHARS,
+    MAX_QUERY_CHARS,
+    MAX_SERVE_K,
+    MODE_HELP,
+    NOT_FOUND,
+    QUERY_HELP,
+    WRITE_ERRORS,
+    DocumentResponse,
+    FieldsResponse,
+    HealthResponse,
+    SearchRequest,
+    SearchResponse,
+    UpsertRequest,
+    WriteResponse,
+    error,
+)
 
 API_SOURCE = "api"  # the source recorded for documents stored through POST /documents
 SWAGGER_ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css")
@@ -38,8 +55,10 @@ def read_assets() -> dict[str, bytes]:
     """The page's files (package data of search.serve) and Swagger UI's two (from the swagger-ui-py package),
     by name: read once, when the app is made, so that no request path reaches the file system."""
     page, swagger = files("search.serve") / "page", files("swagger_ui") / "static"
-    return {**{name: (page / name).read_bytes() for name in PAGE_FILES},
-            **{name: (swagger / name).read_bytes() for name in SWAGGER_ASSETS}}
+    return {
+        **{name: (page / name).read_bytes() for name in PAGE_FILES},
+        **{name: (swagger / name).read_bytes() for name in SWAGGER_ASSETS},
+    }
 
 
 # Async, so that they run on the event loop: a plain function would be sent to the thread pool, a hand-off
@@ -55,12 +74,14 @@ async def search_batcher(request: Request) -> SearchBatcher:
 Served = Annotated[Generation, Depends(served_generation)]
 Batcher = Annotated[SearchBatcher, Depends(search_batcher)]
 header_key = APIKeyHeader(name="X-API-Key", auto_error=False, description="The server's --api-key.")
-query_key = APIKeyQuery(name="api_key", auto_error=False,
-                        description="The same key as a query parameter, for a browser.")
+query_key = APIKeyQuery(
+    name="api_key", auto_error=False, description="The same key as a query parameter, for a browser."
+)
 
 
-def require_key(request: Request, from_header: Optional[str] = Security(header_key),
-                from_query: Optional[str] = Security(query_key)) -> None:
+def require_key(
+    request: Request, from_header: Optional[str] = Security(header_key), from_query: Optional[str] = Security(query_key)
+) -> None:
     """The API key check: create_app puts it on the `data` router only when the server has a key."""
     api_key = request.app.state.api_key
     if api_key and not hmac.compare_digest((from_header or from_query or "").encode(), api_key.encode()):
@@ -78,8 +99,9 @@ async def run_search(generation: Generation, batcher: SearchBatcher, body: Searc
         if is_static(engine.model) and not body.filter:
             hits = await batcher.search(engine, body)
         else:
-            search = functools.partial(engine.search, body.q, body.k, body.mode, DocumentFilter.of(body.filter),
-                                       body.dense_weight)
+            search = functools.partial(
+                engine.search, body.q, body.k, body.mode, DocumentFilter.of(body.filter), body.dense_weight
+            )
             # A transformer's forward pass (tens of ms) would stall every other request on the event loop.
             hits = search() if is_static(engine.model) else await run_in_threadpool(search)
     except FilterError as e:
@@ -88,24 +110,33 @@ async def run_search(generation: Generation, batcher: SearchBatcher, body: Searc
         return error(400, str(e))
     # Returned as a response, not a dict: FastAPI would validate it against SearchResponse again (a
     # tenth of a search's cost); it has that shape by construction and the OpenAPI description keeps it.
-    return JSONResponse({"query": body.q, "mode": engine.resolve_mode(body.mode), "k": body.k,
-                         "took_ms": round((time.perf_counter() - start) * 1000, 2),
-                         "results": [h.to_dict() for h in hits]})
+    return JSONResponse(
+        {
+            "query": body.q,
+            "mode": engine.resolve_mode(body.mode),
+            "k": body.k,
+            "took_ms": round((time.perf_counter() - start) * 1000, 2),
+            "results": [h.to_dict() for h in hits],
+        }
+    )
 
 
 @data.get("/search", summary="Search (query parameters)", response_model=SearchResponse, responses=ERRORS)
 async def search_get(
-        generation: Served, batcher: Batcher,
-        q: str = Query(..., min_length=1, max_length=MAX_QUERY_CHARS, description=QUERY_HELP),
-        k: int = Query(10, ge=1, le=MAX_SERVE_K),
-        mode: Optional[Literal["dense", "lexical", "hybrid"]] = Query(None, description=MODE_HELP),
-        dense_weight: Optional[float] = Query(None, ge=0.0, le=1.0),
-        filter: Optional[str] = Query(None, max_length=MAX_FILTER_CHARS,
-                                      description="The filter as JSON text: " + FILTER_HELP),
-        source: Optional[str] = Query(None, max_length=500,
-                                      description='Shorthand for filter {"source": {"glob": ...}}.'),
-        title: Optional[str] = Query(None, max_length=500,
-                                     description='Shorthand for filter {"title": {"contains": ...}}.')):
+    generation: Served,
+    batcher: Batcher,
+    q: str = Query(..., min_length=1, max_length=MAX_QUERY_CHARS, description=QUERY_HELP),
+    k: int = Query(10, ge=1, le=MAX_SERVE_K),
+    mode: Optional[Literal["dense", "lexical", "hybrid"]] = Query(None, description=MODE_HELP),
+    dense_weight: Optional[float] = Query(None, ge=0.0, le=1.0),
+    filter: Optional[str] = Query(
+        None, max_length=MAX_FILTER_CHARS, description="The filter as JSON text: " + FILTER_HELP
+    ),
+    source: Optional[str] = Query(None, max_length=500, description='Shorthand for filter {"source": {"glob": ...}}.'),
+    title: Optional[str] = Query(
+        None, max_length=500, description='Shorthand for filter {"title": {"contains": ...}}.'
+    ),
+):
     structured = {}
     if filter:
         try:
@@ -132,8 +163,12 @@ async def search_post(body: SearchRequest, generation: Served, batcher: Batcher)
     return await run_search(generation, batcher, body)
 
 
-@data.get("/documents/{doc_id:path}", summary="One stored document", response_model=DocumentResponse,
-          responses={**ERRORS, **NOT_FOUND})
+@data.get(
+    "/documents/{doc_id:path}",
+    summary="One stored document",
+    response_model=DocumentResponse,
+    responses={**ERRORS, **NOT_FOUND},
+)
 def document(doc_id: str, generation: Served):
     found = generation.current().document(doc_id)
     return found if found is not None else error(404, f"no document with id '{doc_id}'")
@@ -161,8 +196,12 @@ def upsert_documents(body: UpsertRequest, generation: Served):
     return write(generation, documents, [])
 
 
-@data.delete("/documents/{doc_id:path}", summary="Delete a document", response_model=WriteResponse,
-             responses={**WRITE_ERRORS, **NOT_FOUND})
+@data.delete(
+    "/documents/{doc_id:path}",
+    summary="Delete a document",
+    response_model=WriteResponse,
+    responses={**WRITE_ERRORS, **NOT_FOUND},
+)
 def delete_document(doc_id: str, generation: Served):
     """Removed from the store and from both indexes: no search returns it once this returns."""
     return write(generation, [], [doc_id])
@@ -173,28 +212,48 @@ def fields(generation: Served):
     return {"fields": generation.current().filters.fields, "operators": list(OPERATORS)}
 
 
-@public.get("/health", summary="Liveness, what is loaded, and whether it still matches the stored documents",
-            response_model=HealthResponse)
+@public.get(
+    "/health",
+    summary="Liveness, what is loaded, and whether it still matches the stored documents",
+    response_model=HealthResponse,
+)
 def health(request: Request, generation: Served):
     engine = generation.current()
     entry = engine.index_entry
     embedder = read_manifest(generation.ws).embedder
     store_generation = embedder.store_generation if embedder else None
     stale = entry.stale_reason(store_generation)
-    return {"status": "ok", "consistent": stale is None, "problem": stale and f"{stale}; serving the index loaded before until then",
-            "store_generation": store_generation,
-            "index": {"type": entry.type, "vectors": entry.vectors, "build_id": entry.build_id,
-                      "store_generation": entry.store_generation, "lexical": engine.lexical is not None},
-            "default_mode": engine.resolve_mode(None), "default_dense_weight": engine.resolve_dense_weight(None),
-            "model": str(engine.model_dir), "reloads": generation.reloads, "loaded_at": generation.loaded_at,
-            "last_reload_error": generation.last_error, "auth": bool(request.app.state.api_key)}
+    return {
+        "status": "ok",
+        "consistent": stale is None,
+        "problem": stale and f"{stale}; serving the index loaded before until then",
+        "store_generation": store_generation,
+        "index": {
+            "type": entry.type,
+            "vectors": entry.vectors,
+            "build_id": entry.build_id,
+            "store_generation": entry.store_generation,
+            "lexical": engine.lexical is not None,
+        },
+        "default_mode": engine.resolve_mode(None),
+        "default_dense_weight": engine.resolve_dense_weight(None),
+        "model": str(engine.model_dir),
+        "reloads": generation.reloads,
+        "loaded_at": generation.loaded_at,
+        "last_reload_error": generation.last_error,
+        "auth": bool(request.app.state.api_key),
+    }
 
 
 @public.get("/docs", include_in_schema=False)
 def docs(request: Request):
-    return get_swagger_ui_html(openapi_url="openapi.json", title=request.app.title + " - docs",
-                               swagger_js_url="docs-assets/swagger-ui-bundle.js",
-                               swagger_css_url="docs-assets/swagger-ui.css", swagger_favicon_url="data:,")
+    return get_swagger_ui_html(
+        openapi_url="openapi.json",
+        title=request.app.title + " - docs",
+        swagger_js_url="docs-assets/swagger-ui-bundle.js",
+        swagger_css_url="docs-assets/swagger-ui.css",
+        swagger_favicon_url="data:,",
+    )
 
 
 @public.get("/docs-assets/{name}", include_in_schema=False)

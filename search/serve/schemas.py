@@ -1,5 +1,6 @@
 """The server's request and response models (pydantic), the bounds on a request they declare, and the error
 body every failure answers with: together what the OpenAPI description says of each route."""
+
 from __future__ import annotations
 
 from typing import Any, Literal, Optional
@@ -17,21 +18,28 @@ MAX_FILTER_CHARS = 2000
 MAX_BODY_BYTES = 64 * 1024  # a JSON search request at its bounds, escaped, is under 20 KB
 MAX_UPSERT_DOCUMENTS = 100
 
-QUERY_HELP = (f"The query, at most {MAX_QUERY_CHARS:,} characters. Dense search embeds it up to the model's input "
-              "length (a longer query is cut there); lexical search reads all of it.")
-MODE_HELP = ("dense, lexical or hybrid. Default: the workspace's default mode, measured on its documents "
-             "(`default_mode` in /health).")
-FILTER_HELP = ('Only documents whose fields satisfy every condition: {"field": {"operator": value}} or {"field": value} '
-               f"(= eq). Operators: {', '.join(OPERATORS)}. Fields: the documents' metadata (GET /fields), doc_id, "
-               "title, source (source globs are also read relative to the server's working directory). "
-               'Example: {"year": {"gte": 2015}, "journal": {"in": ["Nature", "Cell"]}, "source": {"glob": "docs/**"}}. '
-               "An unknown field or operator, or a value of the wrong type, is a 422 naming it.")
+QUERY_HELP = (
+    f"The query, at most {MAX_QUERY_CHARS:,} characters. Dense search embeds it up to the model's input "
+    "length (a longer query is cut there); lexical search reads all of it."
+)
+MODE_HELP = (
+    "dense, lexical or hybrid. Default: the workspace's default mode, measured on its documents "
+    "(`default_mode` in /health)."
+)
+FILTER_HELP = (
+    'Only documents whose fields satisfy every condition: {"field": {"operator": value}} or {"field": value} '
+    f"(= eq). Operators: {', '.join(OPERATORS)}. Fields: the documents' metadata (GET /fields), doc_id, "
+    "title, source (source globs are also read relative to the server's working directory). "
+    'Example: {"year": {"gte": 2015}, "journal": {"in": ["Nature", "Cell"]}, "source": {"glob": "docs/**"}}. '
+    "An unknown field or operator, or a value of the wrong type, is a 422 naming it."
+)
 Scalar = str | int | float | bool
 
 
 class FieldCondition(BaseModel):
     """Conditions on one field; all must hold. (The filter's shape in the OpenAPI description; requests are
     checked by search/filters.py against the loaded fields, which names what is wrong.)"""
+
     model_config = ConfigDict(extra="forbid")
     eq: Optional[Scalar] = None
     ne: Optional[Scalar] = None
@@ -49,12 +57,24 @@ class SearchRequest(BaseModel):
     q: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, description=QUERY_HELP)
     k: int = Field(10, ge=1, le=MAX_SERVE_K, description="Number of documents.")
     mode: Optional[Literal["dense", "lexical", "hybrid"]] = Field(None, description=MODE_HELP)
-    dense_weight: Optional[float] = Field(None, ge=0.0, le=1.0, description="Hybrid: weight of the dense ranking "
-                                                                          "(default: the workspace's, see /health).")
-    filter: Optional[dict[str, Any]] = Field(None, description=FILTER_HELP, json_schema_extra={
-        "additionalProperties": {"anyOf": [FieldCondition.model_json_schema(by_alias=True),
-                                           {"type": "string"}, {"type": "number"}, {"type": "boolean"}]},
-        "examples": [{"year": {"gte": 2015}, "journal": {"in": ["Nature", "Cell"]}}]})
+    dense_weight: Optional[float] = Field(
+        None, ge=0.0, le=1.0, description="Hybrid: weight of the dense ranking (default: the workspace's, see /health)."
+    )
+    filter: Optional[dict[str, Any]] = Field(
+        None,
+        description=FILTER_HELP,
+        json_schema_extra={
+            "additionalProperties": {
+                "anyOf": [
+                    FieldCondition.model_json_schema(by_alias=True),
+                    {"type": "string"},
+                    {"type": "number"},
+                    {"type": "boolean"},
+                ]
+            },
+            "examples": [{"year": {"gte": 2015}, "journal": {"in": ["Nature", "Cell"]}}],
+        },
+    )
 
 
 class SearchHit(BaseModel):
@@ -63,8 +83,9 @@ class SearchHit(BaseModel):
     doc_id: str
     title: str
     source: str
-    snippet: str = Field(description="Plain text (never HTML): the passage of the document's best chunk that best "
-                                     "matches the query.")
+    snippet: str = Field(
+        description="Plain text (never HTML): the passage of the document's best chunk that best matches the query."
+    )
     highlights: list[list[int]] = Field(description="[start, end) character offsets of the query's terms in `snippet`.")
     chunk_id: int
     metadata: dict[str, Any] = Field(description="The document's own fields beyond id, title and text, as stored.")
@@ -89,19 +110,28 @@ class DocumentResponse(BaseModel):
 
 class DocumentIn(BaseModel):
     """A document to store: its id, title and text; every other field is its metadata (filterable)."""
-    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [
-        {"id": "note-1", "title": "Vitamin D", "text": "Vitamin D and bone density.", "year": 2021}]})
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [{"id": "note-1", "title": "Vitamin D", "text": "Vitamin D and bone density.", "year": 2021}]
+        },
+    )
     id: str = Field(..., min_length=1, max_length=500)
     title: str = Field("", max_length=2000)
-    text: str = Field(..., pattern=r"\S",
-                      description="The text to chunk, embed and index (not empty: it is what search finds).")
+    text: str = Field(
+        ..., pattern=r"\S", description="The text to chunk, embed and index (not empty: it is what search finds)."
+    )
 
 
 class UpsertRequest(BaseModel):
     documents: list[DocumentIn] = Field(
-        ..., min_length=1, max_length=MAX_UPSERT_DOCUMENTS,
+        ...,
+        min_length=1,
+        max_length=MAX_UPSERT_DOCUMENTS,
         description=f"At most {MAX_UPSERT_DOCUMENTS} documents (and a body of at most {MAX_BODY_BYTES:,} bytes). "
-                    "A document with a stored id replaces it.")
+        "A document with a stored id replaces it.",
+    )
 
 
 class IndexUpdate(BaseModel):
@@ -121,8 +151,10 @@ class WriteResponse(BaseModel):
 
 
 class FieldsResponse(BaseModel):
-    fields: dict[str, str] = Field(description="Field name -> its type in filters (DuckDB's: BIGINT, DOUBLE, BOOLEAN, "
-                                               "DATE, TIMESTAMP, VARCHAR, VARCHAR[], ...).")
+    fields: dict[str, str] = Field(
+        description="Field name -> its type in filters (DuckDB's: BIGINT, DOUBLE, BOOLEAN, "
+        "DATE, TIMESTAMP, VARCHAR, VARCHAR[], ...)."
+    )
     operators: list[str]
 
 
@@ -157,13 +189,21 @@ def error(status: int, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"error": message})
 
 
-ERRORS = {400: {"model": ErrorResponse, "description": "A request the engine cannot answer (e.g. an empty query)."},
-          401: {"model": ErrorResponse, "description": "Missing or wrong API key."},
-          413: {"model": ErrorResponse, "description": f"Body over {MAX_BODY_BYTES:,} bytes."},
-          422: {"model": ErrorResponse, "description": "Invalid parameters or filter; the message names the field."}}
+ERRORS = {
+    400: {"model": ErrorResponse, "description": "A request the engine cannot answer (e.g. an empty query)."},
+    401: {"model": ErrorResponse, "description": "Missing or wrong API key."},
+    413: {"model": ErrorResponse, "description": f"Body over {MAX_BODY_BYTES:,} bytes."},
+    422: {"model": ErrorResponse, "description": "Invalid parameters or filter; the message names the field."},
+}
 NOT_FOUND = {404: {"model": ErrorResponse, "description": "No such document."}}
-WRITE_ERRORS = {**ERRORS,
-                409: {"model": ErrorResponse,
-                      "description": "The served index is of another embedder than the workspace's documents."},
-                503: {"model": ErrorResponse,
-                      "description": "Another writer (e.g. `pipeline embed`) held the workspace too long; retry."}}
+WRITE_ERRORS = {
+    **ERRORS,
+    409: {
+        "model": ErrorResponse,
+        "description": "The served index is of another embedder than the workspace's documents.",
+    },
+    503: {
+        "model": ErrorResponse,
+        "description": "Another writer (e.g. `pipeline embed`) held the workspace too long; retry.",
+    },
+}
