@@ -205,14 +205,21 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON 
 ModeOption = Annotated[
     Optional[SearchMode],
     typer.Option(
-        help="Retriever (default: the mode `pipeline index` or `pipeline eval --set-default` measured best, else lexical)."
+        help=(
+            "Retriever (default: the mode `pipeline index` or `pipeline eval --set-default` measured best, "
+            "else lexical)."
+        )
     ),
 ]
 WhereOption = Annotated[
     Optional[str],
     typer.Option(
         metavar="SQL",
-        help="Only documents for which this DuckDB SQL condition holds, over their metadata fields (the columns of the input files), doc_id, title and source, e.g. \"year >= 2015 AND journal = 'Nature'\".",
+        help=(
+            "Only documents for which this DuckDB SQL condition holds, over their metadata fields "
+            "(the columns of the input files), doc_id, title and source, "
+            "e.g. \"year >= 2015 AND journal = 'Nature'\"."
+        ),
     ),
 ]
 DenseWeightOption = Annotated[
@@ -221,7 +228,10 @@ DenseWeightOption = Annotated[
         min=0,
         max=1,
         callback=finite,
-        help="Hybrid only: weight of the dense ranking in the fusion (lexical gets 1 - it) [default: the workspace's, set by eval --set-default, else 0.5].",
+        help=(
+            "Hybrid only: weight of the dense ranking in the fusion (lexical gets 1 - it) "
+            "[default: the workspace's, set by eval --set-default, else 0.5]."
+        ),
     ),
 ]
 
@@ -313,7 +323,7 @@ def user_errors(command):
             return command(*args, **kwargs)
         except PipelineError as e:
             err.print(f"error: {e}", style="red")
-            raise typer.Exit(2)
+            raise typer.Exit(2) from None
         except Exception as e:
             from common.store import damaged_store_error  # only now: the store's module imports DuckDB
 
@@ -321,7 +331,7 @@ def user_errors(command):
             if damaged is None:
                 raise
             err.print(f"error: {damaged}", style="red")
-            raise typer.Exit(2)
+            raise typer.Exit(2) from None
 
     return wrapper
 
@@ -336,7 +346,11 @@ def pretrain(
         bool,
         typer.Option(
             "--adapt/--no-adapt",
-            help="After pretraining, adapt the model to retrieval on the same documents (`pipeline tune` with its defaults, its steps in proportion to --time-budget: 500 at 12m), so `pipeline embed` uses it.",
+            help=(
+                "After pretraining, adapt the model to retrieval on the same documents "
+                "(`pipeline tune` with its defaults, its steps in proportion to --time-budget: 500 at 12m), "
+                "so `pipeline embed` uses it."
+            ),
         ),
     ] = True,
     json_output: JsonOption = False,
@@ -430,7 +444,10 @@ def index(
         str,
         typer.Option(
             metavar="CODE",
-            help="BM25's analyzer: auto (the collection's language, detected), none (no stop words or stemming), or an ISO 639-1 code (en, de, ru, ja, ...); another than the last build's builds in full.",
+            help=(
+                "BM25's analyzer: auto (the collection's language, detected), none (no stop words or stemming), "
+                "or an ISO 639-1 code (en, de, ru, ja, ...); another than the last build's builds in full."
+            ),
         ),
     ] = "auto",
     json_output: JsonOption = False,
@@ -473,7 +490,10 @@ def search(
         Optional[str],
         typer.Option(
             metavar="GLOB",
-            help="Only documents whose source file matches this glob, absolute or relative to the current directory, e.g. 'docs/*.md'.",
+            help=(
+                "Only documents whose source file matches this glob, absolute or relative to the current directory, "
+                "e.g. 'docs/*.md'."
+            ),
         ),
     ] = None,
     title: Annotated[
@@ -484,7 +504,10 @@ def search(
         bool,
         typer.Option(
             "--json",
-            help="One JSON object per result line (with the document's metadata and the snippet's highlighted character ranges).",
+            help=(
+                "One JSON object per result line "
+                "(with the document's metadata and the snippet's highlighted character ranges)."
+            ),
         ),
     ] = False,
 ):
@@ -559,7 +582,10 @@ def eval_command(
         bool,
         typer.Option(
             "--set-default",
-            help="With --mode all: make the best mode (by nDCG@10), and the --dense-weight used, this workspace's default for search and serve.",
+            help=(
+                "With --mode all: make the best mode (by nDCG@10), and the --dense-weight used, "
+                "this workspace's default for search and serve."
+            ),
         ),
     ] = False,
     json_output: JsonOption = False,
@@ -606,7 +632,9 @@ def tune(
         bool,
         typer.Option(
             "--hard-negatives/--no-hard-negatives",
-            help="Give each pair a negative mined with BM25 (a document sharing the anchor's words that is not its own).",
+            help=(
+                "Give each pair a negative mined with BM25 (a document sharing the anchor's words that is not its own)."
+            ),
         ),
     ] = True,
     pairs: Annotated[
@@ -618,7 +646,12 @@ def tune(
     architecture: Annotated[
         Architecture,
         typer.Option(
-            help="static (the GPT-2's token embeddings, mean of a text's tokens; fast, best on CPU), transformer (the whole GPT-2 plus pooling), or auto: static, and the transformer too if its steps fit --time-budget here (batches of up to 256, its own learning rate), the better on held-out documents kept."
+            help=(
+                "static (the GPT-2's token embeddings, mean of a text's tokens; fast, best on CPU), "
+                "transformer (the whole GPT-2 plus pooling), or auto: static, and the transformer too "
+                "if its steps fit --time-budget here (batches of up to 256, its own learning rate), "
+                "the better on held-out documents kept."
+            )
         ),
     ] = "auto",
     time_budget: Annotated[
@@ -639,7 +672,9 @@ def tune(
         int,
         typer.Option(
             min=1,
-            help="With --architecture static: the width of its token vectors (the pretrained model's, then random ones).",
+            help=(
+                "With --architecture static: the width of its token vectors (the pretrained model's, then random ones)."
+            ),
         ),
     ] = 1024,
     steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 500,
@@ -647,7 +682,10 @@ def tune(
         int,
         typer.Option(
             min=2,
-            help="Pairs per batch; the other pairs are each one's negatives. A batch holds each document once, so at most a third as many pairs as there are documents.",
+            help=(
+                "Pairs per batch; the other pairs are each one's negatives. "
+                "A batch holds each document once, so at most a third as many pairs as there are documents."
+            ),
         ),
     ] = 1024,
     mini_batch: Annotated[
@@ -682,7 +720,7 @@ def tune(
     Examples:
 
     \b
-        pipeline tune                                    # the documents pretraining used; static or transformer, measured
+        pipeline tune                                    # pretraining's documents; static or transformer, measured
         pipeline tune --architecture static --steps 200  # the static embedder only
         pipeline tune --architecture transformer --data docs/ --steps 1000 --pooling weightedmean
         pipeline tune --pairs labelled.jsonl --batch-size 256 --mini-batch 32
@@ -734,7 +772,7 @@ def serve(
 
     \b
         pipeline serve                                   # http://127.0.0.1:8000/
-        pipeline serve --port 9000 --api-key s3cret      # then: curl -H 'X-API-Key: s3cret' 'localhost:9000/search?q=cancer'
+        pipeline serve --port 9000 --api-key s3cret      # curl -H 'X-API-Key: s3cret' 'localhost:9000/search?q=x'
     """
     workflows.serve(Workspace(workspace), host, port, api_key)
 

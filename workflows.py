@@ -217,7 +217,10 @@ def status(ws: Workspace) -> dict:
         ok = current == model.fingerprint
         parts["model"] = {
             "state": "ok" if ok else "changed",
-            "detail": f"{model.preset} preset, {model.parameters / 1e6:.1f}M parameters, {model.steps} steps, id {model.fingerprint}",
+            "detail": (
+                f"{model.preset} preset, {model.parameters / 1e6:.1f}M parameters, "
+                f"{model.steps} steps, id {model.fingerprint}"
+            ),
         }
         if not ok:
             problems.append(f"{ws.model_dir} differs from the model recorded in the manifest")
@@ -259,7 +262,8 @@ def status(ws: Workspace) -> dict:
         }
         if state != "ok":
             problems.append(
-                f"the stored vectors were made by model {emb.fingerprint}, but {model_dir} is now {current}: run `pipeline embed`"
+                f"the stored vectors were made by model {emb.fingerprint}, "
+                f"but {model_dir} is now {current}: run `pipeline embed`"
             )
     else:
         parts["vectors"] = {"state": "missing", "detail": "run `pipeline embed`"}
@@ -300,7 +304,10 @@ def status(ws: Workspace) -> dict:
         else:
             parts["search"] = {
                 "state": "default",
-                "detail": "default mode lexical; `pipeline index` or `pipeline eval --mode all --set-default` measures the best",
+                "detail": (
+                    "default mode lexical; "
+                    "`pipeline index` or `pipeline eval --mode all --set-default` measures the best"
+                ),
             }
     else:
         parts["index"] = {"state": "missing", "detail": "run `pipeline index`"}

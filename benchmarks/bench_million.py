@@ -4,10 +4,10 @@ search on queries it never saw, and its queries/s against exact search's, in one
 The vectors are synthetic with the structure of real ones, of the workspace embedder's dimension: each
 is a random mix of two chunk vectors stored in WORKSPACE (e.g. all of SciFact after `pipeline embed`),
 plus noise, normalised; the queries are made the same way and are not indexed. The index is built by
-what `pipeline index` runs (index/build.build_faiss: index/faiss_index.py's choose_type, make_index, tune_search), so its type
-and search width are auto's. Both searches take the queries in batches of 100 with FAISS's threads (all
-cores); exact search computes each batch's scores with one matrix product, as search does. Peak RSS
-is this process's. JSON to benchmarks/results/million.json.
+what `pipeline index` runs (index/build.build_faiss: index/faiss_index.py's choose_type, make_index,
+tune_search), so its type and search width are auto's. Both searches take the queries in batches of 100
+with FAISS's threads (all cores); exact search computes each batch's scores with one matrix product, as
+search does. Peak RSS is this process's. JSON to benchmarks/results/million.json.
 
     .venv/bin/python benchmarks/bench_million.py --workspace WORKSPACE [--vectors 1000000] [--queries 1000]
 """

@@ -129,7 +129,8 @@ def main() -> None:
         bubble = f"{r['bubble_measured']:.0%}" if "bubble_measured" in r else ""
         theory = f"{r['bubble_theory']:.0%}" if r.get("bubble_theory") is not None else ""
         print(
-            f"{r['model']:7} {r['world']:>5} {r['name']:22} {r['tokens_per_s']:>9,.0f} {r['mfu']:>6.1%} {r['comm_fraction']:>5.0%} "
+            f"{r['model']:7} {r['world']:>5} {r['name']:22} {r['tokens_per_s']:>9,.0f} {r['mfu']:>6.1%} "
+            f"{r['comm_fraction']:>5.0%} "
             f"{bubble:>7} {theory:>7}  {' '.join(f'{m:.0f}' for m in r['peak_mem_mb_per_rank'])} | "
             f"{' '.join(f'{m:.1f}' for m in r['model_state_mb_per_rank'])}"
         )

@@ -180,7 +180,10 @@ def with_emulated_link(base: Cluster, per_site: int, link: Link) -> Cluster:
         latency_s=lat,
         bandwidth_Bps=bw,
         shared_links=False,
-        source=f"{base.source} + emulated {link.latency_s * 1e3:g} ms / {link.bandwidth_Bps * 8 / 1e6:g} Mbit/s between sites",
+        source=(
+            f"{base.source} + emulated {link.latency_s * 1e3:g} ms / "
+            f"{link.bandwidth_Bps * 8 / 1e6:g} Mbit/s between sites"
+        ),
     )
 
 
@@ -400,7 +403,8 @@ def main() -> None:
                         }
                     scenarios.append(s)
                     print(
-                        f"world {world} {latency:g} ms {mbit:g} Mbit/s: spearman {s['spearman']:.2f} regret {s['regret']:.2f} "
+                        f"world {world} {latency:g} ms {mbit:g} Mbit/s: spearman {s['spearman']:.2f} "
+                        f"regret {s['regret']:.2f} "
                         f"pick {s['pick']} fastest {s['fastest']} mem err median {s['memory_error_median']:.0%} "
                         f"max {s['memory_error_max']:.0%} ({s['wall_s']:.0f} s)",
                         flush=True,

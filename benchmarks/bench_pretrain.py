@@ -55,7 +55,7 @@ def main() -> None:
             "--no-adapt",
             *args,
         )
-        steps = [json.loads(l) for l in (ws / "metrics.jsonl").read_text().splitlines() if '"train"' in l]
+        steps = [json.loads(line) for line in (ws / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
         steady = steps[1:] or steps  # the first interval includes warm-up
         results[name] = {
             "parameters": json.loads((ws / "manifest.json").read_text())["model"]["parameters"],

@@ -324,7 +324,8 @@ def main() -> None:
     print("\n| run | lexical | dense | hybrid | default (mode) |\n|---|---|---|---|---|")
     for name, rows in result["rows"].items():
         print(
-            f"| {name} | {rows['lexical']['ndcg@10']:.4f} | {rows['dense']['ndcg@10']:.4f} | {rows['hybrid']['ndcg@10']:.4f} "
+            f"| {name} | {rows['lexical']['ndcg@10']:.4f} | {rows['dense']['ndcg@10']:.4f} "
+            f"| {rows['hybrid']['ndcg@10']:.4f} "
             f"| {rows['default']['ndcg@10']:.4f} ({rows['default']['is']}) |"
         )
 

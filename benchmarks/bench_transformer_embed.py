@@ -140,7 +140,10 @@ def main() -> None:
         "target_speedup": 1.5,
         "max_abs_difference": difference,
         "min_cosine": float(cosine.min()),
-        "note": "best of the repeats for each; a later chunk of a long document may differ by its first token (chunking's tokens vs the chunk text's)",
+        "note": (
+            "best of the repeats for each; a later chunk of a long document may differ by its first token "
+            "(chunking's tokens vs the chunk text's)"
+        ),
     }
     write_result("transformer_embed", result)
 

@@ -93,8 +93,10 @@ class VethSites:
         two sites, so the link matrix it finds crosses the real link (and the emulated latency in `env`)."""
         per_site = world // 2
         code = (
-            "import json, sys; from benchmarks.linkemu import install_from_env; from pretrain.planner.measure import measure_rank; "
-            "measure_rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], json.loads(sys.argv[5]), install_from_env)"
+            "import json, sys; from benchmarks.linkemu import install_from_env; "
+            "from pretrain.planner.measure import measure_rank; "
+            "measure_rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], json.loads(sys.argv[5]), "
+            "install_from_env)"
         )
         with tempfile.TemporaryDirectory() as tmp:
             store, result = str(Path(tmp) / "store"), Path(tmp) / "cluster.json"

@@ -166,10 +166,11 @@ def fast_byte_level_bpe(spec: dict, tokenizer):
     (ours is one; `spec`: its tokenizer.json): the same tokens at 2-3x the speed of the tokenizers library
     here, which is what bounds `pipeline embed` with a static model. tiktoken merges by rank, where the
     library follows its list of merges; token ids stand in for ranks, which follows that list when a
-    trained BPE numbers each merge's token in merge order (checked here). The two agreed on every text tried (20,000 SciFact-derived
-    documents, the tests' texts), which is evidence, not proof, hence the checks: the tokenizer's shape,
-    then its tokens on TOKENIZER_CHECK_TEXTS. None when any check fails: the library is used then.
-    Documents and queries both go through here, so a query is tokenized as the documents were."""
+    trained BPE numbers each merge's token in merge order (checked here). The two agreed on every text
+    tried (20,000 SciFact-derived documents, the tests' texts), which is evidence, not proof, hence the
+    checks: the tokenizer's shape, then its tokens on TOKENIZER_CHECK_TEXTS. None when any check fails:
+    the library is used then. Documents and queries both go through here, so a query is tokenized as the
+    documents were."""
     import tiktoken
 
     model = spec.get("model") or {}
@@ -287,7 +288,8 @@ def encode(model, texts: list[str], batch_size: int = 64, on_batch: Callable[[in
 
 
 STATIC_BATCH_TEXTS = 1024  # texts averaged per call of a static model (a progress step)
-SMALL_BATCH_TOKENS = 4096  # below this many tokens a static model averages with numpy even after importing torch (0.02 ms a query, not 0.2)
+# below this many tokens a static model averages with numpy even after importing torch (0.02 ms a query, not 0.2)
+SMALL_BATCH_TOKENS = 4096
 
 
 def fed_token_ids(model, tokenizer) -> bool:

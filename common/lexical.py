@@ -1,4 +1,5 @@
-"""The lexical (BM25) index over the stored chunks: analysed by the collection's language, BM25 scores computed on loading.
+"""The lexical (BM25) index over the stored chunks: analysed by the collection's language, BM25 scores
+computed on loading.
 
 Shared by the stages that rank text lexically: `pipeline index` builds it and writes it into the
 workspace (index/build.py names and swaps its versioned directory), search and the default-mode
@@ -155,7 +156,8 @@ class Analyzer:
     def describe(self) -> str:
         return (
             f"{self.language} ({f'{self.stemmer} stemmer' if self.stemmer else 'no stemmer'}, "
-            f"{'stop words' if self.stopwords else 'no stop words'}, CJK {'as bigrams' if self.cjk_bigrams else 'runs whole'})"
+            f"{'stop words' if self.stopwords else 'no stop words'}, "
+            f"CJK {'as bigrams' if self.cjk_bigrams else 'runs whole'})"
         )
 
     def to_json(self) -> dict:
@@ -383,7 +385,8 @@ class LexicalIndex:
             index.postings()  # scored now: a search pays nothing for it
         except (OSError, ValueError, EOFError, KeyError, IndexError) as e:  # a truncated or overwritten file
             raise PipelineError(
-                f"{path}: damaged BM25 index ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}); "
+                f"{path}: damaged BM25 index "
+                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}); "
                 "run `pipeline index --rebuild`"
             ) from None
         return index

@@ -185,7 +185,8 @@ class Store:
     def stored_documents(self, ids: list[str]) -> list[tuple[str, str, str, str, dict]]:
         """(doc_id, title, source, text, metadata) of these stored documents, to embed them again."""
         rows = self.con.execute(
-            "SELECT doc_id, title, source, text, metadata FROM documents WHERE list_contains($ids, doc_id) ORDER BY doc_id",
+            "SELECT doc_id, title, source, text, metadata FROM documents "
+            "WHERE list_contains($ids, doc_id) ORDER BY doc_id",
             {"ids": ids},
         ).fetchall()
         return [(*row[:4], json.loads(row[4]) if row[4] else {}) for row in rows]
@@ -291,14 +292,16 @@ class Store:
         return generation
 
     def _delete(self, ids: list[str], prefix: str = "") -> None:
-        """Delete these documents with their chunks and vectors from the live tables, or the staged ones (prefix "staged_")."""
+        """Delete these documents with their chunks and vectors from the live tables, or the staged ones
+        (prefix "staged_")."""
         if not ids:
             return
         # The ids unnested in a subquery: a hash join, where `IN ?` compares the list with every row (quadratic
         # over a run). prefix is one of two constants, not user text.
         deleted = "(SELECT unnest(?::VARCHAR[]))"
         self.con.execute(
-            f"DELETE FROM {prefix}vectors WHERE chunk_id IN (SELECT chunk_id FROM {prefix}chunks WHERE doc_id IN {deleted})",
+            f"DELETE FROM {prefix}vectors "
+            f"WHERE chunk_id IN (SELECT chunk_id FROM {prefix}chunks WHERE doc_id IN {deleted})",
             [ids],
         )
         self.con.execute(f"DELETE FROM {prefix}chunks WHERE doc_id IN {deleted}", [ids])
@@ -385,7 +388,9 @@ class Store:
             ).fetchall()
             chunks = self.con.execute(
                 """SELECT c.chunk_id, d.position, c.chunk_index > 0 AS starts_mid_text, c.text
-                   FROM chunks c JOIN (SELECT doc_id, row_number() OVER (ORDER BY doc_id) - 1 AS position FROM documents) d USING (doc_id)
+                   FROM chunks c JOIN (
+                       SELECT doc_id, row_number() OVER (ORDER BY doc_id) - 1 AS position FROM documents
+                   ) d USING (doc_id)
                    ORDER BY c.chunk_id"""
             ).fetchnumpy()
         finally:

@@ -80,7 +80,8 @@ def adapt(
             if estimate <= budget_seconds:
                 info(
                     f"tuning the transformer too: {transformer.steps} steps of {transformer.batch_size} pairs, about "
-                    f"{estimate / 60:.1f} min here ({step_seconds:.2f} s a step), within the budget of {budget_seconds / 60:.1f} min"
+                    f"{estimate / 60:.1f} min here ({step_seconds:.2f} s a step), "
+                    f"within the budget of {budget_seconds / 60:.1f} min"
                 )
                 candidates["transformer"] = run_tune(
                     ws, docs, transformer, out_name=f"{workdir.name}/transformer", record=False

@@ -83,7 +83,7 @@ def upsert_documents(
                 embedding.overlap,
                 next_id,
                 embedding.embed_inputs,
-                on_progress and (lambda share: on_progress(g + len(group) * share)),
+                on_progress and (lambda share, g=g, group=group: on_progress(g + len(group) * share)),
                 embedding.batch_size,
             )
             next_id += len(rows)

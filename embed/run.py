@@ -102,7 +102,8 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
         settings.chunk_tokens = max(32, token_limit(model) - TITLE_TOKENS)
     if settings.chunk_tokens < MIN_CHUNK_TOKENS or not 0 <= settings.overlap < settings.chunk_tokens:
         raise PipelineError(
-            f"--chunk-tokens {settings.chunk_tokens} / --overlap {settings.overlap}: need chunk-tokens >= {MIN_CHUNK_TOKENS} and 0 <= overlap < chunk-tokens"
+            f"--chunk-tokens {settings.chunk_tokens} / --overlap {settings.overlap}: "
+            f"need chunk-tokens >= {MIN_CHUNK_TOKENS} and 0 <= overlap < chunk-tokens"
         )
     tokenizer = text_tokenizer(model)
     fingerprint = model_fingerprint(model_dir)
@@ -202,7 +203,7 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
     }
     rate = f", {summary['docs_per_s']:.1f} docs/s" if embedded else ""
     info(
-        f"embedded {embedded} documents ({entry.report['embedded_chunks']} chunks) in {elapsed:.1f}s{rate}; store holds "
-        f"{entry.documents} documents, {entry.chunks} chunks"
+        f"embedded {embedded} documents ({entry.report['embedded_chunks']} chunks) in {elapsed:.1f}s{rate}; "
+        f"store holds {entry.documents} documents, {entry.chunks} chunks"
     )
     return summary

@@ -270,7 +270,10 @@ def make_pairs(
                 pairs.append((*pair, None))
                 counts["labelled"] += 1
         if len(pairs) == 0 and "dropout" not in kinds:
-            fallback = f"no document gives a pair of kind {', '.join(kinds)}: dropout pairs (each document with itself) instead"
+            fallback = (
+                f"no document gives a pair of kind {', '.join(kinds)}: "
+                "dropout pairs (each document with itself) instead"
+            )
             kinds = ("dropout",)
             continue
         if len(pairs) - before < max(1, len(sources) // 100):  # the corpus has no more distinct pairs to give
@@ -444,11 +447,12 @@ def run_tune(
         settings = replace(settings, batch_size=max(2, sources // DOCUMENTS_PER_BATCH_PAIR))
     split = report["documents_split_into"]
     info(
-        f"{len(pairs):,} training pairs ({report['distinct_pairs']:,} distinct, none more than {MAX_PAIR_REPEATS} times) "
+        f"{len(pairs):,} training pairs ({report['distinct_pairs']:,} distinct, "
+        f"none more than {MAX_PAIR_REPEATS} times) "
         f"from {len(training_docs):,} documents ({len(docs) - len(training_docs):,} held out to measure search on): "
         + ", ".join(f"{n:,} {kind}" for kind, n in report["pairs"].items())
-        + f"; language {language}, {split.get('sentences', 0):,} documents cut into sentences and {split.get('spans', 0):,} "
-        f"into spans; {report['titles_used']:,} titles used"
+        + f"; language {language}, {split.get('sentences', 0):,} documents cut into sentences "
+        f"and {split.get('spans', 0):,} into spans; {report['titles_used']:,} titles used"
     )
 
     torch.manual_seed(settings.seed)
@@ -580,9 +584,10 @@ def static_student(model_dir: Path, settings: TuneSettings, device: str, docs: l
     token vectors. The table is wider than the GPT-2's (settings.dimensions): the pretrained token
     embeddings (centred) fill its first columns and random ones the rest, since a mean of vectors keeps more
     words apart the more dimensions it has (on SciFact's train queries, with SIF weights and no tuning,
-    1,024 random dimensions retrieve at nDCG@10 0.50-0.52 and 192 at 0.35). Each token's vector is scaled by its SIF weight
-    a / (a + p(token)) in the corpus (Arora et al., 2017), so frequent tokens start nearly silent in the
-    mean and tuning starts from a weighted bag of words instead of learning the weights first."""
+    1,024 random dimensions retrieve at nDCG@10 0.50-0.52 and 192 at 0.35). Each token's vector is scaled by
+    its SIF weight a / (a + p(token)) in the corpus (Arora et al., 2017), so frequent tokens start nearly
+    silent in the mean and tuning starts from a weighted bag of words instead of learning the weights
+    first."""
     import torch
     from safetensors.torch import load_file
     from sentence_transformers import SentenceTransformer

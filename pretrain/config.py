@@ -173,7 +173,8 @@ class ParallelConfig:
         foreign = sorted(k for k, v in given.items() if k not in own and v > 1)
         if foreign:
             raise PipelineError(
-                f"--strategy {strategy} does not take --{foreign[0].replace('_', '-')}; combine dimensions with --strategy hybrid"
+                f"--strategy {strategy} does not take --{foreign[0].replace('_', '-')}; "
+                "combine dimensions with --strategy hybrid"
             )
         plan = cls(strategy=strategy, **pipeline)
         if strategy == "single":
@@ -233,7 +234,8 @@ class ParallelConfig:
             raise PipelineError("--grad-accum does not combine with pipeline parallelism; use --microbatches")
         if self.pp_schedule in SINGLE_STAGE_SCHEDULES and self.n_stages_per_rank != 1:
             raise PipelineError(
-                f"--pp-schedule {self.pp_schedule} runs one stage per rank; use interleaved-1f1b, looped-bfs, zero-bubble or zbv for --stages-per-rank {self.n_stages_per_rank}"
+                f"--pp-schedule {self.pp_schedule} runs one stage per rank; "
+                f"use interleaved-1f1b, looped-bfs, zero-bubble or zbv for --stages-per-rank {self.n_stages_per_rank}"
             )
         if self.pp_schedule == "zbv" and self.n_stages_per_rank != 2:
             raise PipelineError("--pp-schedule zbv runs exactly 2 stages per rank (a V shape)")
@@ -278,7 +280,8 @@ def stage_layers(config: ParallelConfig, n_layer: int) -> list[int]:
             )
         if sum(split) != n_layer or min(split) < 1:
             raise PipelineError(
-                f"--pp-split {','.join(map(str, split))} must give each stage at least one layer and sum to {n_layer} layers"
+                f"--pp-split {','.join(map(str, split))} must give each stage at least one layer "
+                f"and sum to {n_layer} layers"
             )
         return split
     if n_layer < n:

@@ -45,7 +45,8 @@ def prepare_data(ws: Workspace, data_paths: list[Path], text_field: str | None, 
         documents = list(stdlib_documents())
         sources = [DEFAULT_CORPUS_SOURCE]
         info(
-            f"no --data given: training on the built-in corpus of Python standard library docstrings ({len(documents)} modules)"
+            "no --data given: training on the built-in corpus of Python standard library docstrings "
+            f"({len(documents)} modules)"
         )
     if not documents:
         raise PipelineError(f"no documents with text in {', '.join(sources)}")

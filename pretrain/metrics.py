@@ -313,7 +313,8 @@ class RunLog:
             self.write(record)
             info(
                 f"step {done}/{cfg.max_steps}  loss {loss:.4f}  lr {lr:.2e}  "
-                f"{tokens_per_s:,.0f} tok/s  MFU {record['mfu']:.1%} of measured peak  comm {record['comm_fraction']:.0%}"
+                f"{tokens_per_s:,.0f} tok/s  MFU {record['mfu']:.1%} of measured peak  "
+                f"comm {record['comm_fraction']:.0%}"
                 + (f"  bubble {record['bubble_fraction']:.0%}" if plan.pp > 1 else "")
                 + f"  eta {format_eta(eta)}"
             )

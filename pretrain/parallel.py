@@ -282,7 +282,8 @@ def describe_rank(pm: ParallelModel, cfg: TrainConfig) -> str:
     if plan.tp > 1:
         r, heads, hidden = par.coord("tp"), cfg.model.n_head // plan.tp, 4 * cfg.model.n_embd // plan.tp
         held.append(
-            f"tp {r}/{plan.tp}: attention heads {r * heads}-{(r + 1) * heads - 1}, MLP units {r * hidden}-{(r + 1) * hidden - 1}"
+            f"tp {r}/{plan.tp}: attention heads {r * heads}-{(r + 1) * heads - 1}, "
+            f"MLP units {r * hidden}-{(r + 1) * hidden - 1}"
         )
     if plan.uses_fsdp:
         group = f" in replica group {par.coord('dp_replicate')}/{plan.dp_replicate}" if plan.dp_replicate > 1 else ""

@@ -115,7 +115,8 @@ def run_on_ray(
         while cause.__cause__ is not None:
             cause = cause.__cause__
         raise PipelineError(
-            f"training on Ray failed: {type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}"
+            f"training on Ray failed: {type(cause).__name__}: "
+            f"{str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}"
         ) from None
     model = read_manifest(ws).model
     return model.to_json() if model else {}

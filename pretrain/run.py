@@ -94,12 +94,14 @@ def check_settings(s: PretrainSettings) -> float:
         raise PipelineError("--ray places the workers itself: drop --nnodes/--node-rank/--master-addr/--master-port")
     if s.node_rank >= s.nnodes:
         raise PipelineError(
-            f"--node-rank {s.node_rank} is not a node of the job: the ranks of --nnodes {s.nnodes} are 0 to {s.nnodes - 1}"
+            f"--node-rank {s.node_rank} is not a node of the job: "
+            f"the ranks of --nnodes {s.nnodes} are 0 to {s.nnodes - 1}"
         )
     given = (s.dp, s.dp_replicate, s.dp_shard, s.tp, s.pp, s.microbatches, s.stages_per_rank, s.pp_split)
     if s.auto and any(v is not None for v in given):
         raise PipelineError(
-            "--strategy auto chooses the degrees, schedule and split itself; drop --dp/--tp/--pp and the pipeline options"
+            "--strategy auto chooses the degrees, schedule and split itself; "
+            "drop --dp/--tp/--pp and the pipeline options"
         )
     if (s.autotune is not None or s.cluster is not None) and not s.auto:
         raise PipelineError("--autotune and --cluster go with --strategy auto")

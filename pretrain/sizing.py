@@ -151,7 +151,8 @@ def choose_shape(
     if not measured:  # even the smallest shape is slow here (or too big): take it, with as many steps as fit
         if candidate is None:
             raise PipelineError(
-                f"the smallest model shape does not fit on {device.type}: give --preset, or a shape with --n-layer/--n-embd and a --batch-size"
+                f"the smallest model shape does not fit on {device.type}: "
+                "give --preset, or a shape with --n-layer/--n-embd and a --batch-size"
             )
         measured.append(candidate)
     best = min(measured, key=lambda c: c.predicted_loss)
@@ -215,7 +216,8 @@ def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, 
             f"({c.epochs:5.1f} epochs)  predicted loss {c.predicted_loss:.3f}"
         )
     lines.append(
-        f"chosen: {shape.n_layer} layers, d={shape.n_embd}, {chosen.steps:,} steps of {shape.batch_size}x{shape.seq_len} tokens "
+        f"chosen: {shape.n_layer} layers, d={shape.n_embd}, "
+        f"{chosen.steps:,} steps of {shape.batch_size}x{shape.seq_len} tokens "
         f"({chosen.epochs:.1f} epochs): the lowest loss the scaling law predicts in the budget "
         "(larger shapes see too few tokens, smaller ones learn less per token)"
     )

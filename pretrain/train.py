@@ -127,7 +127,8 @@ def train(
             f"{cfg.max_steps} steps of {log.tokens_per_step:,} tokens; {len(train_windows):,} training windows"
         )
         info(
-            f"MFU below is model FLOP/s against this machine's measured matmul peak, {log.peak_flops / 1e9:,.1f} GFLOP/s "
+            "MFU below is model FLOP/s against this machine's measured matmul peak, "
+            f"{log.peak_flops / 1e9:,.1f} GFLOP/s "
             f"({log.peak_cache.name}), not a datasheet peak"
         )
     print_layout(pm, cfg)

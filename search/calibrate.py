@@ -6,9 +6,10 @@ the documents adaptation held out from training (common/heldout.py), one sentenc
 without sentences; the title, in a text too short for either) is taken out to be the query and its
 document, without that sentence, is the one relevant answer (the inverse cloze task). Sentences are
 found by the rules of the language the BM25 index was built for. A collection whose held-out documents
-give no pair is measured on pairs of all its documents, so any collection with text is measured. Both retrievers search the stored collection with those documents replaced by their shortened
-text, so neither can match the query verbatim. The mode with the best nDCG@10 becomes the workspace's
-default; `pipeline eval --set-default` on judged queries overrides it.
+give no pair is measured on pairs of all its documents, so any collection with text is measured. Both
+retrievers search the stored collection with those documents replaced by their shortened text, so
+neither can match the query verbatim. The mode with the best nDCG@10 becomes the workspace's default;
+`pipeline eval --set-default` on judged queries overrides it.
 
 The hybrid's dense weight is the middle of the plateau, not the single best weight: nDCG@10 changes
 little over a wide range of weights, and on a few hundred pairs the best of them is mostly noise (on
@@ -110,7 +111,10 @@ def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
             gains.append(1 / math.log2(found[0] + 2) if len(found) else 0.0)
         return np.array(gains)
 
-    hybrid = {w: ndcg_at_10([fuse(d, l, w) for d, l in zip(dense_rankings, lexical_rankings)]) for w in HYBRID_WEIGHTS}
+    hybrid = {
+        w: ndcg_at_10([fuse(dense, lexical, w) for dense, lexical in zip(dense_rankings, lexical_rankings)])
+        for w in HYBRID_WEIGHTS
+    }
     weight = plateau_weight(hybrid)
     measured = {
         "lexical": ndcg_at_10(lexical_rankings).mean(),
@@ -141,7 +145,8 @@ def plateau_weight(gains_by_weight: dict[float, np.ndarray]) -> float:
 
 
 def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> dict | None:
-    """Measure the modes and record the best as the workspace's default, unless judged queries chose it for this model."""
+    """Measure the modes and record the best as the workspace's default, unless judged queries chose it
+    for this model."""
     current = read_manifest(ws).search
     if current is not None and current.embedder_fingerprint == embedder_fingerprint and current.chosen_by != CHOSEN_BY:
         info(f"default search mode: {current.default_mode} (chosen on judged queries by `pipeline eval --set-default`)")
@@ -174,8 +179,9 @@ def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> dict
     )
     if inconclusive:
         info(
-            f"default search mode: lexical, as the measurement was inconclusive ({measured}: the held-out documents are "
-            "hardly ever found, as in a collection of near-duplicates); with judged queries, `pipeline eval --set-default` chooses"
+            "default search mode: lexical, as the measurement was inconclusive "
+            f"({measured}: the held-out documents are hardly ever found, as in a collection of near-duplicates); "
+            "with judged queries, `pipeline eval --set-default` chooses"
         )
     else:
         info(f"default search mode: {mode} ({measured})")

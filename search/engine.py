@@ -12,8 +12,8 @@ below it (0.693); Bruch et al. (2023) found the same across BEIR.
 The engine loads the indexes, the model and the documents and chunks once (common/store.py's Corpus:
 arrays by chunk position, in chunk-id order), so a request does no SQL and no file read: a hit's row is an
 array lookup. An updated index is a base and a delta (index/build.py): both FAISS indexes are searched
-and their hits merged by score, the base's deleted chunks never among them; BM25 reads both segments. `search` can be called from several threads (FAISS and
-BM25 searches only read).
+and their hits merged by score, the base's deleted chunks never among them; BM25 reads both segments.
+`search` can be called from several threads (FAISS and BM25 searches only read).
 
 Filters (search/filters.py) are applied during retrieval, never after it, so k documents come back
 whenever k allowed documents match: the allowed chunks become a bitmap (FAISS) and a weight mask
@@ -235,8 +235,8 @@ class SearchEngine:
         )  # a stale index is refused whatever the mode, as `pipeline status` does
         if self.index_entry.embedder_fingerprint != current:
             raise PipelineError(
-                f"the index was built with model {self.index_entry.embedder_fingerprint} but {self.model_dir} now holds "
-                f"model {current}: run `pipeline embed` and `pipeline index` again"
+                f"the index was built with model {self.index_entry.embedder_fingerprint} "
+                f"but {self.model_dir} now holds model {current}: run `pipeline embed` and `pipeline index` again"
             )
         # One snapshot of the store, then the file is let go (`pipeline embed` may write to it meanwhile).
         with Store(ws.db_path, read_only=True) as store:
@@ -382,7 +382,8 @@ class SearchEngine:
     def dense_chunks(
         self, vectors: np.ndarray, n: int, allowed: AllowedChunks | None
     ) -> list[tuple[np.ndarray, np.ndarray]]:
-        """For each query vector, the best n (chunk positions, scores) of the base and delta indexes together, best first."""
+        """For each query vector, the best n (chunk positions, scores) of the base and delta indexes
+        together, best first."""
         found = [part.search(vectors, n, allowed) for part in self.dense]
         if len(found) == 1:
             return found[0]

@@ -163,7 +163,8 @@ class DocumentFilters:
             raise FilterError(f"--where: {_first_line(e)}") from None
         if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
             raise FilterError(
-                "--where: must be one condition over the documents' columns, e.g. \"year >= 2015 AND journal = 'Nature'\""
+                "--where: must be one condition over the documents' columns, "
+                "e.g. \"year >= 2015 AND journal = 'Nature'\""
             )
         return where
 

@@ -3,9 +3,10 @@ query's terms are in it.
 
 Terms are matched as BM25 matches them (common/lexical.py's Analyzer of the index: lower-cased words of
 two or more letters, no stop words, the language's Snowball stems; CJK bigrams), so "tumours" in a query
-marks "tumour" and "Tumours" in the text, whatever the mode that found the hit. The passage is the window of at most `limit` characters, starting at a word,
-holding the most distinct query terms (then the most matches, then the earliest); with no term in the
-chunk, its beginning. Offsets are character offsets into the snippet text: [start, end) pairs.
+marks "tumour" and "Tumours" in the text, whatever the mode that found the hit. The passage is the
+window of at most `limit` characters, starting at a word, holding the most distinct query terms (then
+the most matches, then the earliest); with no term in the chunk, its beginning. Offsets are character
+offsets into the snippet text: [start, end) pairs.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ def test_search_returns_one_ranked_row_per_document(trained_workspace, corpus_fi
     assert [h["rank"] for h in hits] == [1, 2, 3, 4, 5]
     assert len({h["doc_id"] for h in hits}) == 5
     assert all(a["score"] >= b["score"] for a, b in zip(hits, hits[1:]))
-    corpus_ids = {json.loads(l)["_id"] for l in corpus_file.read_text().splitlines()}
+    corpus_ids = {json.loads(line)["_id"] for line in corpus_file.read_text().splitlines()}
     assert {h["doc_id"] for h in hits} <= corpus_ids
     table = run_cli("search", "-w", str(trained_workspace), "cancer", "-k", "2").stdout
     assert "rank" in table and "score" in table and "snippet" in table
@@ -238,7 +238,8 @@ def test_workspace_is_accepted_before_the_command_too(trained_workspace, tmp_pat
         ),
         (
             ("tune", "--pairs-from", "title,quotes"),
-            "error: --pairs-from: unknown kind 'quotes' (choose from title, ict, neighbours, dropout); see `pipeline tune --help`",
+            "error: --pairs-from: unknown kind 'quotes' (choose from title, ict, neighbours, dropout); "
+            "see `pipeline tune --help`",
         ),
         (("search",), "error: Missing argument 'QUERY'; see `pipeline search --help`"),
         (("--colour", "status"), "error: No such option: --colour; see `pipeline --help`"),

@@ -50,7 +50,7 @@ def copy_workspace(src, dst):
 def test_incremental_embed_only_embeds_new_or_changed_and_prunes(trained_workspace, tmp_path):
     ws = copy_workspace(trained_workspace, tmp_path / "ws")
     data = tmp_path / "docs.jsonl"
-    rows = [json.loads(l) for l in (SCIFACT / "corpus.jsonl").read_text().splitlines()[:6]]
+    rows = [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()[:6]]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     settings = EmbedSettings(chunk_tokens=64, overlap=8)
     first = run_embed(ws, [data], None, settings)
@@ -143,10 +143,12 @@ def test_interrupted_embed_changes_nothing_search_sees_and_resumes(
         assert store.counts() == {"documents": 0, "chunks": 0, "vectors": 0} and store.generation() == 0
         staged = store.con.execute("SELECT count(*) FROM staged_documents").fetchall()[0][0]
         orphans = store.con.execute(
-            "SELECT count(*) FROM staged_documents d WHERE NOT EXISTS (SELECT 1 FROM staged_chunks c WHERE c.doc_id = d.doc_id)"
+            "SELECT count(*) FROM staged_documents d "
+            "WHERE NOT EXISTS (SELECT 1 FROM staged_chunks c WHERE c.doc_id = d.doc_id)"
         ).fetchall()[0][0]
         unvectored = store.con.execute(
-            "SELECT count(*) FROM staged_chunks c WHERE NOT EXISTS (SELECT 1 FROM staged_vectors v WHERE v.chunk_id = c.chunk_id)"
+            "SELECT count(*) FROM staged_chunks c "
+            "WHERE NOT EXISTS (SELECT 1 FROM staged_vectors v WHERE v.chunk_id = c.chunk_id)"
         ).fetchall()[0][0]
     assert staged == 40 and orphans == 0 and unvectored == 0  # whole documents, kept for the next run
     monkeypatch.setattr(embed_ingest, "chunk_and_embed", real_chunk_and_embed)

@@ -80,7 +80,8 @@ def test_russian_sentences_without_titles_are_stemmed_and_measured_on_spans(trai
         run_cli("index", "-w", str(ws), "--language", "russian", check=False)
         .stderr.strip()
         .endswith(
-            "--language: 'russian' is not auto (detected), none (no stop words or stemming), or an ISO 639-1 code (en, de, ru, ja, ...)"
+            "--language: 'russian' is not auto (detected), none (no stop words or stemming), "
+            "or an ISO 639-1 code (en, de, ru, ja, ...)"
         )
     )
 

@@ -272,7 +272,11 @@ def test_every_plan_exports_the_same_hugging_face_model(prepared, world4, single
         assert set(got) == set(want)
         for key in want:
             torch.testing.assert_close(
-                got[key], want[key], rtol=0, atol=2e-5, msg=lambda m: f"{model_dir.parent.name} {key}: {m}"
+                got[key],
+                want[key],
+                rtol=0,
+                atol=2e-5,
+                msg=lambda m, model_dir=model_dir, key=key: f"{model_dir.parent.name} {key}: {m}",
             )
 
 
@@ -533,6 +537,7 @@ def test_cli_rejects_a_bad_plan_in_one_line_without_starting_workers(tmp_path):
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "error: the plan needs 4 processes (dp_shard=2 × tp=2) but the job has 2 (--nproc × --nnodes); make the degrees multiply to 2"
+        "error: the plan needs 4 processes (dp_shard=2 × tp=2) but the job has 2 (--nproc × --nnodes); "
+        "make the degrees multiply to 2"
     ]
     assert not (tmp_path / "data").exists()

@@ -334,7 +334,8 @@ def test_bad_planning_input_names_the_problem():
         plan(Workload(cfg, 64, 3), uniform_cluster(4, 1e12, 8 * GB, Link(1e-5, 1e10)))
     with pytest.raises(
         PipelineError,
-        match=r"fits no plan on 8 device\(s\): the smallest plan .* needs [0-9.]+ GiB per device, the devices have 1.00 GiB",
+        match=r"fits no plan on 8 device\(s\): the smallest plan .* needs [0-9.]+ GiB per device, "
+        r"the devices have 1.00 GiB",
     ):
         plan(
             Workload(model_config_for("large", 50257, 1024), 1024, 64),

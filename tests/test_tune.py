@@ -81,7 +81,10 @@ def test_sentences_in_lower_case_and_other_scripts_and_spans_where_there_are_non
 
 
 def test_a_title_repeating_the_text_is_taken_off_its_positive_and_a_shared_title_is_not_used():
-    text = "flow over a flat plate at high speed. the boundary layer thickens. heat transfer rises with it. we measured it."
+    text = (
+        "flow over a flat plate at high speed. the boundary layer thickens. heat transfer rises with it. "
+        "we measured it."
+    )
     repeated = source(Document("a", "Flow over a flat plate at high speed", "s", text))
     anchor, positive = pair_for(repeated, "title", random.Random(0), 1000)
     assert anchor == "Flow over a flat plate at high speed" and not positive.lower().startswith("flow over")
@@ -276,7 +279,8 @@ def test_static_tune_from_the_pretrained_token_embeddings_finds_documents_by_tit
     )
     modules = json.loads((tmp_path / "static" / "tuned" / "modules.json").read_text())
     assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["StaticEmbedding"]
-    # The untuned transformer's mean-pooled states rarely put a document first for its own title; the tuned static embedder mostly does.
+    # The untuned transformer's mean-pooled states rarely put a document first for its own title; the tuned
+    # static embedder mostly does.
     assert rates["static"] >= 0.6 and rates["static"] > rates["raw"] + 0.3, rates
 
 
@@ -332,7 +336,8 @@ def test_tune_bad_options_are_one_line(trained_workspace, tmp_path):
         ),
         (
             ["--pairs-from", "title,magic"],
-            "error: --pairs-from: unknown kind 'magic' (choose from title, ict, neighbours, dropout); see `pipeline tune --help`",
+            "error: --pairs-from: unknown kind 'magic' (choose from title, ict, neighbours, dropout); "
+            "see `pipeline tune --help`",
         ),
         (["--batch-size", "1"], "error: --batch-size: 1 is not in the range x>=2; see `pipeline tune --help`"),
         (

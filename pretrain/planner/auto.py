@@ -138,7 +138,8 @@ def choose_plan(
     result = plan_for(work, cluster, world)
     best = result.ranked[0]
     info(
-        f"strategy auto: {best.label} out of {len(result.ranked)} plans that fit ({len(result.rejected)} do not): {why(best, result)}"
+        f"strategy auto: {best.label} out of {len(result.ranked)} plans that fit ({len(result.rejected)} do not): "
+        f"{why(best, result)}"
     )
     return result, best
 

@@ -268,8 +268,8 @@ def data_parallel_time(
             n_blocks = sum(shape.split[s] for s in local_stages)
             root = full_bytes - n_blocks * profile.block_params_on_rank(c.tp) * pb  # embeddings / head not in blocks
             block_b = profile.block_params_on_rank(c.tp) * pb
-            ag = lambda nbytes: collective_time("all_gather", nbytes, link, n, coll)  # noqa: E731
-            rs = lambda nbytes: collective_time("reduce_scatter", nbytes, link, n, coll)  # noqa: E731
+            ag = lambda nbytes, link=link, n=n: collective_time("all_gather", nbytes, link, n, coll)  # noqa: E731
+            rs = lambda nbytes, link=link, n=n: collective_time("reduce_scatter", nbytes, link, n, coll)  # noqa: E731
             roots = len(local_stages)
             # FSDP's host work per parameter tensor (copies in and out of the collectives, hooks, DTensor
             # wrapping), measured for a unit gathered twice and reduced once, and for one kept gathered

@@ -68,7 +68,8 @@ def measure_cluster(
             )
         raw = json.loads(result.read_text())
     raw["source"] = (
-        f"measured on {socket.gethostname()} ({nproc} process{'es' if nproc > 1 else ''}, {'CUDA' if torch.cuda.is_available() else 'CPU'})"
+        f"measured on {socket.gethostname()} ({nproc} process{'es' if nproc > 1 else ''}, "
+        f"{'CUDA' if torch.cuda.is_available() else 'CPU'})"
     )
     return Cluster.from_dict(raw)
 
@@ -428,7 +429,10 @@ def _pipeline_action_cost(cluster: Cluster, iters: int = 8) -> float:
         pm = parallelize(GPT(cfg), build_mesh(config), lm_loss)
         device = pm.par.device
         batch = x.to(device)
-        step = torch.tensor([_timed_iters(lambda: pm.forward_backward(batch, batch, 1), device, iters)], device=device)
+        step = torch.tensor(
+            [_timed_iters(lambda pm=pm, batch=batch: pm.forward_backward(batch, batch, 1), device, iters)],
+            device=device,
+        )
         dist.all_reduce(step, op=dist.ReduceOp.MAX)  # the step ends when its slowest rank does
         measured.append(step.item())
         configs.append(config)

@@ -110,7 +110,10 @@ def _no_plan_reason(world: int, work: Workload) -> str:
             f"--global-batch {work.global_batch} cannot be divided among the data-parallel degrees a plan for {world} "
             f"devices can have ({', '.join(map(str, sorted(set(dps))))}); use a multiple of one of them"
         )
-    return f"no valid plan for {world} devices with {cfg.n_head} heads, {cfg.n_layer} layers and global batch {work.global_batch}"
+    return (
+        f"no valid plan for {world} devices with {cfg.n_head} heads, {cfg.n_layer} layers "
+        f"and global batch {work.global_batch}"
+    )
 
 
 def check_degrees(world: int, dp: int | None, tp: int | None, pp: int | None) -> None:
@@ -121,7 +124,8 @@ def check_degrees(world: int, dp: int | None, tp: int | None, pp: int | None) ->
     product = math.prod(given.values()) if given else 1
     if world % product:
         raise PipelineError(
-            f"the degrees given ({' × '.join(f'{k}={v}' for k, v in given.items())} = {product}) do not divide the world size {world}"
+            f"the degrees given ({' × '.join(f'{k}={v}' for k, v in given.items())} = {product}) "
+            f"do not divide the world size {world}"
         )
 
 
@@ -154,7 +158,8 @@ def why(e: Estimate, result: PlanResult) -> str:
     """One line: why this plan was picked."""
     runner = result.ranked[1] if len(result.ranked) > 1 else None
     text = (
-        f"predicted {e.step_s * 1e3:,.1f} ms/step, {e.tokens_per_s:,.0f} tokens/s, {e.memory_bytes / MB:,.1f} MiB per device; "
+        f"predicted {e.step_s * 1e3:,.1f} ms/step, {e.tokens_per_s:,.0f} tokens/s, "
+        f"{e.memory_bytes / MB:,.1f} MiB per device; "
         f"main cost {e.main_cost} ({e.time_parts[e.main_cost] / e.step_s:.0%})"
     )
     if runner is not None:

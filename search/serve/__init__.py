@@ -10,7 +10,8 @@
     DELETE /documents/{id}  delete one
     GET  /fields            the fields a filter can use, with their types
     GET  /health            liveness, what is loaded, whether it matches the store (never needs the API key)
-    GET  /docs, /openapi.json   the OpenAPI description (Swagger UI served from the swagger-ui-py package: works offline)
+    GET  /docs, /openapi.json   the OpenAPI description (Swagger UI served from the swagger-ui-py package:
+                            works offline)
 
 The model, indexes, documents and chunks are loaded once (search/engine.py): a request reads arrays, no
 SQL, no file. A watcher thread notices when `pipeline index` has rebuilt the index (the manifest's
