@@ -186,7 +186,7 @@ def serve(ws: Workspace, host: str = "127.0.0.1", port: int = 8000, api_key: str
 
 
 def status(ws: Workspace) -> dict:
-    """`pipeline status`: each part's state and detail, and the problems found (the manifest's own checks)."""
+    """`pipeline status`: each part's state and detail, and the problems found, by the manifest's own checks."""
     from common.store import Store
 
     if not ws.manifest_path.exists():
@@ -195,120 +195,121 @@ def status(ws: Workspace) -> dict:
             "or `pipeline embed --model DIR` makes one"
         )
     manifest = read_manifest(ws)
-    parts: dict[str, dict] = {}
-    problems: list[str] = []
-
-    tok = manifest.tokenizer
-    if tok:
-        path = ws.tokenizer_dir / "tokenizer.json"
-        ok = path.exists() and file_sha256(path) == tok.sha256
-        parts["tokenizer"] = {
-            "state": "ok" if ok else "changed",
-            "detail": f"{tok.vocab_size} tokens, trained on {tok.documents} documents",
-        }
-        if not ok:
-            problems.append(f"{path} differs from the tokenizer recorded in the manifest")
-    else:
-        parts["tokenizer"] = {"state": "missing", "detail": "run `pipeline pretrain`"}
-
-    model = manifest.model
-    if model:
-        current = model_fingerprint(ws.model_dir) if ws.model_dir.exists() else None
-        ok = current == model.fingerprint
-        parts["model"] = {
-            "state": "ok" if ok else "changed",
-            "detail": (
-                f"{model.preset} preset, {model.parameters / 1e6:.1f}M parameters, "
-                f"{model.steps} steps, id {model.fingerprint}"
-            ),
-        }
-        if not ok:
-            problems.append(f"{ws.model_dir} differs from the model recorded in the manifest")
-    else:
-        parts["model"] = {"state": "missing", "detail": "run `pipeline pretrain`"}
-
-    tuned = manifest.tuned
-    if tuned:
-        detail = (
-            f"{tuned.architecture} embedder, {tuned.steps} steps, "
-            f"loss {tuned.first_loss or 0:.3f} -> {tuned.final_loss or 0:.3f}, id {tuned.fingerprint}"
-        )
-        if not (ws.root / tuned.path).exists():
-            parts["tuned"] = {"state": "missing", "detail": f"{ws.root / tuned.path} is gone: run `pipeline tune`"}
-        elif not tuned.tuned_from(ws):
-            # Not a fault: embed then uses the pretrained model (and says so).
-            parts["tuned"] = {
-                "state": "stale",
-                "detail": f"{detail}; tuned from an older pretrained model: run `pipeline tune`",
-            }
-        else:
-            parts["tuned"] = {"state": "ok", "detail": detail}
-    else:
-        parts["tuned"] = {"state": "none", "detail": "optional: `pipeline tune` makes a better embedder"}
-
-    emb = manifest.embedder
-    generation = None
-    if emb and ws.db_path.exists():
+    generation, counts = None, None
+    if manifest.embedder and ws.db_path.exists():
         with Store(ws.db_path, read_only=True) as store:
-            counts = store.counts()
-            generation = store.generation()
-        model_dir = emb.model_dir(ws)
-        current = model_fingerprint(model_dir) if model_dir.exists() else None
-        state = "ok" if current == emb.fingerprint else "stale"
-        parts["vectors"] = {
-            "state": state,
-            "detail": f"{counts['documents']} documents, {counts['chunks']} chunks, "
-            f"{counts['vectors']} vectors from model {emb.fingerprint} ({model_dir})",
-        }
-        if state != "ok":
-            problems.append(
-                f"the stored vectors were made by model {emb.fingerprint}, "
-                f"but {model_dir} is now {current}: run `pipeline embed`"
-            )
-    else:
-        parts["vectors"] = {"state": "missing", "detail": "run `pipeline embed`"}
+            counts, generation = store.counts(), store.generation()
+    checked = {
+        "tokenizer": tokenizer_status(ws, manifest.tokenizer),
+        "model": model_status(ws, manifest.model),
+        "tuned": tuned_status(ws, manifest.tuned),
+        "vectors": vectors_status(ws, manifest.embedder, counts),
+        "index": index_status(ws, manifest.index, manifest.embedder, generation),
+    }
+    if manifest.index:
+        checked["search"] = search_status(manifest.search, manifest.index)
+    parts = {name: {"state": state, "detail": detail} for name, (state, detail, _) in checked.items()}
+    return {
+        "workspace": str(ws.root),
+        "parts": parts,
+        "problems": [problem for _, _, problem in checked.values() if problem],
+    }
 
-    idx = manifest.index
-    if idx:
-        missing = [path for path in idx.files if not (ws.root / path).exists()]
-        state = "ok"
-        if missing:
-            state = "missing"
-            problems.append(f"{ws.root / missing[0]} is missing: run `pipeline index`")
-        elif emb and not idx.built_by(emb):
-            state = "stale"
-            problems.append(
-                "the index was built from another model's vectors (or another chunking): run `pipeline index`"
-            )
-        elif idx.stale_reason(generation):
-            state = "stale"
-            problems.append(idx.stale_reason(generation))
-        lexical = f", BM25 lexical index ({idx.language})" if idx.lexical_path else ", no lexical index"
-        delta = (
-            f" ({idx.delta_vectors} in the delta, {idx.deleted_in_base} deleted from the base)"
-            if idx.delta_vectors or idx.deleted_in_base
-            else ""
+
+# Each part's (state, detail, problem or None).
+
+
+def tokenizer_status(ws: Workspace, tok) -> tuple[str, str, str | None]:
+    if tok is None:
+        return "missing", "run `pipeline pretrain`", None
+    path = ws.tokenizer_dir / "tokenizer.json"
+    detail = f"{tok.vocab_size} tokens, trained on {tok.documents} documents"
+    if path.exists() and file_sha256(path) == tok.sha256:
+        return "ok", detail, None
+    return "changed", detail, f"{path} differs from the tokenizer recorded in the manifest"
+
+
+def model_status(ws: Workspace, model) -> tuple[str, str, str | None]:
+    if model is None:
+        return "missing", "run `pipeline pretrain`", None
+    detail = (
+        f"{model.preset} preset, {model.parameters / 1e6:.1f}M parameters, {model.steps} steps, id {model.fingerprint}"
+    )
+    if ws.model_dir.exists() and model_fingerprint(ws.model_dir) == model.fingerprint:
+        return "ok", detail, None
+    return "changed", detail, f"{ws.model_dir} differs from the model recorded in the manifest"
+
+
+def tuned_status(ws: Workspace, tuned) -> tuple[str, str, str | None]:
+    """A stale tuned embedder is no fault: embed then uses the pretrained model (and says so)."""
+    if tuned is None:
+        return "none", "optional: `pipeline tune` makes a better embedder", None
+    detail = (
+        f"{tuned.architecture} embedder, {tuned.steps} steps, "
+        f"loss {tuned.first_loss or 0:.3f} -> {tuned.final_loss or 0:.3f}, id {tuned.fingerprint}"
+    )
+    if not (ws.root / tuned.path).exists():
+        return "missing", f"{ws.root / tuned.path} is gone: run `pipeline tune`", None
+    if not tuned.tuned_from(ws):
+        return "stale", f"{detail}; tuned from an older pretrained model: run `pipeline tune`", None
+    return "ok", detail, None
+
+
+def vectors_status(ws: Workspace, embedder, counts: dict | None) -> tuple[str, str, str | None]:
+    if embedder is None or counts is None:
+        return "missing", "run `pipeline embed`", None
+    model_dir = embedder.model_dir(ws)
+    current = model_fingerprint(model_dir) if model_dir.exists() else None
+    detail = (
+        f"{counts['documents']} documents, {counts['chunks']} chunks, "
+        f"{counts['vectors']} vectors from model {embedder.fingerprint} ({model_dir})"
+    )
+    if current == embedder.fingerprint:
+        return "ok", detail, None
+    return (
+        "stale",
+        detail,
+        (
+            f"the stored vectors were made by model {embedder.fingerprint}, but {model_dir} is now {current}: "
+            "run `pipeline embed`"
+        ),
+    )
+
+
+def index_status(ws: Workspace, index, embedder, store_generation: int | None) -> tuple[str, str, str | None]:
+    if index is None:
+        return "missing", "run `pipeline index`", None
+    lexical = f", BM25 lexical index ({index.language})" if index.lexical_path else ", no lexical index"
+    delta = (
+        f" ({index.delta_vectors} in the delta, {index.deleted_in_base} deleted from the base)"
+        if index.delta_vectors or index.deleted_in_base
+        else ""
+    )
+    detail = f"{index.type}, {index.vectors} vectors{delta}{lexical}"
+    missing = [path for path in index.files if not (ws.root / path).exists()]
+    if missing:
+        return "missing", detail, f"{ws.root / missing[0]} is missing: run `pipeline index`"
+    if embedder and not index.built_by(embedder):
+        return (
+            "stale",
+            detail,
+            "the index was built from another model's vectors (or another chunking): run `pipeline index`",
         )
-        parts["index"] = {"state": state, "detail": f"{idx.type}, {idx.vectors} vectors{delta}{lexical}"}
-        measured = manifest.search
-        if measured and measured.measured_for(idx):
-            weight = (
-                f", dense weight {measured.dense_weight}"
-                if measured.default_mode == "hybrid" and measured.dense_weight is not None
-                else ""
-            )
-            parts["search"] = {
-                "state": "ok",
-                "detail": f"default mode {measured.default_mode}{weight} (chosen on {measured.chosen_by})",
-            }
-        else:
-            parts["search"] = {
-                "state": "default",
-                "detail": (
-                    "default mode lexical; "
-                    "`pipeline index` or `pipeline eval --mode all --set-default` measures the best"
-                ),
-            }
-    else:
-        parts["index"] = {"state": "missing", "detail": "run `pipeline index`"}
-    return {"workspace": str(ws.root), "parts": parts, "problems": problems}
+    if index.stale_reason(store_generation):
+        return "stale", detail, index.stale_reason(store_generation)
+    return "ok", detail, None
+
+
+def search_status(measured, index) -> tuple[str, str, str | None]:
+    if measured is None or not measured.measured_for(index):
+        return (
+            "default",
+            "default mode lexical; `pipeline index` or `pipeline eval --mode all --set-default` measures the best",
+            None,
+        )
+    weight = (
+        f", dense weight {measured.dense_weight}"
+        if measured.default_mode == "hybrid" and measured.dense_weight is not None
+        else ""
+    )
+    return "ok", f"default mode {measured.default_mode}{weight} (chosen on {measured.chosen_by})", None
