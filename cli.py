@@ -26,7 +26,7 @@ import typer
 from typer.core import TyperGroup
 
 import workflows
-from common.console import err, out
+from common.console import err, out, quiet_libraries
 from common.durations import parse_duration
 from common.errors import PipelineError
 from common.workspace import WORKSPACE_ENV, Workspace
@@ -261,6 +261,7 @@ def root(
     ] = False,
 ) -> None:
     """Embedding pipeline: pretrain -> embed -> index -> search."""
+    quiet_libraries()  # again before each command: a caller (a test runner) may have reset the warning filters
 
 
 def options_of(settings_class):

@@ -25,7 +25,7 @@ def info(message: str) -> None:
 
 def quiet_libraries() -> None:
     """Keep the libraries' own notices from the user (our messages say what matters): workflows.py calls
-    this when imported, for the CLI and the Python API alike. Their progress bars are off through
+    this when imported (the Python API), the CLI before every command. Their progress bars are off through
     common/__init__.py's environment."""
     # torch.distributed.checkpoint saving or loading in a single process: that is what we mean it to do.
     warnings.filterwarnings(
