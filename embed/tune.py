@@ -73,7 +73,6 @@ HARD_NEGATIVE_DEPTH = 8  # a hard negative is drawn from the anchor's top BM25 d
 # negative's): batches of at most a third as many pairs as there are documents stay easy to fill.
 DOCUMENTS_PER_BATCH_PAIR = 3
 MAX_PAIR_REPEATS = 3  # times one (anchor, positive) pair may be trained on: more teaches the pair, not the task
-DRAWS_PER_KIND = 8  # draws of one kind before a document falls back to another (next_pair)
 
 
 @dataclass
@@ -169,9 +168,9 @@ def pair_for(source: PairSource, kind: str, rng: random.Random, max_chars: int) 
     if kind == "title":
         if not source.title or len(text) < 20:
             return None
-        if len(parts) < 3 or rng.random() < 0.5:  # the whole text, or a window of at least a third of its parts
+        if len(parts) < 3 or rng.random() < 0.5:  # the whole text, or a window of at least half of its parts
             return source.title, text[:max_chars]
-        size = rng.randint((len(parts) + 2) // 3, len(parts) - 1)
+        size = rng.randint((len(parts) + 1) // 2, len(parts) - 1)
         lo = rng.randint(0, len(parts) - size)
         return source.title, " ".join(parts[lo : lo + size])[:max_chars]
     if kind == "dropout":
@@ -190,27 +189,9 @@ def pair_for(source: PairSource, kind: str, rng: random.Random, max_chars: int) 
     if kind == "neighbours":
         if len(parts) < 4:
             return None
-        cut = rng.randrange(2, len(parts) - 1)  # 1 to 3 parts either side of the cut
-        return (
-            " ".join(parts[max(0, cut - rng.randint(1, 3)) : cut])[:max_chars],
-            " ".join(parts[cut : cut + rng.randint(1, 3)])[:max_chars],
-        )
+        cut = rng.randrange(2, len(parts) - 1)
+        return " ".join(parts[max(0, cut - 3) : cut])[:max_chars], " ".join(parts[cut : cut + 3])[:max_chars]
     raise ValueError(kind)
-
-
-def next_pair(
-    source: PairSource, kind: str, rng: random.Random, max_chars: int, made: collections.Counter
-) -> tuple[str, str] | None:
-    """A pair of this kind not yet made MAX_PAIR_REPEATS times, or None. A few draws, because a kind's
-    most likely pair (a title with its whole text) is used up first while its other pairs are not:
-    falling to another kind at once would shift the mix away from the kinds drawn."""
-    for _ in range(DRAWS_PER_KIND):
-        pair = pair_for(source, kind, rng, max_chars)
-        if pair is None:
-            return None
-        if made[pair] < MAX_PAIR_REPEATS:
-            return pair
-    return None
 
 
 def read_labelled_pairs(path: Path, documents: dict[str, Document]) -> list[tuple[str, str]]:
@@ -258,8 +239,8 @@ def make_pairs(
         before = len(pairs)
         for i in rng.sample(range(len(sources)), len(sources)):
             for kind in rng.sample(kinds, len(kinds)):
-                pair = next_pair(sources[i], kind, rng, settings.max_chars, made)
-                if pair is not None:
+                pair = pair_for(sources[i], kind, rng, settings.max_chars)
+                if pair is not None and made[pair] < MAX_PAIR_REPEATS:
                     made[pair] += 1
                     pairs.append((*pair, i))
                     counts[kind] = counts.get(kind, 0) + 1
