@@ -60,8 +60,8 @@ def upsert_documents(
     search sees changes at once (common/store.py). `replace_all`: these documents are the whole store
     (a new model or chunking embeds everything again). Documents an interrupted run of the same embedder
     staged already are not embedded again. Each group of `group_size` documents is written while the next
-    is embedded (DuckDB lets go of the GIL as it inserts). on_progress(documents embedded) follows each
-    batch. The manifest's "embedder" section (this is its one writer) records the result."""
+    is embedded (DuckDB lets go of the GIL as it inserts). on_progress(documents done, of `documents`)
+    follows each batch. The manifest's "embedder" section (this is its one writer) records the result."""
     staged = store.stage(
         embedding.dim,
         embedder_key(embedding.fingerprint, embedding.chunk_tokens, embedding.overlap),
@@ -70,6 +70,7 @@ def upsert_documents(
     if staged:
         info(f"{len(staged)} of them were embedded by an interrupted run: resuming after them")
     to_embed = [d for d in documents if staged.get(d.id) != digests[d.id]]
+    done = len(documents) - len(to_embed)  # staged already: progress counts them as done
     next_id, chunks = store.next_chunk_id(), 0
     with ThreadPoolExecutor(1) as writer:
         written = None
@@ -83,7 +84,7 @@ def upsert_documents(
                 embedding.overlap,
                 next_id,
                 embedding.embed_inputs,
-                on_progress and (lambda share, g=g, group=group: on_progress(g + len(group) * share)),
+                on_progress and (lambda share, g=g, group=group: on_progress(done + g + len(group) * share)),
                 embedding.batch_size,
             )
             next_id += len(rows)
@@ -92,7 +93,7 @@ def upsert_documents(
             written = writer.submit(store.write_documents, document_rows(group, digests), rows, vectors)
             chunks += len(rows)
             if on_progress is not None:
-                on_progress(g + len(group))
+                on_progress(done + g + len(group))
         if written is not None:
             written.result()
     if replace_all or documents or remove:
