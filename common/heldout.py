@@ -30,19 +30,20 @@ def is_held_out(doc_id: str) -> bool:
 
 
 def held_out_pairs(
-    documents: list[tuple[str, str, str]], rng: random.Random, language: str, limit: int
-) -> dict[str, tuple[str, str, str]]:
-    """Up to `limit` held-out pairs, doc_id -> (query, shortened text, kind), from (doc_id, title, text)
-    documents in random order: from the held-out documents, or from all of them when those give none, so
-    any collection with text is measured. A title several documents share is no query for one of them."""
+    documents: list[tuple[str, str, str]], rng: random.Random, language: str, limit: int, draws: int = 1
+) -> dict[str, list[tuple[str, str, str]]]:
+    """Held-out pairs of up to `limit` documents, doc_id -> [(query, shortened text, kind), ...] (up to
+    `draws` pairs, each with another sentence as the query), from (doc_id, title, text) documents in random
+    order: from the held-out documents, or from all of them when those give none, so any collection with
+    text is measured. A title several documents share is no query for one of them."""
     shared = shared_titles(title for _, title, _ in documents)
     pairs = {}
     for sample in ([d for d in documents if is_held_out(d[0])], documents):
         for doc_id, title, text in rng.sample(sample, len(sample)):
             unique_title = "" if title_key(title) in shared else title or ""
-            pair = held_out_pair(unique_title, text or "", rng, language)
-            if pair is not None:
-                pairs[doc_id] = pair
+            drawn = held_out_pair(unique_title, text or "", rng, language, draws)
+            if drawn:
+                pairs[doc_id] = drawn
             if len(pairs) == limit:
                 return pairs
         if pairs:
@@ -60,26 +61,28 @@ def shared_titles(titles) -> set[str]:
     return {key for key, n in collections.Counter(map(title_key, titles)).items() if n > 1}
 
 
-def held_out_pair(title: str, text: str, rng: random.Random, language: str = "en") -> tuple[str, str, str] | None:
-    """(query, shortened text, kind): one sentence (or span) of the text and the text without it, kind
-    "sentence" or "span"; the title and the whole text (kind "title") when the text is too short to lose a
-    part; None when the document has neither."""
+def held_out_pair(
+    title: str, text: str, rng: random.Random, language: str = "en", draws: int = 1
+) -> list[tuple[str, str, str]]:
+    """Up to `draws` pairs (query, shortened text, kind), each one sentence (or span) of the text, drawn
+    without repeats, and the text without it, kind "sentence" or "span"; the title and the whole text (kind
+    "title") when the text is too short to lose a part; none when the document has neither."""
     parts, unit = passages(text, language)
     candidates = [i for i, part in enumerate(parts) if word_count(part) >= MIN_QUERY_WORDS]
     if len(parts) >= 3 and candidates:
-        i = rng.choice(candidates)
-        return parts[i], " ".join(parts[:i] + parts[i + 1 :]), unit.removesuffix("s")
+        chosen = rng.sample(candidates, min(draws, len(candidates)))
+        return [(parts[i], " ".join(parts[:i] + parts[i + 1 :]), unit.removesuffix("s")) for i in chosen]
     if len(parts) == 2 and candidates:  # two parts: the shorter one that is long enough is the query
         i = min(candidates, key=lambda k: word_count(parts[k]))
-        return parts[i], parts[1 - i], unit.removesuffix("s")
+        return [(parts[i], parts[1 - i], unit.removesuffix("s"))]
     title = " ".join(title.split())
     if (
         (word_count(title) >= 2 or (has_cjk(title) and len(title) >= 2))
         and text.strip()
         and after_title(text, title) is None
     ):
-        return title, " ".join(text.split()), "title"
-    return None
+        return [(title, " ".join(text.split()), "title")]
+    return []
 
 
 def after_title(text: str, title: str) -> str | None:

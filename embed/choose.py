@@ -185,7 +185,8 @@ def held_out_gains(model_dir: Path, docs: list[Document], language: str, seed: i
     document scored as high as the relevant one counts as ranked above it (a model that scores everything
     alike finds nothing)."""
     rng = random.Random(seed)
-    pairs = held_out_pairs([(d.id, d.title, d.text) for d in docs], rng, language, MEASURE_PAIRS)
+    drawn = held_out_pairs([(d.id, d.title, d.text) for d in docs], rng, language, MEASURE_PAIRS)
+    pairs = {doc_id: each[0] for doc_id, each in drawn.items()}
     if not pairs:
         return np.zeros(0)
     titles = {d.id: d.title for d in docs}

@@ -9,7 +9,10 @@ found by the rules of the language the BM25 index was built for. A collection wh
 give no pair is measured on pairs of all its documents, so any collection with text is measured. Both
 retrievers search the stored collection with those documents replaced by their shortened text, so
 neither can match the query verbatim. The mode with the best nDCG@10 becomes the workspace's default;
-`pipeline eval --set-default` on judged queries overrides it.
+`pipeline eval --set-default` on judged queries overrides it. Each measured document gives up to DRAWS
+pairs, another of its sentences the query in each round, and counts with the mean of their nDCG@10: with
+one sentence a document, which one was drawn decided much of the choice (on SciFact, six seeds chose dense
+weights from 0.1 to 0.35; with eight sentences, 0.3 every time, its train queries' best).
 
 The hybrid's dense weight is the middle of the plateau, not the single best weight: nDCG@10 changes
 little over a wide range of weights, and on a few hundred pairs the best of them is mostly noise (on
@@ -36,7 +39,8 @@ from common.store import Store
 from common.workspace import Workspace
 from search.engine import Ranking, fuse
 
-MAX_PAIRS = 300
+MAX_PAIRS = 300  # documents measured
+DRAWS = 8  # pairs (another sentence as the query each) per measured document
 QUERY_BATCH = 64  # queries scored against the stored vectors at once
 DEPTH = 100  # documents taken from each retriever, as in search
 HYBRID_WEIGHTS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 ... 0.95
@@ -46,89 +50,108 @@ CHOSEN_BY = "held-out corpus pairs"
 INCONCLUSIVE_NDCG = 0.05
 
 
-def measure_modes(ws: Workspace, model, seed: int = 0) -> dict:
+def measure_modes(ws: Workspace, model, seed: int = 0, draws: int = DRAWS) -> dict:
     """nDCG@10 of lexical, dense and hybrid (per dense weight) on held-out pairs of the stored corpus,
-    searched in the whole collection with the measured documents' chunks left out and their shortened texts
-    added: dense by exact scores, BM25 as an update of the index `pipeline index` just built in full (its
-    base segment and a delta: index/update.py; statistics of that collection, as a full build's)."""
+    each measured document's nDCG@10 the mean over its pairs (up to `draws`, one round each: a round
+    searches the collection with that round's documents shortened by their query)."""
     rng = random.Random(seed)
     index_entry = require(ws, "index", "run `pipeline index` first")
-    language = index_entry.language
     with Store(ws.db_path, read_only=True) as store:
         documents = store.document_texts()
-        pairs = held_out_pairs(documents, rng, language, MAX_PAIRS)  # doc_id -> (query, shortened text, kind)
-        kinds = collections.Counter(kind for _, _, kind in pairs.values())
-        if not pairs:
+        drawn = held_out_pairs(documents, rng, index_entry.language, MAX_PAIRS, draws)
+        if not drawn:
             return {}
         chunk_ids, vectors = store.load_vectors()
         chunk_docs = [doc_id for _, doc_id in store.chunk_documents()]  # both in chunk id order
-    # A measured document keeps its title unless the title is the query.
-    titles = {d[0]: d[1] or "" for d in documents}
-    titles.update({doc_id: "" for doc_id, (_, _, kind) in pairs.items() if kind == "title"})
-    doc_ids = list(pairs)
-    queries = [pairs[d][0] for d in doc_ids]
-    # The collection, in chunk id order: every other document's chunks, then each measured document as one
-    # shortened text (embedded here), numbered after the stored chunks.
-    kept = np.array([d not in pairs for d in chunk_docs])
-    shortened_ids = int(chunk_ids[-1]) + 1 + np.arange(len(doc_ids), dtype=np.int64)
-    lexical = LexicalIndex.with_delta(
-        Segment.load(base_segment_dir(ws, index_entry)),
-        [(i, titles[d], pairs[d][1]) for i, d in zip(shortened_ids.tolist(), doc_ids)],
-        np.concatenate([chunk_ids[kept], shortened_ids]),
-    )
-    shortened_vectors = encode(model, [embedding_text(titles[d], pairs[d][1]) for d in doc_ids])
-    query_vectors = encode(model, queries)
-    collection_ids = [d for d, keep in zip(chunk_docs, kept) if keep] + doc_ids
-
-    # Documents as Rankings want them: numbered in id order.
-    doc_numbers = {doc_id: i for i, doc_id in enumerate(sorted(set(collection_ids)))}
-    collection_docs = np.array([doc_numbers[d] for d in collection_ids], dtype=np.int64)
-
-    def documents_of(positions, scores) -> Ranking:
-        docs = collection_docs[positions]
-        _, first = np.unique(docs, return_index=True)
-        first = np.sort(first)[:DEPTH]
-        return Ranking(
-            docs[first], np.asarray(positions, dtype=np.int64)[first], np.asarray(scores, dtype=np.float64)[first]
-        )
-
-    dense_rankings = []
-    kept_rows = np.flatnonzero(kept)
-    for start in range(0, len(queries), QUERY_BATCH):  # a matrix product per batch: one pass over the vectors
-        batch = query_vectors[start : start + QUERY_BATCH]
-        scores = np.concatenate([(vectors @ batch.T)[kept_rows], shortened_vectors @ batch.T]).T
-        for row in scores:
-            top = np.arange(len(row)) if len(row) <= 4 * DEPTH else np.argpartition(-row, 4 * DEPTH)[: 4 * DEPTH]
-            top = top[np.lexsort((top, -row[top]))]
-            dense_rankings.append(documents_of(top, row[top]))
-    lexical_rankings = [documents_of(*lexical.search_positions(query, 4 * DEPTH)) for query in queries]
-
-    def ndcg_at_10(rankings) -> np.ndarray:
-        """Each pair's nDCG@10 (one relevant document)."""
-        gains = []
-        for doc_id, ranking in zip(doc_ids, rankings):
-            found = np.flatnonzero(ranking.docs[:10] == doc_numbers[doc_id])
-            gains.append(1 / math.log2(found[0] + 2) if len(found) else 0.0)
-        return np.array(gains)
-
-    hybrid = {
-        w: ndcg_at_10([fuse(dense, lexical, w) for dense, lexical in zip(dense_rankings, lexical_rankings)])
-        for w in HYBRID_WEIGHTS
-    }
+    collection = Collection(ws, index_entry, documents, chunk_ids, vectors, chunk_docs)
+    doc_ids = list(drawn)
+    sums: dict = collections.defaultdict(lambda: np.zeros(len(doc_ids)))  # mode or weight -> per-document sum
+    counts = np.zeros(len(doc_ids))
+    for round_ in range(max(map(len, drawn.values()))):
+        measured = [i for i, d in enumerate(doc_ids) if len(drawn[d]) > round_]
+        gains = collection.round_gains(model, {doc_ids[i]: drawn[doc_ids[i]][round_] for i in measured})
+        for key, values in gains.items():
+            sums[key][measured] += values
+        counts[measured] += 1
+    means = {key: total / counts for key, total in sums.items()}
+    hybrid = {w: means[w] for w in HYBRID_WEIGHTS}
     weight = plateau_weight(hybrid)
-    measured = {
-        "lexical": ndcg_at_10(lexical_rankings).mean(),
-        "dense": ndcg_at_10(dense_rankings).mean(),
-        "hybrid": hybrid[weight].mean(),
-    }
+    measured = {"lexical": means["lexical"].mean(), "dense": means["dense"].mean(), "hybrid": hybrid[weight].mean()}
     return {
-        "pairs": len(pairs),
-        "pair_kinds": dict(kinds),
-        "collection_documents": len(set(collection_ids)),
+        "pairs": int(counts.sum()),
+        "documents_measured": len(doc_ids),
+        "pair_kinds": dict(collections.Counter(kind for each in drawn.values() for _, _, kind in each)),
+        "collection_documents": collection.documents,
         "dense_weight": weight,
         "ndcg@10": {mode: float(v) for mode, v in measured.items()},
         "hybrid_ndcg@10": {str(w): float(g.mean()) for w, g in hybrid.items()},
     }
+
+
+class Collection:
+    """The stored collection, searched with some documents replaced by their shortened texts: dense by exact
+    scores, BM25 as an update of the index `pipeline index` just built in full (its base segment and a
+    delta: index/update.py; statistics of that collection, as a full build's)."""
+
+    def __init__(self, ws: Workspace, index_entry, documents, chunk_ids, vectors, chunk_docs):
+        self.base = Segment.load(base_segment_dir(ws, index_entry))
+        self.titles = {d[0]: d[1] or "" for d in documents}
+        self.chunk_ids, self.vectors, self.chunk_docs = chunk_ids, vectors, chunk_docs
+        self.documents = len(documents)
+
+    def round_gains(self, model, pairs: dict[str, tuple[str, str, str]]) -> dict:
+        """Each pair's nDCG@10 (one relevant document) by mode ("lexical", "dense") and hybrid weight."""
+        # A measured document keeps its title unless the title is the query.
+        titles = {d: "" if kind == "title" else self.titles[d] for d, (_, _, kind) in pairs.items()}
+        doc_ids = list(pairs)
+        queries = [pairs[d][0] for d in doc_ids]
+        # The collection, in chunk id order: every other document's chunks, then each measured document as one
+        # shortened text (embedded here), numbered after the stored chunks.
+        kept = np.array([d not in pairs for d in self.chunk_docs])
+        shortened_ids = int(self.chunk_ids[-1]) + 1 + np.arange(len(doc_ids), dtype=np.int64)
+        lexical = LexicalIndex.with_delta(
+            self.base,
+            [(i, titles[d], pairs[d][1]) for i, d in zip(shortened_ids.tolist(), doc_ids)],
+            np.concatenate([self.chunk_ids[kept], shortened_ids]),
+        )
+        shortened_vectors = encode(model, [embedding_text(titles[d], pairs[d][1]) for d in doc_ids])
+        query_vectors = encode(model, queries)
+        collection_ids = [d for d, keep in zip(self.chunk_docs, kept) if keep] + doc_ids
+
+        # Documents as Rankings want them: numbered in id order.
+        doc_numbers = {doc_id: i for i, doc_id in enumerate(sorted(set(collection_ids)))}
+        collection_docs = np.array([doc_numbers[d] for d in collection_ids], dtype=np.int64)
+
+        def documents_of(positions, scores) -> Ranking:
+            docs = collection_docs[positions]
+            _, first = np.unique(docs, return_index=True)
+            first = np.sort(first)[:DEPTH]
+            return Ranking(
+                docs[first], np.asarray(positions, dtype=np.int64)[first], np.asarray(scores, dtype=np.float64)[first]
+            )
+
+        dense_rankings = []
+        kept_rows = np.flatnonzero(kept)
+        for start in range(0, len(queries), QUERY_BATCH):  # a matrix product per batch: one pass over the vectors
+            batch = query_vectors[start : start + QUERY_BATCH]
+            scores = np.concatenate([(self.vectors @ batch.T)[kept_rows], shortened_vectors @ batch.T]).T
+            for row in scores:
+                top = np.arange(len(row)) if len(row) <= 4 * DEPTH else np.argpartition(-row, 4 * DEPTH)[: 4 * DEPTH]
+                top = top[np.lexsort((top, -row[top]))]
+                dense_rankings.append(documents_of(top, row[top]))
+        lexical_rankings = [documents_of(*lexical.search_positions(query, 4 * DEPTH)) for query in queries]
+
+        def ndcg_at_10(rankings) -> np.ndarray:
+            gains = []
+            for doc_id, ranking in zip(doc_ids, rankings):
+                found = np.flatnonzero(ranking.docs[:10] == doc_numbers[doc_id])
+                gains.append(1 / math.log2(found[0] + 2) if len(found) else 0.0)
+            return np.array(gains)
+
+        gains = {"lexical": ndcg_at_10(lexical_rankings), "dense": ndcg_at_10(dense_rankings)}
+        for w in HYBRID_WEIGHTS:
+            gains[w] = ndcg_at_10([fuse(dense, lexical, w) for dense, lexical in zip(dense_rankings, lexical_rankings)])
+        return gains
 
 
 def plateau_weight(gains_by_weight: dict[float, np.ndarray]) -> float:
@@ -167,6 +190,7 @@ def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> dict
             "ndcg@10": scores,
             "hybrid_ndcg@10": result["hybrid_ndcg@10"],
             "pairs": result["pairs"],
+            "documents_measured": result["documents_measured"],
             "pair_kinds": result["pair_kinds"],
             "collection_documents": result["collection_documents"],
             "inconclusive": inconclusive,
@@ -174,7 +198,8 @@ def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> dict
     )
     kinds = ", ".join(f"{n} {kind}" for kind, n in result["pair_kinds"].items())
     measured = (
-        f"nDCG@10 on {result['pairs']} held-out corpus pairs ({kinds}): lexical {scores['lexical']:.3f}, "
+        f"nDCG@10 on {result['pairs']} held-out corpus pairs ({kinds}) of {result['documents_measured']} documents: "
+        f"lexical {scores['lexical']:.3f}, "
         f"dense {scores['dense']:.3f}, hybrid {scores['hybrid']:.3f} at dense weight {best_weight}"
     )
     if inconclusive:

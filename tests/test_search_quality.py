@@ -1,6 +1,7 @@
 """Lexical and hybrid search, filters, and `pipeline eval` on the SciFact slice of the shared workspace."""
 
 import json
+import random
 import shutil
 from pathlib import Path
 
@@ -8,8 +9,10 @@ import numpy as np
 import pytest
 
 from common.errors import PipelineError
+from common.heldout import held_out_pair
 from common.workspace import Workspace
 from conftest import run_cli
+from search.calibrate import DRAWS
 from search.engine import NO_RANKING, Ranking, SearchEngine, fuse
 from search.evaluate import evaluate, read_qrels, read_queries
 from search.filters import DocumentFilter
@@ -320,6 +323,15 @@ def test_the_default_mode_is_the_best_measured_and_lexical_when_the_measurement_
     assert best_mode({"lexical": 0.0, "dense": 0.02, "hybrid": 0.01}) == ("lexical", True)  # nothing found: no evidence
 
 
+def test_held_out_pairs_draw_distinct_sentences_each_left_out_of_its_text():
+    text = " ".join(f"Sentence number {n} of this abstract says something new." for n in range(5))
+    drawn = held_out_pair("A title", text, random.Random(0), "en", draws=8)
+    assert len(drawn) == 5 and len({query for query, _, _ in drawn}) == 5  # every sentence once, no more
+    for query, shortened, kind in drawn:
+        assert kind == "sentence" and query not in shortened and len(shortened.split(". ")) == 4
+    assert held_out_pair("A title", text, random.Random(0), "en")[0] == drawn[0]  # one draw: the first of them
+
+
 def test_index_chooses_the_default_mode_on_held_out_corpus_pairs(trained_workspace):
     from common.heldout import is_held_out
 
@@ -330,7 +342,8 @@ def test_index_chooses_the_default_mode_on_held_out_corpus_pairs(trained_workspa
         and search["embedder_fingerprint"] == manifest["index"]["embedder_fingerprint"]
     )
     assert search["inconclusive"] is (max(search["ndcg@10"].values()) < 0.05)
-    assert 0 < search["pairs"] <= search["collection_documents"] == manifest["embedder"]["documents"]
+    assert 0 < search["documents_measured"] <= search["collection_documents"] == manifest["embedder"]["documents"]
+    assert search["documents_measured"] <= search["pairs"] <= DRAWS * search["documents_measured"]
     scores = search["ndcg@10"]
     assert all(0.0 <= v <= 1.0 for v in scores.values())
     assert scores["hybrid"] == search["hybrid_ndcg@10"][str(search["dense_weight"])]
