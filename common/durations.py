@@ -20,3 +20,11 @@ def parse_duration(text: str) -> float:
     if not seconds > 0:
         raise ValueError(f"must be more than 0s, got '{text}'")
     return seconds
+
+
+def format_eta(seconds: float) -> str:
+    """A duration as h:mm:ss (a time left, a time taken)."""
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"

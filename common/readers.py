@@ -92,13 +92,17 @@ def list_files(paths: Iterable[Path]) -> list[tuple[Path, str]]:
 
 
 def read_documents(
-    paths: Iterable[Path], text_field: str | None = None, json_lines: dict[str, JsonLinesRead] | None = None
+    paths: Iterable[Path],
+    text_field: str | None = None,
+    json_lines: dict[str, JsonLinesRead] | None = None,
+    unique_ids: bool = True,
 ) -> Iterator[Document]:
-    """Yield every non-empty document under `paths`. Raises PipelineError if none is found.
+    """Yield every non-empty document under `paths`, one at a time. Raises PipelineError if none is found.
 
     json_lines (absolute path -> JsonLinesRead): where to start each JSON-lines file it names (the
     documents before that point count as read: for duplicate ids and the empty-corpus check); it is
-    filled in for every JSON-lines file as read to its end."""
+    filled in for every JSON-lines file as read to its end. unique_ids False skips the duplicate-id check,
+    whose memory grows with the corpus (pretraining streams gigabytes and keys nothing by id)."""
     paths = [Path(p) for p in paths]
     files = list_files(paths)
     if not files:
@@ -120,9 +124,10 @@ def read_documents(
         else:
             docs = _read_with_duckdb(file, text_field)
         for doc, where in docs:
-            if doc.id in seen:
-                raise PipelineError(f"{where}: duplicate document id '{doc.id}' (first seen at {seen[doc.id]})")
-            seen[doc.id] = where
+            if unique_ids:
+                if doc.id in seen:
+                    raise PipelineError(f"{where}: duplicate document id '{doc.id}' (first seen at {seen[doc.id]})")
+                seen[doc.id] = where
             count += 1
             yield doc
     if count == 0:
@@ -264,6 +269,7 @@ def _read_jsonl(file: Path, text_field: str | None, read: JsonLinesRead | None) 
 
 
 _DUCKDB_READERS = {".json": "read_json_auto", ".csv": "read_csv_auto", ".parquet": "read_parquet"}
+DUCKDB_ROWS = 10_000  # rows fetched at a time: a file of gigabytes is never held whole
 
 
 def _read_with_duckdb(file: Path, text_field: str | None) -> Iterator[tuple[Document, str]]:
@@ -273,14 +279,16 @@ def _read_with_duckdb(file: Path, text_field: str | None) -> Iterator[tuple[Docu
         # The table function is chosen from a fixed list above; the path is a bound parameter.
         result = con.execute(f"SELECT * FROM {reader}($path)", {"path": str(file)})
         fields = [d[0] for d in result.description]
-        rows = result.fetchall()
+        row_no = 0
+        while rows := result.fetchmany(DUCKDB_ROWS):
+            for values in rows:
+                row_no += 1
+                where = f"{file}:row {row_no}"
+                doc = _row_to_document(dict(zip(fields, values)), file, where, f"{file.name}:{row_no}", text_field)
+                if doc is not None:
+                    yield doc, where
     except duckdb.Error as e:
         first_line = str(e).strip().splitlines()[0]
         raise PipelineError(f"{file}: cannot read as {file.suffix.lstrip('.')} ({first_line})") from None
     finally:
         con.close()
-    for row_no, values in enumerate(rows, start=1):
-        where = f"{file}:row {row_no}"
-        doc = _row_to_document(dict(zip(fields, values)), file, where, f"{file.name}:{row_no}", text_field)
-        if doc is not None:
-            yield doc, where

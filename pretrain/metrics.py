@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from common.console import info
+from common.durations import format_eta
 from common.workspace import Workspace, atomic_write_bytes
 from pretrain.config import ParallelConfig, TrainConfig
 from pretrain.hardware import PEAK_CACHE, cached_peak, machine_key, measure_matmul_flops, record_peak
@@ -187,11 +188,6 @@ def theoretical_bubble(config: ParallelConfig) -> float | None:
     if config.pp_schedule == "interleaved-1f1b":
         return (p - 1) / (config.n_stages_per_rank * m + p - 1)
     return None
-
-
-def format_eta(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 class RunLog:

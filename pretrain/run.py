@@ -24,7 +24,7 @@ from common.manifest import read_manifest
 from common.workspace import Workspace
 from pretrain.checkpoint import checkpoint_dirs, config_from_checkpoint
 from pretrain.config import PRESET_TRAINING, PRESETS, ParallelConfig, RuntimeOptions, TrainConfig, model_config_for
-from pretrain.data import prepare_data
+from pretrain.corpus import Corpus, DataOptions, prepare_data
 from pretrain.settings import PretrainSettings
 from pretrain.sizing import size_to_budget
 
@@ -60,7 +60,7 @@ def run_pretrain(ws: Workspace, s: PretrainSettings) -> dict:
     if resume_from is None and not s.shape_given:  # sized to the data, this machine and the time budget
         started = time.monotonic()
         cfg.preset, cfg.vocab_size = "sized", s.vocab_size or 0  # 0: sized to the corpus
-        meta = prepare_data(ws, s.data, s.text_field, cfg)
+        meta = prepare_data(ws, corpus_of(s), cfg, data_options(s))
         cfg, report = size_to_budget(
             cfg,
             meta["train_tokens"],
@@ -76,7 +76,7 @@ def run_pretrain(ws: Workspace, s: PretrainSettings) -> dict:
         result, best = choose_plan(ws, cfg, nproc, s.nnodes, s.cluster, options.bf16)
         plan, cfg = apply_estimate(cfg, best)
     if resume_from is None and s.shape_given:
-        meta = prepare_data(ws, s.data, s.text_field, cfg)  # once, in this process: workers only train
+        meta = prepare_data(ws, corpus_of(s), cfg, data_options(s))  # once, in this process: workers only train
         cfg.model = model_config_for(cfg.preset, meta["vocab_size"], cfg.seq_len, **shape_overrides(s))
     if s.auto and s.autotune and resume_from is None:
         plan, cfg = apply_estimate(cfg, autotune_plan(ws, cfg, options, result, s.autotune, AUTOTUNE_STEPS, job))
@@ -138,6 +138,19 @@ def runtime_options(s: PretrainSettings) -> RuntimeOptions:
         ac=s.ac,
         fused_adamw=cuda if s.fused_adamw is None else s.fused_adamw,
         timeout_s=s.dist_timeout,
+    )
+
+
+def corpus_of(s: PretrainSettings) -> Corpus:
+    return Corpus(tuple(s.data), s.text_field)
+
+
+def data_options(s: PretrainSettings) -> DataOptions:
+    return DataOptions(
+        tokenizer_sample_mb=s.tokenizer_sample_mb,
+        shard_tokens=s.shard_tokens,
+        workers=s.tokenize_workers or 0,
+        seed=s.seed,
     )
 
 

@@ -99,6 +99,19 @@ class PretrainSettings:
     text_field: Optional[str] = option(
         None, "Field holding the text in structured files (auto-detected by default).", metavar="FIELD"
     )
+    tokenizer_sample_mb: float = option(
+        256.0,
+        "Megabytes of text, drawn across the corpus (seeded by --seed), the tokenizer is trained on; "
+        "all of it when the corpus is smaller.",
+        above=0,
+        metavar="MB",
+    )
+    shard_tokens: int = option(
+        100_000_000,
+        "Tokens per token file (data/train-00000.bin ...): a shard ends at the first document end past it.",
+        min=1,
+    )
+    tokenize_workers: Optional[int] = option(None, "Processes that tokenize the corpus (default: every core).", min=1)
     # the model and the run
     preset: Optional[Preset] = option(
         None,

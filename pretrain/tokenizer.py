@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterable
 
@@ -20,7 +21,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte is encodable: no unknown tokens
         show_progress=False,
     )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
+    # On every core: common/__init__.py turns the library's threads off for the processes that encode.
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    try:
+        tokenizer.train_from_iterator(texts, trainer=trainer)
+    finally:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
     return tokenizer
 
 

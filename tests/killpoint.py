@@ -96,14 +96,15 @@ class Killer:
         assert self.process.stdout.readline().strip() == "ready"
         self.runs = 0
 
-    def run(self, point: str, nth: int, *args: str) -> None:
-        """Run `pipeline ARGS`, killed on the nth call of point; the kill must happen."""
+    def run(self, point: str, nth: int, *args: str) -> str:
+        """Run `pipeline ARGS`, killed on the nth call of point; the kill must happen. Returns its output."""
         self.runs += 1
         log = self.log_dir / f"run{self.runs}.log"
         self.process.stdin.write(json.dumps([point, nth, list(args), str(log)]) + "\n")
         self.process.stdin.flush()
         status = int(self.process.stdout.readline())
         assert status == -signal.SIGKILL, f"{point} was not reached (exit {status}):\n{log.read_text()[-2000:]}"
+        return log.read_text()
 
     def close(self) -> None:
         self.process.stdin.close()

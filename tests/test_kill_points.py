@@ -35,6 +35,10 @@ def killer(tmp_path_factory):
     killer.close()
 
 
+def data_files(ws) -> dict:
+    return {p.name: p.read_bytes() for p in sorted((ws / "data").iterdir())}
+
+
 def answers(ws, modes=("lexical", "dense")) -> list:
     engine = SearchEngine(Workspace(ws))
     return [
@@ -190,14 +194,22 @@ def test_killed_pretrain_keeps_the_previous_model_and_resumes_to_the_same_losses
     killer, trained_workspace, tmp_path, corpus_file
 ):
     args = ["--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "8", "--checkpoint-every", "2"]
+    args += ["--shard-tokens", "5000", "--tokenize-workers", "2"]
     straight = tmp_path / "straight"
     run_cli("pretrain", "-w", str(straight), *args)
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
     before, model_before = answers(ws, ("dense",)), model_fingerprint(ws / "model")
+    data_before = data_files(ws)
 
-    # Between the token files: a new run has started (the old checkpoints are gone), the old model is intact.
-    killer.run("os:replace:train.bin", 1, "pretrain", "-w", str(ws), *args)
+    # Tokenizing, as the second shard closes: the workspace is untouched, the staged shards are carried on.
+    killer.run("pretrain.corpus:atomic_write_json:progress.json", 3, "pretrain", "-w", str(ws), *args)
+    assert data_files(ws) == data_before and model_fingerprint(ws / "model") == model_before
+    staged = json.loads((ws / ".data-preparing" / "progress.json").read_text())
+    assert len(staged["streams"]["train"]["closed"]) == 1  # the first shard was recorded, the second was not
+    # Putting the new data in place: a new run has started (the old checkpoints are gone), the old model is intact.
+    carried_on = killer.run("pretrain.corpus:replace_directory", 1, "pretrain", "-w", str(ws), *args)
+    assert "carrying on the preparation staged" in carried_on
     assert not (ws / "checkpoints").exists()
     assert run_cli("pretrain", "-w", str(ws), "--resume", check=False).returncode == 2
     # In the middle of the third checkpoint (step 6): its tensors written, not its training state.
@@ -213,6 +225,7 @@ def test_killed_pretrain_keeps_the_previous_model_and_resumes_to_the_same_losses
     assert "resumed from" in run_cli("pretrain", "-w", str(ws), "--resume", "--no-adapt").stderr
     resumes = [m["step"] for m in read_metrics(ws) if m["event"] == "resume"]
     assert resumes == [4, 8]  # the half-written checkpoint of step 6 was passed over
+    assert data_files(ws) == data_files(straight)  # the same shards as a preparation never killed
     want = [m["loss"] for m in read_metrics(straight) if m["event"] == "train"]
     got = [m["loss"] for m in read_metrics(ws) if m["event"] == "train"]
     assert len(got) == len(want) == 8

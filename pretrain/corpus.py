@@ -1,0 +1,481 @@
+"""The pretraining corpus, prepared once: a tokenizer trained on a sample, and the documents tokenized into shards.
+
+    pass 1   read the corpus once: count its text (the vocabulary is sized to it, pretrain/sizing.py) and
+             draw a seeded sample of about --tokenizer-sample-mb from all of it (each document kept with the
+             same chance, wherever it lies), on which the byte-level BPE tokenizer is trained
+    pass 2   read it again and tokenize it on every core (--tokenize-workers processes, in order) into shard
+             files of about --shard-tokens tokens each (a shard ends at the first document end past that):
+             data/train-00000.bin ..., data/val-00000.bin ... (uint16, or uint32 past 65,536 token types;
+             each document followed by <|endoftext|>), listed with their counts in data/meta.json. A
+             document whose id is held out (common/heldout.py) is a validation document: validation is a
+             sample of documents, not the tail of a stream that may be sorted.
+
+Memory stays bounded whatever the corpus's size: documents are streamed from the readers, the sample is
+bounded, the workers are given a few batches at a time and the shards are appended to disk as they fill.
+
+Everything is prepared in a staging directory inside the workspace (.data-preparing/), with a progress
+file written as each training shard is closed: a preparation killed part-way and run again on the same
+inputs with the same settings carries on after the last closed shard and ends with the same shards as
+an uninterrupted one. Only when all is ready does the staged data replace data/, and the tokenizer and
+the manifest follow; a failed preparation leaves the previous workspace as it was.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from common.console import info
+from common.default_corpus import DEFAULT_CORPUS_SOURCE, stdlib_documents
+from common.durations import format_eta
+from common.errors import PipelineError
+from common.heldout import is_held_out
+from common.manifest import TokenizerEntry, write_section
+from common.readers import Document, list_files, read_documents
+from common.workspace import Workspace, atomic_write_json, file_sha256, replace_directory
+from pretrain.config import TrainConfig
+from pretrain.sizing import vocab_for
+from pretrain.tokenizer import END_OF_TEXT, load_tokenizer, save_tokenizer, train_tokenizer
+
+STAGING = ".data-preparing"
+FORMAT = 2  # meta.json's layout: shards (format 1, before it, was one train.bin and one val.bin)
+BATCH_CHARS = 1 << 20  # text sent to a worker at a time
+BATCHES_PER_WORKER = 2  # batches queued for each worker: enough to keep it busy, few enough to bound memory
+PROGRESS_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """How the corpus is prepared (the flags of `pipeline pretrain` that say it)."""
+
+    tokenizer_sample_mb: float = 256.0
+    shard_tokens: int = 100_000_000
+    workers: int = 0  # 0: every core
+    seed: int = 1337
+
+    def worker_count(self) -> int:
+        return self.workers or len(os.sched_getaffinity(0))
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The documents pretraining reads: the --data paths, or the built-in corpus when none are given."""
+
+    paths: tuple[Path, ...]
+    text_field: str | None
+
+    @property
+    def sources(self) -> list[str]:
+        return [str(p) for p in self.paths] if self.paths else [DEFAULT_CORPUS_SOURCE]
+
+    def documents(self) -> Iterator[Document]:
+        if not self.paths:
+            return stdlib_documents()
+        return read_documents(self.paths, self.text_field, unique_ids=False)
+
+    def files(self) -> list[tuple[str, int, int]]:
+        """(path, size, modification time) of every input file: what a staged preparation was made from."""
+        return [(os.path.abspath(f), f.stat().st_size, f.stat().st_mtime_ns) for f, _ in list_files(self.paths)]
+
+
+def training_text(doc: Document) -> str:
+    return f"{doc.title}\n{doc.text}" if doc.title else doc.text
+
+
+# ---------------------------------------------------------------- the whole preparation
+
+
+def prepare_data(ws: Workspace, corpus: Corpus, cfg: TrainConfig, options: DataOptions) -> dict:
+    """Train the tokenizer and write the token shards; returns data/meta.json's contents. cfg.vocab_size 0
+    sizes the vocabulary to the corpus (and sets it). A staged preparation of the same inputs and settings
+    is carried on; nothing in the workspace changes until everything is ready."""
+    staging = ws.root / STAGING
+    new_workspace = not ws.root.exists()
+    try:
+        meta = stage_data(corpus, staging, cfg, options)
+    except PipelineError:  # the input is at fault: nothing to carry on next time, and nothing left behind
+        shutil.rmtree(staging, ignore_errors=True)
+        if new_workspace:
+            shutil.rmtree(ws.root, ignore_errors=True)
+        raise
+
+    # Everything is checked: from here on this is a new run. The previous run's checkpoints go first, so
+    # that a `--resume` after a crash mid-way can never continue them on the new tokens.
+    ws.create()
+    shutil.rmtree(ws.checkpoints_dir, ignore_errors=True)
+    replace_directory(staging / "data", ws.data_dir)
+    save_tokenizer(load_tokenizer(staging / "tokenizer"), ws.tokenizer_dir)
+    shutil.rmtree(staging, ignore_errors=True)
+    info(
+        f"tokenized: {meta['train_tokens']:,} training tokens in {len(meta['shards']['train'])} shards, "
+        f"{meta['val_tokens']:,} validation tokens ({meta['validation']})"
+    )
+    write_section(
+        ws,
+        TokenizerEntry(
+            path="tokenizer",
+            sha256=file_sha256(ws.tokenizer_dir / "tokenizer.json"),
+            vocab_size=meta["vocab_size"],
+            sources=corpus.sources,
+            documents=meta["documents"]["train"] + meta["documents"]["val"],
+            report={key: value for key, value in meta.items() if key not in ("vocab_size", "shards", "documents")}
+            | {"shards": {split: len(entries) for split, entries in meta["shards"].items()}},
+        ),
+    )
+    return meta
+
+
+def stage_data(corpus: Corpus, staging: Path, cfg: TrainConfig, options: DataOptions) -> dict:
+    """The tokenizer and the shards in `staging`, carried on from where a run of the same key stopped."""
+    files = corpus.files()
+    key = {
+        "sources": corpus.sources,
+        "files": [list(f) for f in files],
+        "text_field": corpus.text_field,
+        "vocab_size": cfg.vocab_size,
+        "tokenizer_sample_mb": options.tokenizer_sample_mb,
+        "shard_tokens": options.shard_tokens,
+        "seed": options.seed,
+        "val_percent": val_percent(cfg),
+    }
+    progress_file = staging / "progress.json"
+    progress = json.loads(progress_file.read_text()) if progress_file.exists() else None
+    if progress is not None and progress["key"] != key:
+        progress = None
+    if progress is None:
+        shutil.rmtree(staging, ignore_errors=True)
+        (staging / "data").mkdir(parents=True)
+        if not corpus.paths:
+            info("no --data given: training on the built-in corpus of Python standard library docstrings")
+        corpus_bytes = sum(size for _, size, _ in files)
+        sample, read = sample_corpus(corpus, options.tokenizer_sample_mb * 1e6, corpus_bytes, options.seed)
+        vocab_size = cfg.vocab_size or vocab_for(read["characters"])  # sized to the corpus (pretrain/sizing.py)
+        info(
+            f"training a {vocab_size:,}-token byte-level BPE tokenizer on {read['sample']}"
+            + ("" if read["sample_documents"] == read["documents"] else " (drawn across the corpus)")
+        )
+        started = time.monotonic()
+        tokenizer = train_tokenizer(sample, vocab_size)
+        del sample
+        save_tokenizer(tokenizer, staging / "tokenizer")
+        info(f"tokenizer trained in {format_eta(time.monotonic() - started)}")
+        progress = {"key": key, "read": read, "documents_done": 0, "bytes_done": 0, "streams": None}
+        atomic_write_json(progress_file, progress)
+    else:
+        info(f"carrying on the preparation staged in {staging} ({progress['documents_done']:,} documents done)")
+    if not cfg.vocab_size:
+        cfg.vocab_size = load_tokenizer(staging / "tokenizer").get_vocab_size()
+    meta = tokenize_to_shards(corpus, staging, progress, options.worker_count(), options.shard_tokens)
+    meta.update(validation_split(staging / "data", meta, cfg))
+    meta["tokenizer_sample"] = progress["read"]
+    atomic_write_json(staging / "data" / "meta.json", meta)
+    return meta
+
+
+def val_percent(cfg: TrainConfig) -> int:
+    return max(1, round(cfg.val_fraction * 100))
+
+
+# ---------------------------------------------------------------- pass 1: the tokenizer's sample
+
+
+def sample_corpus(corpus: Corpus, sample_bytes: float, corpus_bytes: int, seed: int) -> tuple[list[str], dict]:
+    """The training texts of a seeded sample of about `sample_bytes` (every document with the same chance:
+    sample_bytes over the input files' size, all of them for a smaller corpus), and what was read."""
+    rate = min(1.0, sample_bytes / max(1, corpus_bytes))
+    rng = random.Random(seed)
+    sample: list[str] = []
+    documents = characters = text_bytes = sampled_bytes = 0
+    meter = ProgressMeter("read", corpus_bytes, approximate=True)
+    for doc in corpus.documents():
+        text = training_text(doc)
+        size = len(text.encode("utf-8"))
+        documents += 1
+        characters += len(text)
+        text_bytes += size
+        if rate == 1.0 or rng.random() < rate:
+            sample.append(text)
+            sampled_bytes += size
+        meter.advance(size)
+    if not documents:
+        raise PipelineError(f"no documents with text in {', '.join(corpus.sources)}")
+    described = (
+        f"all {documents:,} documents ({sampled_bytes / 1e6:,.1f} MB)"
+        if len(sample) == documents
+        else f"{len(sample):,} of {documents:,} documents ({sampled_bytes / 1e6:,.1f} of {text_bytes / 1e6:,.1f} MB)"
+    )
+    read = {
+        "documents": documents,
+        "characters": characters,
+        "text_bytes": text_bytes,
+        "sample_documents": len(sample),
+        "sample_bytes": sampled_bytes,
+        "sample": described,
+        "seed": seed,
+    }
+    return sample, read
+
+
+# ---------------------------------------------------------------- pass 2: tokenized on every core into shards
+
+
+def tokenize_to_shards(corpus: Corpus, staging: Path, progress: dict, workers: int, shard_tokens: int) -> dict:
+    """Tokenize every document into the staged shards, carrying on from `progress` (written to
+    staging/progress.json as each training shard closes); returns the shards' counts."""
+    tokenizer_path = staging / "tokenizer" / "tokenizer.json"
+    vocab_size = load_tokenizer(staging / "tokenizer").get_vocab_size()
+    dtype = np.dtype(np.uint16 if vocab_size <= 65536 else np.uint32)
+    streams = {
+        split: ShardStream(staging / "data", split, dtype, shard_tokens, (progress["streams"] or {}).get(split))
+        for split in ("train", "val")
+    }
+    held_out = val_percent_of(progress)
+    done, done_bytes = progress["documents_done"], progress["bytes_done"]
+    total_bytes = progress["read"]["text_bytes"]
+    meter = ProgressMeter("tokenized", total_bytes, start=done_bytes, tokens=True)
+
+    def save_progress() -> None:
+        for stream in streams.values():
+            stream.sync()
+        progress.update(documents_done=done, bytes_done=done_bytes, streams={s: v.state() for s, v in streams.items()})
+        atomic_write_json(staging / "progress.json", progress)
+
+    documents = corpus.documents()
+    for _ in range(done):  # what the last run finished: read again, not tokenized again
+        next(documents)
+    with Encoders(tokenizer_path, workers) as encoders:
+        for result in encoders.encode_in_order(batches(documents, held_out)):
+            tokens, lengths, splits, sizes = result
+            for piece, split, size in zip(np.split(tokens, np.cumsum(lengths)[:-1]), splits, sizes):
+                closed = streams[split].append(piece)
+                done, done_bytes = done + 1, done_bytes + size
+                meter.advance(size, len(piece))
+                if closed and split == "train":
+                    save_progress()
+    shards = {split: stream.finish() for split, stream in streams.items()}
+    return {
+        "format": FORMAT,
+        "dtype": dtype.name,
+        "vocab_size": vocab_size,
+        "shard_tokens": shard_tokens,
+        "shards": shards,
+        "train_tokens": sum(s["tokens"] for s in shards["train"]),
+        "val_tokens": sum(s["tokens"] for s in shards["val"]),
+        "documents": {split: sum(s["documents"] for s in entries) for split, entries in shards.items()},
+    }
+
+
+def val_percent_of(progress: dict) -> int:
+    return progress["key"]["val_percent"]
+
+
+def batches(documents: Iterator[Document], held_out: int) -> Iterator[tuple[list[str], list[str], list[int]]]:
+    """(texts, split of each, UTF-8 size of each) in batches of about BATCH_CHARS characters."""
+    texts, splits, sizes, chars = [], [], [], 0
+    for doc in documents:
+        text = training_text(doc)
+        texts.append(text)
+        splits.append("val" if is_held_out(doc.id, held_out) else "train")
+        sizes.append(len(text.encode("utf-8")))
+        chars += len(text)
+        if chars >= BATCH_CHARS:
+            yield texts, splits, sizes
+            texts, splits, sizes, chars = [], [], [], 0
+    if texts:
+        yield texts, splits, sizes
+
+
+class Encoders:
+    """Token ids of batches of texts, encoded in `workers` processes (in this one for a single worker) and
+    handed back in the order given, with at most BATCHES_PER_WORKER batches per worker in flight."""
+
+    def __init__(self, tokenizer_path: Path, workers: int):
+        self.workers = workers
+        self.pool = None
+        if workers > 1:
+            import multiprocessing
+
+            # spawn: a clean process (no fork of a process whose libraries run threads)
+            self.pool = multiprocessing.get_context("spawn").Pool(
+                workers, initializer=load_worker_tokenizer, initargs=(str(tokenizer_path),)
+            )
+        else:
+            load_worker_tokenizer(str(tokenizer_path))
+
+    def __enter__(self) -> "Encoders":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.terminate()  # finished, or failed: nothing is left to wait for
+            self.pool.join()
+
+    def encode_in_order(self, batches_: Iterator[tuple]) -> Iterator[tuple]:
+        """(tokens, lengths, splits, sizes) for each batch: all of its documents' tokens in one array."""
+        if self.pool is None:
+            for texts, splits, sizes in batches_:
+                yield (*encode_texts(texts), splits, sizes)
+            return
+        pending: collections.deque = collections.deque()
+        for texts, splits, sizes in batches_:
+            pending.append((self.pool.apply_async(encode_texts, (texts,)), splits, sizes))
+            if len(pending) >= self.workers * BATCHES_PER_WORKER:
+                result, splits_, sizes_ = pending.popleft()
+                yield (*result.get(), splits_, sizes_)
+        while pending:
+            result, splits_, sizes_ = pending.popleft()
+            yield (*result.get(), splits_, sizes_)
+
+
+_worker_tokenizer = None
+
+
+def load_worker_tokenizer(path: str) -> None:
+    global _worker_tokenizer
+    from tokenizers import Tokenizer
+
+    _worker_tokenizer = Tokenizer.from_file(path)
+
+
+def encode_texts(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Each text's token ids followed by <|endoftext|>, all in one array, and each text's length in it."""
+    eot = _worker_tokenizer.token_to_id(END_OF_TEXT)
+    dtype = np.uint16 if _worker_tokenizer.get_vocab_size() <= 65536 else np.uint32
+    flat: list[int] = []
+    lengths = []
+    for encoding in _worker_tokenizer.encode_batch(texts):
+        ids = encoding.ids
+        flat.extend(ids)
+        flat.append(eot)
+        lengths.append(len(ids) + 1)
+    return np.array(flat, dtype=dtype), np.array(lengths, dtype=np.int64)
+
+
+class ShardStream:
+    """One split's shards, appended to as documents are tokenized: the open shard is closed at the first
+    document end past `shard_tokens`. A stream made from a saved state cuts its open shard back to what
+    that state counted (what was written after it is written again)."""
+
+    def __init__(self, directory: Path, split: str, dtype: np.dtype, shard_tokens: int, state: dict | None):
+        self.directory, self.split, self.dtype, self.shard_tokens = directory, split, dtype, shard_tokens
+        state = state or {"closed": [], "open_tokens": 0, "open_documents": 0}
+        self.closed = list(state["closed"])
+        self.open_tokens, self.open_documents = state["open_tokens"], state["open_documents"]
+        self.file = open(self.open_path(), "ab")
+        self.file.truncate(self.open_tokens * dtype.itemsize)
+
+    def open_path(self) -> Path:
+        return self.directory / f"{self.split}-{len(self.closed):05d}.bin"
+
+    def append(self, tokens: np.ndarray) -> bool:
+        """Add one document's tokens; True when this closed a shard."""
+        self.file.write(tokens.tobytes())
+        self.open_tokens += len(tokens)
+        self.open_documents += 1
+        if self.open_tokens < self.shard_tokens:
+            return False
+        self.close_shard()
+        self.file = open(self.open_path(), "wb")
+        return True
+
+    def close_shard(self) -> None:
+        self.sync()
+        self.file.close()
+        self.closed.append(
+            {"file": self.open_path().name, "tokens": self.open_tokens, "documents": self.open_documents}
+        )
+        self.open_tokens = self.open_documents = 0
+
+    def sync(self) -> None:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def state(self) -> dict:
+        return {"closed": self.closed, "open_tokens": self.open_tokens, "open_documents": self.open_documents}
+
+    def finish(self) -> list[dict]:
+        """Close the last shard (an empty one is removed); the shards, in order."""
+        if self.open_tokens:
+            self.close_shard()
+        else:
+            self.file.close()
+            self.open_path().unlink()
+        return self.closed
+
+
+def validation_split(data_dir: Path, meta: dict, cfg: TrainConfig) -> dict:
+    """Check the corpus is large enough, and where the held-out documents give less than one validation
+    window (a corpus of few documents), make the last training tokens the validation tokens instead."""
+    window = cfg.seq_len + 1
+    total = meta["train_tokens"] + meta["val_tokens"]
+    if total < 2 * window:
+        raise PipelineError(f"corpus too small: {total} tokens, need at least {2 * window} for seq-len {cfg.seq_len}")
+    if meta["val_tokens"] >= window:
+        return {"validation": f"{meta['documents']['val']:,} held-out documents"}
+    need = max(int(total * cfg.val_fraction), window) - meta["val_tokens"]
+    train, moved = meta["shards"]["train"], []
+    while need > 0:
+        last = train[-1]
+        take = min(need, last["tokens"])
+        path = data_dir / last["file"]
+        tokens = np.fromfile(
+            path, dtype=meta["dtype"], offset=(last["tokens"] - take) * np.dtype(meta["dtype"]).itemsize
+        )
+        moved.insert(0, tokens)
+        with open(path, "r+b") as f:
+            f.truncate((last["tokens"] - take) * tokens.itemsize)
+        last["tokens"] -= take
+        if not last["tokens"]:
+            path.unlink()
+            train.pop()
+        need -= take
+    val = meta["shards"]["val"]
+    existing = [np.fromfile(data_dir / s["file"], dtype=meta["dtype"]) for s in val]
+    for s in val:
+        (data_dir / s["file"]).unlink()
+    combined = np.concatenate(existing + moved)
+    combined.tofile(data_dir / "val-00000.bin")
+    meta["shards"]["val"] = [{"file": "val-00000.bin", "tokens": len(combined), "documents": meta["documents"]["val"]}]
+    moved_tokens = sum(map(len, moved))
+    meta["train_tokens"] -= moved_tokens
+    meta["val_tokens"] = len(combined)
+    return {
+        "validation": f"{meta['documents']['val']:,} held-out documents gave less than a window of {window} tokens: "
+        f"the last {moved_tokens:,} training tokens too"
+    }
+
+
+class ProgressMeter:
+    """A line every PROGRESS_SECONDS: how much is done, MB/s and the time left."""
+
+    def __init__(self, verb: str, total_bytes: int, start: int = 0, approximate: bool = False, tokens: bool = False):
+        self.verb, self.total, self.done, self.approximate, self.tokens = verb, total_bytes, start, approximate, tokens
+        self.started, self.start_bytes, self.last = time.monotonic(), start, time.monotonic()
+        self.token_count = 0
+
+    def advance(self, size: int, tokens: int = 0) -> None:
+        self.done += size
+        self.token_count += tokens
+        now = time.monotonic()
+        if now - self.last < PROGRESS_SECONDS:
+            return
+        self.last = now
+        rate = (self.done - self.start_bytes) / max(now - self.started, 1e-9)
+        left = max(0, self.total - self.done) / rate if rate > 0 else math.inf
+        share = min(1.0, self.done / max(1, self.total))
+        counted = f", {self.token_count:,} tokens" if self.tokens else ""
+        about = "about " if self.approximate else ""
+        info(
+            f"{self.verb} {self.done / 1e6:,.0f} of {about}{self.total / 1e6:,.0f} MB ({share:.0%}){counted}, "
+            f"{rate / 1e6:,.1f} MB/s, {about}{format_eta(left)} left"
+        )
