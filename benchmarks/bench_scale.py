@@ -18,65 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import re
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-import psutil
+from benchmarks_common import run_measured, synthetic_documents
 
 REPO = Path(__file__).resolve().parents[1]
-SCIFACT = REPO.parent / "shared" / "data" / "scifact" / "corpus.jsonl"
 TARGETS = {"embed_docs_per_s": 4000, "embed_plus_index_s": 60, "peak_rss_gb": 4, "update_ratio": 0.05}
-
-
-def synthetic_documents(n: int, seed: int, first_id: int = 0) -> list[dict]:
-    rows = [json.loads(line) for line in SCIFACT.read_text().splitlines()]
-    sentences = [s for r in rows for s in re.split(r"(?<=[.!?])\s+", r["text"]) if len(s) > 20]
-    titles = [r["title"] for r in rows]
-    rng = random.Random(seed)
-    return [
-        {
-            "_id": f"synthetic-{first_id + i}",
-            "title": rng.choice(titles),
-            "text": " ".join(rng.choices(sentences, k=rng.randint(4, 9))),
-            "year": rng.randint(1990, 2025),
-        }
-        for i in range(n)
-    ]
-
-
-def run_measured(args: list[str]) -> dict:
-    """Run `pipeline ARGS`; wall seconds and the peak RSS of the process with its children."""
-    start = time.perf_counter()
-    process = subprocess.Popen(
-        [sys.executable, str(REPO / "cli.py"), *args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    parent, peak = psutil.Process(process.pid), 0
-    while process.poll() is None:
-        try:
-            peak = max(peak, sum(p.memory_info().rss for p in [parent, *parent.children(recursive=True)]))
-        except psutil.Error:
-            pass
-        time.sleep(0.05)
-    stdout, stderr = process.communicate()
-    seconds = time.perf_counter() - start
-    if process.returncode != 0:
-        raise SystemExit(f"pipeline {' '.join(args)} failed:\n{stderr[-3000:]}")
-    return {
-        "seconds": round(seconds, 2),
-        "peak_rss_gb": round(peak / 2**30, 3),
-        "stdout": stdout,
-        "log": stderr.strip().splitlines()[-6:],
-    }
 
 
 def main() -> None:
@@ -104,7 +52,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         tmp = Path(tmp)
-        documents = synthetic_documents(args.documents, args.seed)
+        documents = list(synthetic_documents(args.documents, args.seed))
         data = tmp / "docs.jsonl"
         data.write_text("".join(json.dumps(d) + "\n" for d in documents))
         ws = str(tmp / "ws")
@@ -127,8 +75,8 @@ def main() -> None:
         result["embed_plus_index_s"] = round(full, 2)
         result["chunks"] = embedded["chunks"]
 
-        added = synthetic_documents(
-            max(1, int(args.documents * args.update_share)), args.seed + 1, first_id=args.documents
+        added = list(
+            synthetic_documents(max(1, int(args.documents * args.update_share)), args.seed + 1, first_id=args.documents)
         )
         with data.open("a") as f:
             f.write("".join(json.dumps(d) + "\n" for d in added))

@@ -3,13 +3,20 @@ running `pipeline serve` (`running_server`, the tests' own helper: tests/server.
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import platform
+import random
+import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
+import psutil
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,12 +28,76 @@ if str(REPO / "tests") not in sys.path:  # the benchmarks run as scripts, with b
 from server import running_server  # noqa: E402,F401  (re-exported for the benchmarks that serve)
 
 
+def synthetic_documents(n: int | None, seed: int, first_id: int = 0) -> Iterator[dict]:
+    """Abstract-like documents made from SciFact with a seed (n of them; without end for None): a title
+    and 4 to 9 sentences drawn from the whole corpus's abstracts, and a `year`."""
+    rows = [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()]
+    sentences = [s for r in rows for s in re.split(r"(?<=[.!?])\s+", r["text"]) if len(s) > 20]
+    titles = [r["title"] for r in rows]
+    rng = random.Random(seed)
+    for i in itertools.count() if n is None else range(n):
+        yield {
+            "_id": f"synthetic-{first_id + i}",
+            "title": rng.choice(titles),
+            "text": " ".join(rng.choices(sentences, k=rng.randint(4, 9))),
+            "year": rng.randint(1990, 2025),
+        }
+
+
 def pipeline(*args: str) -> subprocess.CompletedProcess:
     """`pipeline ARGS` in a new process; a failure raises with the command's own error output."""
     done = subprocess.run([sys.executable, str(REPO / "cli.py"), *args], cwd=REPO, text=True, capture_output=True)
     if done.returncode != 0:
         raise RuntimeError(f"pipeline {' '.join(args)} exited {done.returncode}:\n{done.stderr[-4000:]}")
     return done
+
+
+def run_measured(args: list[str], marks: dict[str, str] | None = None) -> dict:
+    """Run `pipeline ARGS`; wall seconds and the peak RSS of the process with its children (sampled every
+    50 ms), and for each of `marks` (name -> the start of a progress line), the seconds until that line
+    was printed and the peak RSS until then."""
+    start = time.perf_counter()
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "cli.py"), *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines: list[tuple[float, str]] = []
+    reader = threading.Thread(
+        target=lambda: lines.extend((time.perf_counter() - start, line) for line in process.stderr), daemon=True
+    )
+    reader.start()
+    parent, samples = psutil.Process(process.pid), []
+    while process.poll() is None:
+        try:
+            rss = sum(p.memory_info().rss for p in [parent, *parent.children(recursive=True)])
+            samples.append((time.perf_counter() - start, rss))
+        except psutil.Error:
+            pass
+        time.sleep(0.05)
+    stdout = process.stdout.read()
+    reader.join()
+    seconds = time.perf_counter() - start
+    stderr = "".join(line for _, line in lines)
+    if process.returncode != 0:
+        raise SystemExit(f"pipeline {' '.join(args)} failed:\n{stderr[-3000:]}")
+    result = {
+        "seconds": round(seconds, 2),
+        "peak_rss_gb": round(max(rss for _, rss in samples) / 2**30, 3),
+        "stdout": stdout,
+        "log": stderr.strip().splitlines()[-6:],
+    }
+    for name, prefix in (marks or {}).items():
+        at = next((t for t, line in lines if line.startswith(prefix)), None)
+        if at is not None:
+            result[name] = {
+                "seconds": round(at, 2),
+                "peak_rss_gb": round(max((rss for t, rss in samples if t <= at), default=0) / 2**30, 3),
+            }
+    return result
 
 
 def pretrained_workspace(path: Path, steps: int = 300) -> Path:

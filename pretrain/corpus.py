@@ -45,7 +45,8 @@ from common.readers import Document, list_files, read_documents
 from common.workspace import Workspace, atomic_write_json, file_sha256, replace_directory
 from pretrain.config import TrainConfig
 from pretrain.sizing import vocab_for
-from pretrain.tokenizer import END_OF_TEXT, load_tokenizer, save_tokenizer, train_tokenizer
+from pretrain.tokenize_worker import encode_texts, load_worker_tokenizer
+from pretrain.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 
 STAGING = ".data-preparing"
 FORMAT = 2  # meta.json's layout: shards (format 1, before it, was one train.bin and one val.bin)
@@ -335,30 +336,6 @@ class Encoders:
         while pending:
             result, splits_, sizes_ = pending.popleft()
             yield (*result.get(), splits_, sizes_)
-
-
-_worker_tokenizer = None
-
-
-def load_worker_tokenizer(path: str) -> None:
-    global _worker_tokenizer
-    from tokenizers import Tokenizer
-
-    _worker_tokenizer = Tokenizer.from_file(path)
-
-
-def encode_texts(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Each text's token ids followed by <|endoftext|>, all in one array, and each text's length in it."""
-    eot = _worker_tokenizer.token_to_id(END_OF_TEXT)
-    dtype = np.uint16 if _worker_tokenizer.get_vocab_size() <= 65536 else np.uint32
-    flat: list[int] = []
-    lengths = []
-    for encoding in _worker_tokenizer.encode_batch(texts):
-        ids = encoding.ids
-        flat.extend(ids)
-        flat.append(eot)
-        lengths.append(len(ids) + 1)
-    return np.array(flat, dtype=dtype), np.array(lengths, dtype=np.int64)
 
 
 class ShardStream:
