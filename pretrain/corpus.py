@@ -40,7 +40,7 @@ from common.default_corpus import DEFAULT_CORPUS_SOURCE, stdlib_documents
 from common.durations import format_eta
 from common.errors import PipelineError
 from common.heldout import is_held_out
-from common.manifest import TokenizerEntry, write_section
+from common.manifest import TokenizerEntry, read_manifest, write_section
 from common.readers import Document, list_files, read_documents
 from common.workspace import Workspace, atomic_write_json, file_sha256, replace_directory
 from pretrain.config import TrainConfig
@@ -74,6 +74,7 @@ class Corpus:
 
     paths: tuple[Path, ...]
     text_field: str | None
+    skipped_files: frozenset[str] = frozenset()  # absolute paths whose documents are not read (already tokenized)
 
     @property
     def sources(self) -> list[str]:
@@ -82,7 +83,8 @@ class Corpus:
     def documents(self) -> Iterator[Document]:
         if not self.paths:
             return stdlib_documents()
-        return read_documents(self.paths, self.text_field, unique_ids=False)
+        documents = read_documents(self.paths, self.text_field, unique_ids=False)
+        return (d for d in documents if d.source not in self.skipped_files) if self.skipped_files else documents
 
     def files(self) -> list[tuple[str, int, int]]:
         """(path, size, modification time) of every input file: what a staged preparation was made from."""
@@ -179,8 +181,85 @@ def stage_data(corpus: Corpus, staging: Path, cfg: TrainConfig, options: DataOpt
     meta = tokenize_to_shards(corpus, staging, progress, options.worker_count(), options.shard_tokens)
     meta.update(validation_split(staging / "data", meta, cfg))
     meta["tokenizer_sample"] = progress["read"]
+    meta["inputs"] = key["files"]
+    meta["val_percent"] = key["val_percent"]
     atomic_write_json(staging / "data" / "meta.json", meta)
     return meta
+
+
+def append_data(ws: Workspace, corpus: Corpus, options: DataOptions) -> int:
+    """Continued pretraining: tokenize the documents of input files not tokenized before (by path, size
+    and modification time) with the workspace's tokenizer into new shards after the existing ones, which
+    stay as they are; returns the training tokens added. Staged and carried on after a kill as a first
+    preparation is; data/meta.json, rewritten last, is the commit point."""
+    meta = json.loads((ws.data_dir / "meta.json").read_text())
+    if "shards" not in meta:
+        raise PipelineError(
+            f"{ws.data_dir}: prepared before token shards; run `pipeline pretrain --data ...` without --resume"
+        )
+    done = {tuple(f) for f in meta.get("inputs", [])}
+    files = corpus.files()
+    new_files = [f for f in files if tuple(f) not in done]
+    if not new_files:
+        info("no new documents: every input file was tokenized before")
+        return 0
+    corpus = Corpus(corpus.paths, corpus.text_field, frozenset(f[0] for f in files if tuple(f) in done))
+    staging = ws.root / STAGING
+    key = {
+        "append_to": [meta["train_tokens"], meta["val_tokens"]],
+        "files": [list(f) for f in files],
+        "text_field": corpus.text_field,
+        "shard_tokens": options.shard_tokens,
+        "val_percent": meta.get("val_percent", 5),
+    }
+    progress_file = staging / "progress.json"
+    progress = json.loads(progress_file.read_text()) if progress_file.exists() else None
+    if progress is None or progress["key"] != key:
+        shutil.rmtree(staging, ignore_errors=True)
+        (staging / "data").mkdir(parents=True)
+        shutil.copytree(ws.tokenizer_dir, staging / "tokenizer")
+        progress = {
+            "key": key,
+            "read": {"text_bytes": sum(size for _, size, _ in new_files)},  # about: the files' size
+            "first_shard": {split: len(entries) for split, entries in meta["shards"].items()},
+            "documents_done": 0,
+            "bytes_done": 0,
+            "streams": None,
+        }
+        atomic_write_json(progress_file, progress)
+    info(f"tokenizing the documents of {len(new_files)} new input file(s) with the workspace's tokenizer")
+    added = tokenize_to_shards(corpus, staging, progress, options.worker_count(), options.shard_tokens)
+    for split, entries in added["shards"].items():
+        for entry in entries:
+            os.replace(staging / "data" / entry["file"], ws.data_dir / entry["file"])
+        meta["shards"][split] += entries
+        meta[f"{split}_tokens"] += added[f"{split}_tokens"]
+        meta["documents"][split] += added["documents"][split]
+    meta["inputs"] = sorted([list(f) for f in done | {tuple(f) for f in new_files}])
+    atomic_write_json(ws.data_dir / "meta.json", meta)
+    shutil.rmtree(staging, ignore_errors=True)
+    tokenizer = read_manifest(ws).tokenizer
+    write_section(
+        ws,
+        TokenizerEntry(
+            path=tokenizer.path,
+            sha256=tokenizer.sha256,
+            vocab_size=tokenizer.vocab_size,
+            sources=tokenizer.sources + [s for s in corpus.sources if s not in tokenizer.sources],
+            documents=tokenizer.documents + added["documents"]["train"] + added["documents"]["val"],
+            report=tokenizer.report
+            | {
+                "train_tokens": meta["train_tokens"],
+                "val_tokens": meta["val_tokens"],
+                "shards": {split: len(entries) for split, entries in meta["shards"].items()},
+            },
+        ),
+    )
+    info(
+        f"added {added['train_tokens']:,} training and {added['val_tokens']:,} validation tokens "
+        f"({added['documents']['train'] + added['documents']['val']:,} documents) in new shards"
+    )
+    return added["train_tokens"]
 
 
 def val_percent(cfg: TrainConfig) -> int:
@@ -236,8 +315,11 @@ def tokenize_to_shards(corpus: Corpus, staging: Path, progress: dict, workers: i
     tokenizer_path = staging / "tokenizer" / "tokenizer.json"
     vocab_size = load_tokenizer(staging / "tokenizer").get_vocab_size()
     dtype = np.dtype(np.uint16 if vocab_size <= 65536 else np.uint32)
+    first = progress.get("first_shard", {})
     streams = {
-        split: ShardStream(staging / "data", split, dtype, shard_tokens, (progress["streams"] or {}).get(split))
+        split: ShardStream(
+            staging / "data", split, dtype, shard_tokens, (progress["streams"] or {}).get(split), first.get(split, 0)
+        )
         for split in ("train", "val")
     }
     held_out = val_percent_of(progress)
@@ -343,8 +425,16 @@ class ShardStream:
     document end past `shard_tokens`. A stream made from a saved state cuts its open shard back to what
     that state counted (what was written after it is written again)."""
 
-    def __init__(self, directory: Path, split: str, dtype: np.dtype, shard_tokens: int, state: dict | None):
-        self.directory, self.split, self.dtype, self.shard_tokens = directory, split, dtype, shard_tokens
+    def __init__(
+        self, directory: Path, split: str, dtype: np.dtype, shard_tokens: int, state: dict | None, first: int = 0
+    ):
+        self.directory, self.split, self.dtype, self.shard_tokens, self.first = (
+            directory,
+            split,
+            dtype,
+            shard_tokens,
+            first,
+        )
         state = state or {"closed": [], "open_tokens": 0, "open_documents": 0}
         self.closed = list(state["closed"])
         self.open_tokens, self.open_documents = state["open_tokens"], state["open_documents"]
@@ -352,7 +442,7 @@ class ShardStream:
         self.file.truncate(self.open_tokens * dtype.itemsize)
 
     def open_path(self) -> Path:
-        return self.directory / f"{self.split}-{len(self.closed):05d}.bin"
+        return self.directory / f"{self.split}-{self.first + len(self.closed):05d}.bin"
 
     def append(self, tokens: np.ndarray) -> bool:
         """Add one document's tokens; True when this closed a shard."""

@@ -14,6 +14,7 @@ embed stage's: workflows.py chains it after this, since no stage imports another
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -24,7 +25,7 @@ from common.manifest import read_manifest
 from common.workspace import Workspace
 from pretrain.checkpoint import checkpoint_dirs, config_from_checkpoint
 from pretrain.config import PRESET_TRAINING, PRESETS, ParallelConfig, RuntimeOptions, TrainConfig, model_config_for
-from pretrain.corpus import Corpus, DataOptions, prepare_data
+from pretrain.corpus import Corpus, DataOptions, append_data, prepare_data
 from pretrain.settings import PretrainSettings
 from pretrain.sizing import size_to_budget
 
@@ -51,6 +52,12 @@ def run_pretrain(ws: Workspace, s: PretrainSettings) -> dict:
     options = runtime_options(s)
     resume_from = latest_checkpoint(ws) if s.resume else None
     cfg = resumed_config(resume_from, s) if resume_from else new_train_config(s)
+    if resume_from is not None and s.data:  # continued pretraining: the new documents in new shards
+        added = append_data(ws, corpus_of(s), data_options(s))
+        if s.max_steps is None and added:  # as many more steps as the new tokens fill
+            more = math.ceil(added / (cfg.batch_size * cfg.seq_len))
+            info(f"training {more:,} more steps ({cfg.max_steps:,} -> {cfg.max_steps + more:,}) for the new tokens")
+            cfg.max_steps += more
     if not s.auto:
         plan.validate(cfg.model, cfg)  # the plan the user gave, before anything is written
     job = dict(

@@ -145,7 +145,12 @@ class PretrainSettings:
     eval_every: int = option(100, "Validation every N steps.", min=1)
     checkpoint_every: int = option(100, "Checkpoint every N steps.", min=1)
     log_every: int = option(10, "Log metrics every N steps.", min=1)
-    resume: bool = option(False, "Continue from the latest checkpoint in the workspace (under any plan).")
+    resume: bool = option(
+        False,
+        "Continue from the latest checkpoint in the workspace (under any plan); with --data, the documents of "
+        "files not tokenized before go into new shards first, and training runs as many more steps as they fill "
+        "(unless --max-steps says).",
+    )
     # the job
     nproc: Optional[int] = option(None, "Processes on this node (default: number of GPUs, 1 on CPU).", min=1)
     nnodes: int = option(1, "Nodes in the job.", min=1)

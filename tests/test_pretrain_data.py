@@ -126,3 +126,32 @@ def test_structured_files_are_read_in_slices(tmp_path, monkeypatch, rows):
     duckdb.sql(f"SELECT 'id-' || i AS id, 'text ' || i AS text FROM range({rows}) t(i)").write_parquet(str(path))
     documents = list(readers.read_documents([path]))
     assert [d.id for d in documents] == [f"id-{i}" for i in range(rows)]
+
+
+def test_continued_pretraining_tokenizes_only_the_new_files_into_new_shards(tmp_path):
+    from conftest import TINY_TRAINING, read_metrics, run_cli
+
+    corpus = write_corpus(tmp_path / "corpus", files=2, documents=80)
+    ws = tmp_path / "ws"
+    args = ["--shard-tokens", "4000"]
+    run_cli("pretrain", "-w", str(ws), "--data", str(corpus), *TINY_TRAINING, *args, "--max-steps", "4", "--no-adapt")
+    before = shard_bytes(Workspace(ws))
+    meta_before = json.loads((ws / "data" / "meta.json").read_text())
+
+    write_corpus(tmp_path / "more", files=1, documents=80, seed=9).joinpath("part-0.jsonl").rename(corpus / "new.jsonl")
+    result = run_cli("pretrain", "-w", str(ws), "--data", str(corpus), "--resume", "--no-adapt", *args)
+    meta = json.loads((ws / "data" / "meta.json").read_text())
+    after = shard_bytes(Workspace(ws))
+    assert {name: after[name] for name in before} == before  # the old shards untouched
+    new_shards = sorted(set(after) - set(before))
+    assert new_shards and all(int(name[-9:-4]) >= len(meta_before["shards"][name[:-10]]) for name in new_shards)
+    assert (
+        meta["documents"]["train"] + meta["documents"]["val"] == 240
+        and meta["train_tokens"] > meta_before["train_tokens"]
+    )
+    more = -(-(meta["train_tokens"] - meta_before["train_tokens"]) // (8 * 32))  # steps of 8 x 32 tokens
+    assert f"training {more:,} more steps (4 -> {4 + more:,})" in result.stderr
+    assert [m["step"] for m in read_metrics(ws) if m["event"] == "resume"] == [4]
+    assert json.loads((ws / "manifest.json").read_text())["model"]["steps"] == 4 + more
+    again = run_cli("pretrain", "-w", str(ws), "--data", str(corpus), "--resume", "--no-adapt", *args)
+    assert "no new documents" in again.stderr and shard_bytes(Workspace(ws)) == after
