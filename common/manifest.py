@@ -52,7 +52,7 @@ class Section:
 
 @dataclass
 class TokenizerEntry(Section):
-    """Written by pretrain/data.py when the data is prepared."""
+    """Written by pretrain/corpus.py when the data is prepared (and when continued pretraining adds to it)."""
 
     NAME: ClassVar[str] = "tokenizer"
     path: str

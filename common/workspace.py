@@ -4,7 +4,7 @@ common/manifest.py).
 Layout (all paths relative to the workspace root):
     manifest.json        which tokenizer, model, embedder and index belong together
     tokenizer/           tokenizer.json trained on the user's data
-    data/                train.bin / val.bin token files and meta.json
+    data/                token shards (train-00000.bin ..., val-00000.bin ...) and meta.json
     checkpoints/         step_XXXXXXXX/ directories (torch.distributed.checkpoint)
     model/               the exported Hugging Face + sentence-transformers model
     metrics.jsonl        one JSON object per logged training step / validation

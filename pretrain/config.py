@@ -68,6 +68,9 @@ class TrainConfig:
     checkpoint_every: int = 100
     log_every: int = 10
     measure_comm: bool = True  # profile the last step of each log window for its time in communication
+    # Sized runs: the seconds the loop's steps were planned to take. The loop times its own first steps and
+    # re-plans max_steps to fill them (once; then 0): sizing timed each shape in a moment that may not last.
+    step_budget_s: float = 0.0
     model: ModelConfig = field(default_factory=ModelConfig)
 
     @property

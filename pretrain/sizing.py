@@ -189,7 +189,8 @@ def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, 
         raise PipelineError(
             "no model shape of the sizing ladder fits this parallel plan: give --preset or --n-layer/--n-head/--n-embd"
         )
-    best, measured = choose_shape(unique_tokens, cfg.vocab_size, STEP_SHARE * seconds, device, processes, ladder)
+    with OtherLoad() as load:
+        best, measured = choose_shape(unique_tokens, cfg.vocab_size, STEP_SHARE * seconds, device, processes, ladder)
     shape = best.shape
     # the steps that fit in what sizing itself left of the budget
     step_seconds = STEP_SHARE * max(seconds - (time.monotonic() - started), 0.0)
@@ -203,6 +204,7 @@ def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, 
         predicted_loss=predicted_loss(best.parameters, tokens, unique_tokens),
     )
     cfg = apply_shape(cfg, shape, chosen.steps)
+    cfg.step_budget_s = step_seconds  # the loop times whole steps, all processes together
     lines = [
         f"sizing for {seconds / 60:.1f} min of pretraining on {device.type} ({processes} process(es)), "
         f"{STEP_SHARE:.0%} of it for training steps, the rest for validation, checkpoints and export; "
@@ -221,7 +223,51 @@ def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, 
         f"({chosen.epochs:.1f} epochs): the lowest loss the scaling law predicts in the budget "
         "(larger shapes see too few tokens, smaller ones learn less per token)"
     )
+    if device.type == "cpu" and load.share >= BUSY_SHARE:
+        lines.append(
+            f"note: other processes used {load.share:.0%} of this machine's cores while the shapes were timed, so "
+            "they were timed slower than this machine runs them: on a quiet machine a larger shape may be chosen"
+        )
     return cfg, lines
+
+
+BUSY_SHARE = 0.25  # other processes' share of the cores during the timing that makes the sizing say so
+
+
+class OtherLoad:
+    """The share of this machine's cores that other processes used while the block ran (the system's busy
+    CPU time less this process's)."""
+
+    def __enter__(self) -> "OtherLoad":
+        import psutil
+
+        self.process = psutil.Process()
+        self.started = time.monotonic()
+        self.system, self.own = self._busy(psutil.cpu_times()), sum(self.process.cpu_times()[:2])
+        self.share = 0.0
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import psutil
+
+        wall = time.monotonic() - self.started
+        other = (self._busy(psutil.cpu_times()) - self.system) - (sum(self.process.cpu_times()[:2]) - self.own)
+        self.share = max(0.0, other / max(wall * psutil.cpu_count(), 1e-9))
+
+    @staticmethod
+    def _busy(times) -> float:
+        return times.user + times.system + getattr(times, "nice", 0.0)
+
+
+REPLAN_AFTER = 10  # steps the loop times (after its first) before it re-plans
+REPLAN_CHANGE = 0.1  # a re-plan that moves the step count by less than this share is not made
+
+
+def replanned_steps(max_steps: int, step_budget_s: float, step_s: float, done: int) -> int | None:
+    """The step count that fills `step_budget_s` at `step_s` a step (the loop's own timing), or None when it
+    is within REPLAN_CHANGE of max_steps; never fewer than the steps done and one more."""
+    steps = max(done + 1, int(step_budget_s / step_s))
+    return steps if abs(steps - max_steps) > REPLAN_CHANGE * max_steps else None
 
 
 def _accepts(plan, cfg) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
@@ -29,6 +30,7 @@ from pretrain.mesh import barrier, build_mesh
 from pretrain.metrics import CommunicationTimer, RunLog, Stopwatch, memory_now_mb, reset_peak_memory
 from pretrain.model import GPT, lm_loss
 from pretrain.parallel import ParallelModel, clip_grad_norm, parallelize, print_layout
+from pretrain.sizing import REPLAN_AFTER, replanned_steps
 from pretrain.tokenizer import load_tokenizer
 
 # ---------------------------------------------------------------- optimisation
@@ -57,6 +59,26 @@ def lr_multiplier(step: int, cfg: TrainConfig) -> float:
         return (step + 1) / cfg.warmup
     progress = min(1.0, (step - cfg.warmup) / max(1, cfg.max_steps - cfg.warmup))
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def replan_steps(cfg: TrainConfig, step_s: float, done: int, par, main: bool) -> None:
+    """A sized run's step count, re-planned once from the loop's own step time (the slowest rank's, so every
+    rank decides alike) to fill the seconds sizing planned for steps; the warmup stays as planned."""
+    if par.world_size > 1:
+        slowest = torch.tensor([step_s], dtype=torch.float64, device=par.device)
+        torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
+        step_s = float(slowest.item())
+    budget, cfg.step_budget_s = cfg.step_budget_s, 0.0  # once: a resumed run keeps the count
+    steps = replanned_steps(cfg.max_steps, budget, step_s, done)
+    if steps is None:
+        return
+    if main:
+        info(
+            f"re-planned: {steps:,} steps instead of {cfg.max_steps:,} to fill the {budget:.0f}s planned for "
+            f"steps (a step takes {step_s * 1000:.0f} ms here now)"
+        )
+    cfg.warmup_steps = cfg.warmup
+    cfg.max_steps = steps
 
 
 # ---------------------------------------------------------------- the loop
@@ -140,8 +162,14 @@ def train(
         None,
     )  # stay None when there is no step to run (--max-steps 0: the model at initialisation)
     log.start()
+    timed_from = None  # when the loop's own timing of its steps began (after the first step: it warms up)
     for step in range(start_step, cfg.max_steps):
         done = step + 1
+        if cfg.step_budget_s and done == start_step + 2:
+            timed_from = time.perf_counter()
+        if timed_from is not None and done == start_step + 2 + REPLAN_AFTER:
+            replan_steps(cfg, (time.perf_counter() - timed_from) / REPLAN_AFTER, step, par, main)
+            timed_from = None
         logged = done % cfg.log_every == 0 or done == cfg.max_steps
         # This rank's slice of the global batch of this step (the same batch under every plan).
         indices = step_sample_indices(step, cfg.batch_size, len(train_windows), cfg.seed)

@@ -1,4 +1,5 @@
 import json
+import re
 import shutil
 
 import numpy as np
@@ -148,6 +149,46 @@ def test_sizing_moves_up_the_ladder_on_a_faster_machine_and_discounts_repeated_d
     slow, fast = chosen[5e10], chosen[5e13]
     assert LADDER.index(fast.shape) > LADDER.index(slow.shape)
     assert slow.epochs > 1 and slow.steps >= 100  # a small corpus on a CPU: a small model, several epochs
+    # A pretraining corpus of billions of tokens: the data is no limit, each faster machine a larger shape.
+    corpus = [
+        choose_shape(2 * 10**9, 32768, 3600, torch.device("cpu"), timer=machine(s))[0] for s in (5e10, 5e13, 4e14)
+    ]
+    assert [LADDER.index(c.shape) for c in corpus] == sorted({LADDER.index(c.shape) for c in corpus})
+    assert all(c.epochs < 1.5 for c in corpus)
+
+
+def test_a_sized_run_replans_its_steps_from_its_own_step_time():
+    from pretrain.sizing import replanned_steps
+
+    assert replanned_steps(1000, 60.0, 0.03, 12) == 2000  # the steps run twice as fast as sized: twice as many
+    assert replanned_steps(1000, 60.0, 0.12, 12) == 500
+    assert replanned_steps(1000, 60.0, 0.062, 12) is None  # within 10%: as planned
+    assert replanned_steps(1000, 60.0, 10.0, 12) == 13  # never fewer than the steps done and one more
+
+
+def test_sizing_says_when_other_processes_loaded_the_machine_while_it_timed_the_shapes():
+    import multiprocessing
+    import time
+
+    import psutil
+
+    from pretrain.sizing import BUSY_SHARE, OtherLoad
+
+    stop = multiprocessing.get_context("spawn").Event()
+    busy = [multiprocessing.get_context("spawn").Process(target=spin, args=(stop,)) for _ in range(psutil.cpu_count())]
+    with OtherLoad() as loaded:
+        for process in busy:
+            process.start()
+        time.sleep(1.5)
+        stop.set()
+        for process in busy:
+            process.join()
+    assert BUSY_SHARE <= loaded.share <= 1.05  # every core spun by other processes: nearly all of the machine
+
+
+def spin(stop) -> None:
+    while not stop.is_set():
+        pass
 
 
 def test_pretrain_without_a_shape_is_sized_to_the_time_budget(tmp_path, corpus_file):
@@ -159,6 +200,10 @@ def test_pretrain_without_a_shape_is_sized_to_the_time_budget(tmp_path, corpus_f
     )
     assert "sizing for" in result.stderr and "chosen:" in result.stderr
     model = json.loads((ws / "manifest.json").read_text())["model"]
+    planned = int(re.search(r"chosen: .*?, ([\d,]+) steps", result.stderr).group(1).replace(",", ""))
+    replanned = re.search(r"re-planned: ([\d,]+) steps instead of ([\d,]+)", result.stderr)
+    # The loop re-planned its steps from its own timing, or found sizing's plan within 10% of it.
+    assert model["steps"] == (int(replanned.group(1).replace(",", "")) if replanned else planned)
     shapes = {(s.n_layer, s.n_embd, s.n_head, s.batch_size) for s in LADDER}
     assert model["preset"] == "sized" and model["steps"] >= 1
     assert (
