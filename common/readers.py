@@ -112,18 +112,12 @@ def read_documents(
     seen: dict[str, str] = {}
     count = 0
     for file, name in files:
-        suffix = file.suffix.lower()
-        if suffix in TEXT_SUFFIXES:
-            docs = _read_text_file(file, name)
-        elif suffix == ".jsonl":
-            read = None if json_lines is None else json_lines.setdefault(os.path.abspath(file), JsonLinesRead())
-            if read is not None:  # the documents before where it starts count as read
-                seen.update(dict.fromkeys(read.ids, f"{file} (before line {read.lines + 1})"))
-                count += len(read.ids)
-            docs = _read_jsonl(file, text_field, read)
-        else:
-            docs = _read_with_duckdb(file, text_field)
-        for doc, where in docs:
+        read = None
+        if json_lines is not None and file.suffix.lower() == ".jsonl":
+            read = json_lines.setdefault(os.path.abspath(file), JsonLinesRead())
+            seen.update(dict.fromkeys(read.ids, f"{file} (before line {read.lines + 1})"))  # read before: counted
+            count += len(read.ids)
+        for doc, where in read_file(file, name, text_field, read):
             if unique_ids:
                 if doc.id in seen:
                     raise PipelineError(f"{where}: duplicate document id '{doc.id}' (first seen at {seen[doc.id]})")
@@ -132,6 +126,19 @@ def read_documents(
             yield doc
     if count == 0:
         raise PipelineError(f"empty corpus: no document with text under {', '.join(map(str, paths))}")
+
+
+def read_file(
+    file: Path, name: str, text_field: str | None = None, read: JsonLinesRead | None = None
+) -> Iterator[tuple[Document, str]]:
+    """The documents of one supported file, each with where it is (file:line, file:row); `name` is the file's
+    name as list_files gives it (a text file's id), `read` where a JSON-lines file starts (read_documents)."""
+    suffix = file.suffix.lower()
+    if suffix in TEXT_SUFFIXES:
+        return _read_text_file(file, name)
+    if suffix == ".jsonl":
+        return _read_jsonl(file, text_field, read)
+    return _read_with_duckdb(file, text_field)
 
 
 def _read_text_file(file: Path, doc_id: str) -> Iterator[tuple[Document, str]]:

@@ -39,18 +39,16 @@ from common.console import info
 from common.default_corpus import DEFAULT_CORPUS_SOURCE, stdlib_documents
 from common.durations import format_eta
 from common.errors import PipelineError
-from common.heldout import is_held_out
 from common.manifest import TokenizerEntry, read_manifest, write_section
 from common.readers import Document, list_files, read_documents
 from common.workspace import Workspace, atomic_write_json, file_sha256, replace_directory
 from pretrain.config import TrainConfig
 from pretrain.sizing import vocab_for
-from pretrain.tokenize_worker import encode_texts, load_worker_tokenizer
+from pretrain.tokenize_worker import ShardStream, batches, encode_texts, load_worker_tokenizer, training_text
 from pretrain.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 
 STAGING = ".data-preparing"
 FORMAT = 2  # meta.json's layout: shards (format 1, before it, was one train.bin and one val.bin)
-BATCH_CHARS = 1 << 20  # text sent to a worker at a time
 BATCHES_PER_WORKER = 2  # batches queued for each worker: enough to keep it busy, few enough to bound memory
 PROGRESS_SECONDS = 10.0
 
@@ -63,6 +61,7 @@ class DataOptions:
     shard_tokens: int = 100_000_000
     workers: int = 0  # 0: every core
     seed: int = 1337
+    ray: str | None = None  # a Ray cluster's address: tokenized there, a Ray Data task per input file
 
     def worker_count(self) -> int:
         return self.workers or len(os.sched_getaffinity(0))
@@ -89,10 +88,6 @@ class Corpus:
     def files(self) -> list[tuple[str, int, int]]:
         """(path, size, modification time) of every input file: what a staged preparation was made from."""
         return [(os.path.abspath(f), f.stat().st_size, f.stat().st_mtime_ns) for f, _ in list_files(self.paths)]
-
-
-def training_text(doc: Document) -> str:
-    return f"{doc.title}\n{doc.text}" if doc.title else doc.text
 
 
 # ---------------------------------------------------------------- the whole preparation
@@ -150,6 +145,7 @@ def stage_data(corpus: Corpus, staging: Path, cfg: TrainConfig, options: DataOpt
         "shard_tokens": options.shard_tokens,
         "seed": options.seed,
         "val_percent": val_percent(cfg),
+        "on_ray": options.ray is not None,  # shards per input file
     }
     progress_file = staging / "progress.json"
     progress = json.loads(progress_file.read_text()) if progress_file.exists() else None
@@ -178,7 +174,10 @@ def stage_data(corpus: Corpus, staging: Path, cfg: TrainConfig, options: DataOpt
         info(f"carrying on the preparation staged in {staging} ({progress['documents_done']:,} documents done)")
     if not cfg.vocab_size:
         cfg.vocab_size = load_tokenizer(staging / "tokenizer").get_vocab_size()
-    meta = tokenize_to_shards(corpus, staging, progress, options.worker_count(), options.shard_tokens)
+    if options.ray is not None:
+        meta = tokenize_on_ray(corpus, staging, progress, options.ray, options.shard_tokens)
+    else:
+        meta = tokenize_to_shards(corpus, staging, progress, options.worker_count(), options.shard_tokens)
     meta.update(validation_split(staging / "data", meta, cfg))
     meta["tokenizer_sample"] = progress["read"]
     meta["inputs"] = key["files"]
@@ -345,10 +344,55 @@ def tokenize_to_shards(corpus: Corpus, staging: Path, progress: dict, workers: i
                 meter.advance(size, len(piece))
                 if closed and split == "train":
                     save_progress()
-    shards = {split: stream.finish() for split, stream in streams.items()}
+    return shard_counts({split: stream.finish() for split, stream in streams.items()}, vocab_size, shard_tokens)
+
+
+def tokenize_on_ray(corpus: Corpus, staging: Path, progress: dict, address: str, shard_tokens: int) -> dict:
+    """Pass 2 on a Ray cluster: a Ray Data task per input file (pretrain/tokenize_worker.py tokenize_file)
+    writes that file's shards into the staging directory, which every node must see (the workspace on shared
+    storage, as Ray Train needs it too); the shards are listed in input-file order whatever order the tasks
+    ran in, so training reads the same token stream as after a preparation on one machine."""
+    import logging
+
+    from common.ray_cluster import connect
+    from pretrain.tokenize_worker import tokenize_file
+
+    if not corpus.paths:
+        raise PipelineError("--ray tokenizes input files on the cluster: give them with --data")
+    ray = connect(address)
+    ray.data.DataContext.get_current().enable_progress_bars = False  # ours report the progress
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
+    vocab_size = load_tokenizer(staging / "tokenizer").get_vocab_size()
+    tasks = [
+        {
+            "index": i,
+            "path": os.path.abspath(path),
+            "name": name,
+            "text_field": corpus.text_field,
+            "tokenizer": str((staging / "tokenizer" / "tokenizer.json").resolve()),
+            "directory": str((staging / "data").resolve()),
+            "shard_tokens": shard_tokens,
+            "val_percent": val_percent_of(progress),
+        }
+        for i, (path, name) in enumerate(list_files(corpus.paths))
+    ]
+    info(f"tokenizing {len(tasks)} input file(s) on the Ray cluster, a task each")
+    meter = ProgressMeter("tokenized", progress["read"]["text_bytes"])
+    dataset = ray.data.from_items(tasks, override_num_blocks=len(tasks)).map(tokenize_file, num_cpus=1)
+    results = []
+    for row in dataset.iter_rows():
+        results.append(row)
+        meter.advance(row["text_bytes"])
+    per_file = [json.loads(row["shards"]) for row in sorted(results, key=lambda row: row["index"])]
+    shards = {split: [shard for each in per_file for shard in each[split]] for split in ("train", "val")}
+    return shard_counts(shards, vocab_size, shard_tokens)
+
+
+def shard_counts(shards: dict[str, list[dict]], vocab_size: int, shard_tokens: int) -> dict:
+    """data/meta.json's account of the shards."""
     return {
         "format": FORMAT,
-        "dtype": dtype.name,
+        "dtype": np.dtype(np.uint16 if vocab_size <= 65536 else np.uint32).name,
         "vocab_size": vocab_size,
         "shard_tokens": shard_tokens,
         "shards": shards,
@@ -360,22 +404,6 @@ def tokenize_to_shards(corpus: Corpus, staging: Path, progress: dict, workers: i
 
 def val_percent_of(progress: dict) -> int:
     return progress["key"]["val_percent"]
-
-
-def batches(documents: Iterator[Document], held_out: int) -> Iterator[tuple[list[str], list[str], list[int]]]:
-    """(texts, split of each, UTF-8 size of each) in batches of about BATCH_CHARS characters."""
-    texts, splits, sizes, chars = [], [], [], 0
-    for doc in documents:
-        text = training_text(doc)
-        texts.append(text)
-        splits.append("val" if is_held_out(doc.id, held_out) else "train")
-        sizes.append(len(text.encode("utf-8")))
-        chars += len(text)
-        if chars >= BATCH_CHARS:
-            yield texts, splits, sizes
-            texts, splits, sizes, chars = [], [], [], 0
-    if texts:
-        yield texts, splits, sizes
 
 
 class Encoders:
@@ -418,66 +446,6 @@ class Encoders:
         while pending:
             result, splits_, sizes_ = pending.popleft()
             yield (*result.get(), splits_, sizes_)
-
-
-class ShardStream:
-    """One split's shards, appended to as documents are tokenized: the open shard is closed at the first
-    document end past `shard_tokens`. A stream made from a saved state cuts its open shard back to what
-    that state counted (what was written after it is written again)."""
-
-    def __init__(
-        self, directory: Path, split: str, dtype: np.dtype, shard_tokens: int, state: dict | None, first: int = 0
-    ):
-        self.directory, self.split, self.dtype, self.shard_tokens, self.first = (
-            directory,
-            split,
-            dtype,
-            shard_tokens,
-            first,
-        )
-        state = state or {"closed": [], "open_tokens": 0, "open_documents": 0}
-        self.closed = list(state["closed"])
-        self.open_tokens, self.open_documents = state["open_tokens"], state["open_documents"]
-        self.file = open(self.open_path(), "ab")
-        self.file.truncate(self.open_tokens * dtype.itemsize)
-
-    def open_path(self) -> Path:
-        return self.directory / f"{self.split}-{self.first + len(self.closed):05d}.bin"
-
-    def append(self, tokens: np.ndarray) -> bool:
-        """Add one document's tokens; True when this closed a shard."""
-        self.file.write(tokens.tobytes())
-        self.open_tokens += len(tokens)
-        self.open_documents += 1
-        if self.open_tokens < self.shard_tokens:
-            return False
-        self.close_shard()
-        self.file = open(self.open_path(), "wb")
-        return True
-
-    def close_shard(self) -> None:
-        self.sync()
-        self.file.close()
-        self.closed.append(
-            {"file": self.open_path().name, "tokens": self.open_tokens, "documents": self.open_documents}
-        )
-        self.open_tokens = self.open_documents = 0
-
-    def sync(self) -> None:
-        self.file.flush()
-        os.fsync(self.file.fileno())
-
-    def state(self) -> dict:
-        return {"closed": self.closed, "open_tokens": self.open_tokens, "open_documents": self.open_documents}
-
-    def finish(self) -> list[dict]:
-        """Close the last shard (an empty one is removed); the shards, in order."""
-        if self.open_tokens:
-            self.close_shard()
-        else:
-            self.file.close()
-            self.open_path().unlink()
-        return self.closed
 
 
 def validation_split(data_dir: Path, meta: dict, cfg: TrainConfig) -> dict:

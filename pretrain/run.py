@@ -158,6 +158,7 @@ def data_options(s: PretrainSettings) -> DataOptions:
         shard_tokens=s.shard_tokens,
         workers=s.tokenize_workers or 0,
         seed=s.seed,
+        ray=s.ray,
     )
 
 

@@ -115,3 +115,32 @@ def test_ray_training_matches_torchrun_and_survives_a_killed_worker(tmp_path, co
     assert len(got) == len(want) == 24
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert (ws / "model" / "model.safetensors").exists()
+
+
+def test_tokenizing_on_ray_gives_the_token_stream_of_one_machine(tmp_path):
+    """Ray Data tasks, one per input file, each writing that file's shards: listed in file order, the same
+    tokens as a preparation on one machine, shard by shard within each file."""
+    import ray
+    from test_pretrain_data import write_corpus
+
+    from pretrain.config import TrainConfig
+    from pretrain.corpus import Corpus, DataOptions, prepare_data
+
+    corpus = write_corpus(tmp_path / "corpus", files=3, documents=50)
+    metas, streams = {}, {}
+    try:
+        for name, on_ray in (("local", None), ("ray", "local")):
+            ws = Workspace(tmp_path / name)
+            cfg = TrainConfig(seq_len=16, vocab_size=320)
+            metas[name] = prepare_data(ws, Corpus((corpus,), None), cfg, DataOptions(shard_tokens=2_000, ray=on_ray))
+            streams[name] = {
+                split: np.concatenate([np.fromfile(ws.data_dir / s["file"], dtype="uint16") for s in shards])
+                for split, shards in metas[name]["shards"].items()
+            }
+    finally:
+        ray.shutdown()
+    for split in ("train", "val"):
+        np.testing.assert_array_equal(streams["ray"][split], streams["local"][split])
+    files = [s["file"] for s in metas["ray"]["shards"]["train"]]
+    assert files == sorted(files) and {f[6:11] for f in files} == {"00000", "00001", "00002"}  # shards of each file
+    assert metas["ray"]["documents"] == metas["local"]["documents"]
