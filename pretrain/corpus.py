@@ -8,7 +8,8 @@
              data/train-00000.bin ..., data/val-00000.bin ... (uint16, or uint32 past 65,536 token types;
              each document followed by <|endoftext|>), listed with their counts in data/meta.json. A
              document whose id is held out (common/heldout.py) is a validation document: validation is a
-             sample of documents, not the tail of a stream that may be sorted.
+             sample of documents, not the tail of a stream that may be sorted. With --ray, this pass runs
+             on the Ray cluster instead, a Ray Data task per input file (tokenize_on_ray).
 
 Memory stays bounded whatever the corpus's size: documents are streamed from the readers, the sample is
 bounded, the workers are given a few batches at a time and the shards are appended to disk as they fill.
