@@ -231,7 +231,8 @@ def append_data(ws: Workspace, corpus: Corpus, options: DataOptions) -> int:
     added = tokenize_to_shards(corpus, staging, progress, options.worker_count(), options.shard_tokens)
     for split, entries in added["shards"].items():
         for entry in entries:
-            os.replace(staging / "data" / entry["file"], ws.data_dir / entry["file"])
+            if (staging / "data" / entry["file"]).exists():  # else moved by a run killed before the commit
+                os.replace(staging / "data" / entry["file"], ws.data_dir / entry["file"])
         meta["shards"][split] += entries
         meta[f"{split}_tokens"] += added[f"{split}_tokens"]
         meta["documents"][split] += added["documents"][split]
