@@ -48,14 +48,14 @@ def pretrain(ws: Workspace, settings, adapt: bool = True) -> dict:
     adaptation's under "adaptation"."""
     from embed.choose import adapt as adapt_embedder
     from embed.run import source_documents
-    from embed.tune import TuneSettings, adaptation_steps
+    from embed.tune import TuneSettings, adaptation_steps, tuning_documents
     from pretrain.run import run_pretrain
 
     summary = run_pretrain(ws, settings)
     if adapt and settings.node_rank == 0:  # the other nodes only trained
         info("adapting the pretrained model to retrieval on the same documents (--no-adapt skips this)")
         budget = settings.time_budget_seconds
-        documents = list(source_documents(ws, settings.data, settings.text_field))
+        documents = tuning_documents(source_documents(ws, settings.data, settings.text_field))
         summary["adaptation"] = adapt_embedder(ws, documents, budget, TuneSettings(steps=adaptation_steps(budget)))
     return summary
 
@@ -67,9 +67,9 @@ def tune(ws: Workspace, data: list[Path], text_field: str | None, settings, time
 
     from embed.choose import adapt
     from embed.run import source_documents
-    from embed.tune import run_tune
+    from embed.tune import run_tune, tuning_documents
 
-    documents = list(source_documents(ws, data, text_field))
+    documents = tuning_documents(source_documents(ws, data, text_field))
     if settings.architecture == "auto":
         static = replace(settings, architecture="static", pooling="mean")
         return adapt(ws, documents, time_budget_seconds, static, transformer_pooling=settings.pooling)

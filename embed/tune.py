@@ -51,6 +51,7 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Iterable
 
 from common.console import info, warn
 from common.embedder import embedding_text, ensure_pad_token
@@ -72,6 +73,9 @@ HARD_NEGATIVE_DEPTH = 8  # a hard negative is drawn from the anchor's top BM25 d
 # A batch holds each document once (DistinctDocumentsBatchSampler) and a pair brings two (its own and its hard
 # negative's): batches of at most a third as many pairs as there are documents stay easy to fill.
 DOCUMENTS_PER_BATCH_PAIR = 3
+# Documents tuning reads at most: enough for its 500 x 1,024 pairs (2-3 rounds of one pair a document) and a
+# pretraining corpus of gigabytes is not held in memory for them.
+MAX_TUNING_DOCUMENTS = 200_000
 MAX_PAIR_REPEATS = 3  # times one (anchor, positive) pair may be trained on: more teaches the pair, not the task
 
 
@@ -96,6 +100,24 @@ class TuneSettings:
     def max_chars(self) -> int:
         """Characters kept of a training text: ample for max_seq_length tokens; the tokenizer truncates the rest."""
         return self.max_seq_length * 6
+
+
+def tuning_documents(documents: Iterable[Document], limit: int = MAX_TUNING_DOCUMENTS, seed: int = 0) -> list[Document]:
+    """The documents tuning draws its pairs from: all of them, or for a larger corpus (a pretraining corpus
+    of gigabytes) a seeded uniform sample of `limit` (reservoir sampling: memory bounded by it, one pass),
+    in corpus order."""
+    rng = random.Random(seed)
+    kept: list[tuple[int, Document]] = []
+    seen = 0
+    for i, doc in enumerate(documents):
+        seen = i + 1
+        if len(kept) < limit:
+            kept.append((i, doc))
+        elif (j := rng.randrange(i + 1)) < limit:
+            kept[j] = (i, doc)
+    if seen > limit:
+        info(f"tuning on a sample of {limit:,} of the corpus's {seen:,} documents, drawn across it")
+    return [doc for _, doc in sorted(kept, key=lambda item: item[0])]
 
 
 def adaptation_steps(pretraining_seconds: float, steps: int = TuneSettings.steps) -> int:

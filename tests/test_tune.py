@@ -351,3 +351,15 @@ def test_tune_bad_options_are_one_line(trained_workspace, tmp_path):
         "tune", "-w", str(tmp_path / "empty"), "--data", str(trained_workspace / "nope.jsonl"), check=False
     )
     assert result.returncode == 2
+
+
+def test_tuning_reads_a_bounded_sample_drawn_across_a_large_corpus():
+    from common.readers import Document
+    from embed.tune import tuning_documents
+
+    documents = [Document(f"d{i}", "", "", f"text {i}") for i in range(1000)]
+    sample = tuning_documents(iter(documents), limit=50, seed=1)
+    positions = [int(d.id[1:]) for d in sample]
+    assert len(sample) == 50 and positions == sorted(positions) and positions[-1] > 500  # across, in corpus order
+    assert tuning_documents(iter(documents), limit=50, seed=1) == sample != tuning_documents(iter(documents), 50, 2)
+    assert tuning_documents(iter(documents[:30]), limit=50) == documents[:30]
