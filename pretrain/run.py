@@ -2,11 +2,12 @@
 
 run_pretrain() checks the settings once, before anything is written, then
 
-    a new run    prepares the data (tokenizer and token files, pretrain/data.py), sizes the model to the
+    a new run    prepares the data (tokenizer and token shards, pretrain/corpus.py), sizes the model to the
                  time budget unless a shape or step count was given (pretrain/sizing.py), takes the plan
                  given or, with --strategy auto, the planner's (pretrain/planner/auto.py, --autotune), and
                  trains: in this process, under torchrun (pretrain/launch.py) or on Ray (pretrain/ray_train.py)
-    --resume     continues the latest checkpoint under this run's plan (any plan can resume any checkpoint)
+    --resume     continues the latest checkpoint under this run's plan (any plan can resume any checkpoint);
+                 with --data, the documents of new input files first go into new shards (continued pretraining)
 
 The adaptation to retrieval that follows (`pipeline tune` with its defaults, unless --no-adapt) is the
 embed stage's: workflows.py chains it after this, since no stage imports another.
