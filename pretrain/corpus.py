@@ -45,7 +45,14 @@ from common.readers import Document, list_files, read_documents
 from common.workspace import Workspace, atomic_write_json, file_sha256, replace_directory
 from pretrain.config import TrainConfig
 from pretrain.sizing import vocab_for
-from pretrain.tokenize_worker import ShardStream, batches, encode_texts, load_worker_tokenizer, training_text
+from pretrain.tokenize_worker import (
+    ShardStream,
+    batches,
+    encode_texts,
+    load_worker_tokenizer,
+    token_dtype,
+    training_text,
+)
 from pretrain.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 
 STAGING = ".data-preparing"
@@ -113,7 +120,7 @@ def prepare_data(ws: Workspace, corpus: Corpus, cfg: TrainConfig, options: DataO
     ws.create()
     shutil.rmtree(ws.checkpoints_dir, ignore_errors=True)
     replace_directory(staging / "data", ws.data_dir)
-    save_tokenizer(load_tokenizer(staging / "tokenizer"), ws.tokenizer_dir)
+    replace_directory(staging / "tokenizer", ws.tokenizer_dir)
     shutil.rmtree(staging, ignore_errors=True)
     info(
         f"tokenized: {meta['train_tokens']:,} training tokens in {len(meta['shards']['train'])} shards, "
@@ -148,13 +155,8 @@ def stage_data(corpus: Corpus, staging: Path, cfg: TrainConfig, options: DataOpt
         "val_percent": val_percent(cfg),
         "on_ray": options.ray is not None,  # shards per input file
     }
-    progress_file = staging / "progress.json"
-    progress = json.loads(progress_file.read_text()) if progress_file.exists() else None
-    if progress is not None and progress["key"] != key:
-        progress = None
+    progress = staged_progress(staging, key)
     if progress is None:
-        shutil.rmtree(staging, ignore_errors=True)
-        (staging / "data").mkdir(parents=True)
         if not corpus.paths:
             info("no --data given: training on the built-in corpus of Python standard library docstrings")
         corpus_bytes = sum(size for _, size, _ in files)
@@ -170,7 +172,7 @@ def stage_data(corpus: Corpus, staging: Path, cfg: TrainConfig, options: DataOpt
         save_tokenizer(tokenizer, staging / "tokenizer")
         info(f"tokenizer trained in {format_eta(time.monotonic() - started)}")
         progress = {"key": key, "read": read, "documents_done": 0, "bytes_done": 0, "streams": None}
-        atomic_write_json(progress_file, progress)
+        atomic_write_json(staging / "progress.json", progress)
     else:
         info(f"carrying on the preparation staged in {staging} ({progress['documents_done']:,} documents done)")
     if not cfg.vocab_size:
@@ -212,11 +214,8 @@ def append_data(ws: Workspace, corpus: Corpus, options: DataOptions) -> int:
         "shard_tokens": options.shard_tokens,
         "val_percent": meta.get("val_percent", 5),
     }
-    progress_file = staging / "progress.json"
-    progress = json.loads(progress_file.read_text()) if progress_file.exists() else None
-    if progress is None or progress["key"] != key:
-        shutil.rmtree(staging, ignore_errors=True)
-        (staging / "data").mkdir(parents=True)
+    progress = staged_progress(staging, key)
+    if progress is None:
         shutil.copytree(ws.tokenizer_dir, staging / "tokenizer")
         progress = {
             "key": key,
@@ -226,7 +225,7 @@ def append_data(ws: Workspace, corpus: Corpus, options: DataOptions) -> int:
             "bytes_done": 0,
             "streams": None,
         }
-        atomic_write_json(progress_file, progress)
+        atomic_write_json(staging / "progress.json", progress)
     info(f"tokenizing the documents of {len(new_files)} new input file(s) with the workspace's tokenizer")
     added = tokenize_to_shards(corpus, staging, progress, options.worker_count(), options.shard_tokens)
     for split, entries in added["shards"].items():
@@ -261,6 +260,19 @@ def append_data(ws: Workspace, corpus: Corpus, options: DataOptions) -> int:
         f"({added['documents']['train'] + added['documents']['val']:,} documents) in new shards"
     )
     return added["train_tokens"]
+
+
+def staged_progress(staging: Path, key: dict) -> dict | None:
+    """The progress of a preparation staged for the same key, to carry on; else None, and the staging
+    directory emptied for a new one (with its data/ folder)."""
+    progress_file = staging / "progress.json"
+    if progress_file.exists():
+        progress = json.loads(progress_file.read_text())
+        if progress["key"] == key:
+            return progress
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "data").mkdir(parents=True)
+    return None
 
 
 def val_percent(cfg: TrainConfig) -> int:
@@ -315,7 +327,7 @@ def tokenize_to_shards(corpus: Corpus, staging: Path, progress: dict, workers: i
     staging/progress.json as each training shard closes); returns the shards' counts."""
     tokenizer_path = staging / "tokenizer" / "tokenizer.json"
     vocab_size = load_tokenizer(staging / "tokenizer").get_vocab_size()
-    dtype = np.dtype(np.uint16 if vocab_size <= 65536 else np.uint32)
+    dtype = token_dtype(vocab_size)
     first = progress.get("first_shard", {})
     streams = {
         split: ShardStream(
@@ -323,7 +335,7 @@ def tokenize_to_shards(corpus: Corpus, staging: Path, progress: dict, workers: i
         )
         for split in ("train", "val")
     }
-    held_out = val_percent_of(progress)
+    held_out = progress["key"]["val_percent"]
     done, done_bytes = progress["documents_done"], progress["bytes_done"]
     total_bytes = progress["read"]["text_bytes"]
     meter = ProgressMeter("tokenized", total_bytes, start=done_bytes, tokens=True)
@@ -374,7 +386,7 @@ def tokenize_on_ray(corpus: Corpus, staging: Path, progress: dict, address: str,
             "tokenizer": str((staging / "tokenizer" / "tokenizer.json").resolve()),
             "directory": str((staging / "data").resolve()),
             "shard_tokens": shard_tokens,
-            "val_percent": val_percent_of(progress),
+            "val_percent": progress["key"]["val_percent"],
         }
         for i, (path, name) in enumerate(list_files(corpus.paths))
     ]
@@ -394,7 +406,7 @@ def shard_counts(shards: dict[str, list[dict]], vocab_size: int, shard_tokens: i
     """data/meta.json's account of the shards."""
     return {
         "format": FORMAT,
-        "dtype": np.dtype(np.uint16 if vocab_size <= 65536 else np.uint32).name,
+        "dtype": token_dtype(vocab_size).name,
         "vocab_size": vocab_size,
         "shard_tokens": shard_tokens,
         "shards": shards,
@@ -402,10 +414,6 @@ def shard_counts(shards: dict[str, list[dict]], vocab_size: int, shard_tokens: i
         "val_tokens": sum(s["tokens"] for s in shards["val"]),
         "documents": {split: sum(s["documents"] for s in entries) for split, entries in shards.items()},
     }
-
-
-def val_percent_of(progress: dict) -> int:
-    return progress["key"]["val_percent"]
 
 
 class Encoders:

@@ -39,6 +39,11 @@ def batches(documents: Iterator[Document], held_out: int) -> Iterator[tuple[list
         yield texts, splits, sizes
 
 
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest dtype of a token file for this vocabulary: uint16 up to 65,536 token types."""
+    return np.dtype(np.uint16 if vocab_size <= 65536 else np.uint32)
+
+
 _worker_tokenizer = None
 
 
@@ -52,7 +57,7 @@ def load_worker_tokenizer(path: str) -> None:
 def encode_texts(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Each text's token ids followed by <|endoftext|>, all in one array, and each text's length in it."""
     eot = _worker_tokenizer.token_to_id(END_OF_TEXT)
-    dtype = np.uint16 if _worker_tokenizer.get_vocab_size() <= 65536 else np.uint32
+    dtype = token_dtype(_worker_tokenizer.get_vocab_size())
     flat: list[int] = []
     lengths = []
     for encoding in _worker_tokenizer.encode_batch(texts):
@@ -132,7 +137,7 @@ def tokenize_file(task: dict) -> dict:
     if done.exists():
         return json.loads(done.read_text())
     load_worker_tokenizer(task["tokenizer"])
-    dtype = np.dtype(np.uint16 if _worker_tokenizer.get_vocab_size() <= 65536 else np.uint32)
+    dtype = token_dtype(_worker_tokenizer.get_vocab_size())
     streams = {
         split: ShardStream(directory, f"{split}-{index:05d}", dtype, task["shard_tokens"], None)
         for split in ("train", "val")

@@ -22,11 +22,15 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
         show_progress=False,
     )
     # On every core: common/__init__.py turns the library's threads off for the processes that encode.
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
     try:
         tokenizer.train_from_iterator(texts, trainer=trainer)
     finally:
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        if before is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
     return tokenizer
 
 
