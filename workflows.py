@@ -85,15 +85,19 @@ def embed(ws: Workspace, data: list[Path], text_field: str | None = None, settin
         return run_embed(ws, data, text_field, settings or EmbedSettings())
 
 
-def index(ws: Workspace, kind: str = "auto", rebuild: bool = False, language: str = "auto") -> dict:
+def index(
+    ws: Workspace, kind: str = "auto", rebuild: bool = False, language: str = "auto", memory_budget: int | None = None
+) -> dict:
     """`pipeline index`: the indexes brought up to the store; a full build then measures the default search
-    mode (an update changes too little to measure again)."""
+    mode (an update changes too little to measure again). memory_budget: bytes an IVF index's codes may
+    take in memory (index/build.py's default when None)."""
     from common.embedder import load_embedder
     from index.build import refresh_indexes
     from search.calibrate import choose_default_mode
 
     with ws.writing():
-        summary = refresh_indexes(ws, kind, rebuild, language)
+        budget = {} if memory_budget is None else {"memory_budget": memory_budget}
+        summary = refresh_indexes(ws, kind, rebuild, language, **budget)
         if summary["update"] == "full":
             embedder = require(ws, "embedder", "run `pipeline embed` first")
             summary["search"] = choose_default_mode(
@@ -285,8 +289,12 @@ def index_status(ws: Workspace, index, embedder, store_generation: int | None) -
         if index.delta_vectors or index.deleted_in_base
         else ""
     )
-    detail = f"{index.type}, {index.vectors} vectors{delta}{lexical}"
-    missing = [path for path in index.files if not (ws.root / path).exists()]
+    recall = ""
+    if index.recall_at_10 is not None:
+        short = f", below the {index.recall_target} target" if index.recall_short else ""
+        recall = f", recall@10 {index.recall_at_10:.3f}{short}"
+    detail = f"{index.type}, {index.vectors} vectors{delta}{recall}{lexical}"
+    missing = [path for path in index.all_paths if not (ws.root / path).exists()]
     if missing:
         return "missing", detail, f"{ws.root / missing[0]} is missing: run `pipeline index`"
     if embedder and not index.built_by(embedder):

@@ -6,7 +6,11 @@ as rich Text (see warn), never as markup inside a string.
 """
 
 import logging
+import os
+import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from rich.console import Console
 from rich.text import Text
@@ -33,3 +37,24 @@ def quiet_libraries() -> None:
     )
     # sentence-transformers' trainer: the no-duplicates batch sampler's notice that a small corpus repeats pairs.
     logging.getLogger("sentence_transformers").setLevel(logging.ERROR)
+
+
+@contextmanager
+def quiet_descriptor(fd: int) -> Iterator[None]:
+    """Send what C code writes to file descriptor `fd` (1: stdout, 2: stderr) to /dev/null meanwhile: some
+    libraries print from C, below Python's streams (FAISS's on-disk lists, Kineto's profiler)."""
+    (sys.stdout if fd == 1 else sys.stderr).flush()
+    saved = os.dup(fd)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    try:
+        yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(devnull)
+
+
+def quiet_stdout():
+    """quiet_descriptor(1): stdout holds results (a --json answer), never a library's notice."""
+    return quiet_descriptor(1)

@@ -10,8 +10,10 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from common.console import quiet_stdout
 from common.errors import PipelineError
 from common.manifest import IndexEntry
+from common.vectors import scores
 from common.workspace import Workspace
 
 
@@ -29,10 +31,18 @@ FLAT_BLAS_MIN_QUERIES = 4
 
 
 def load_index(path: Path) -> faiss.Index:
-    """A FAISS index file, read whole and deserialised (what search and the server use). Sets FAISS's
-    process-wide switch to matrix products for FLAT_BLAS_MIN_QUERIES queries or more of its dimension."""
+    """A FAISS index file as search and the server use it: an IVF index's lists memory-mapped (read from
+    disk as searches touch them, whether they were written in the file or beside it: index/ivf.py), any
+    other index read whole. Sets FAISS's process-wide switch to matrix products for FLAT_BLAS_MIN_QUERIES
+    queries or more of its dimension."""
     try:
-        index = faiss.deserialize_index(np.fromfile(path, dtype=np.uint8))
+        if not path.is_file():
+            raise FileNotFoundError(path)
+        if path.with_suffix(".ivfdata").exists():  # on-disk lists, found beside the file wherever the workspace is
+            with quiet_stdout():  # FAISS prints where it found them
+                index = faiss.read_index(str(path), faiss.IO_FLAG_ONDISK_SAME_DIR)
+        else:  # (FAISS 1.15 crashes searching on-disk lists read with IO_FLAG_MMAP too)
+            index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP)
     except FileNotFoundError:
         raise PipelineError(f"{path}: index file missing; run `pipeline index --rebuild`") from None
     except RuntimeError:  # FAISS's own message names neither the file nor what to do ("read error in : 918 != ...")
@@ -42,3 +52,31 @@ def load_index(path: Path) -> faiss.Index:
         ) from None
     faiss.cvar.distance_compute_blas_threshold = FLAT_BLAS_MIN_QUERIES * index.d
     return index
+
+
+def rescore_dtype(dim: int) -> np.dtype:
+    """A row of an IVF index's rescoring file: a stored vector's int8 codes and scale (common/vectors.py)."""
+    return np.dtype([("codes", np.int8, (dim,)), ("scale", np.float32)])
+
+
+def read_rescore(path: Path, dim: int) -> np.ndarray:
+    """The rescoring rows by slot, memory-mapped: a search reads the rows of its candidates only."""
+    try:
+        rows = np.load(path, mmap_mode="r")
+    except FileNotFoundError:
+        raise PipelineError(f"{path}: rescoring file missing; run `pipeline index --rebuild`") from None
+    except (OSError, ValueError):
+        rows = None
+    if rows is None or rows.dtype != rescore_dtype(dim):
+        raise PipelineError(f"{path}: damaged rescoring file; run `pipeline index --rebuild`")
+    return rows
+
+
+def rescored(query: np.ndarray, slots: np.ndarray, rows: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best n of the candidate `slots` for one query vector [dim], by exact scores from the rescoring
+    rows: (slots, scores), best first (ties by slot)."""
+    candidates = np.sort(slots)  # the memory-mapped rows read in file order
+    picked = rows[candidates]
+    exact = scores(query, picked["codes"], picked["scale"])
+    best = np.lexsort((candidates, -exact))[:n]
+    return candidates[best], exact[best]

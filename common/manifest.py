@@ -165,6 +165,12 @@ class IndexEntry(Section):
     deleted_in_base: int = 0
     analyzer: dict[str, Any] | None = None  # None: an index from before languages (English)
     update: str = "full"
+    lists_path: str | None = None  # the base's IVF lists, when on disk (index/ivf.py)
+    rescore_path: str | None = None  # the int8 vectors an IVF-PQ base re-scores its candidates from
+    search_setting: dict[str, int] | None = None  # the base's tuned search widths (efSearch, nprobe, rescore)
+    recall_at_10: float | None = None  # the base's, against exact search; None for exact search
+    recall_target: float | None = None
+    recall_short: bool = False  # tuning could not reach recall_target
 
     @property
     def language(self) -> str:
@@ -172,8 +178,14 @@ class IndexEntry(Section):
 
     @property
     def files(self) -> list[str]:
-        """The FAISS files it is made of: the base, and the delta if there is one."""
+        """The FAISS indexes it is made of: the base, and the delta if there is one."""
         return [self.path] + ([self.delta_path] if self.delta_path else [])
+
+    @property
+    def all_paths(self) -> list[str]:
+        """Every file and directory of the index the workspace holds (the FAISS indexes, the base's on-disk
+        lists and rescoring vectors, the BM25 directory)."""
+        return [p for p in [*self.files, self.lists_path, self.rescore_path, self.lexical_path] if p]
 
     def built_by(self, embedder: EmbedderEntry) -> bool:
         """Whether its vectors are the embedder's: the same model and the same chunking."""

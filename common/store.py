@@ -1,8 +1,9 @@
-"""The DuckDB store: documents, their chunks, and one float32 vector per chunk.
+"""The DuckDB store: documents, their chunks, and one vector per chunk (int8 codes and a scale).
 
     documents(doc_id, title, source, text, content_hash, updated_at, metadata JSON)
     chunks(chunk_id, doc_id, chunk_index, text, start_char, end_char, n_tokens)
-    vectors(chunk_id, vector FLOAT[dim])       -- from the embedder recorded in store_meta
+    vectors(chunk_id, vector TINYINT[dim], scale FLOAT)   -- int8 codes (common/vectors.py) of the
+                                               -- embedder recorded in store_meta; FLOAT[dim] in older stores
     store_meta(key, value)
     staged_documents, staged_chunks, staged_vectors   -- the next generation, while `pipeline embed` runs
 
@@ -27,6 +28,7 @@ All SQL against the store is in this module, and it takes bound parameters.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 from common.errors import PipelineError
+from common.vectors import dequantize, quantize
 
 DOCUMENT_COLUMNS = """(doc_id VARCHAR PRIMARY KEY, title VARCHAR, source VARCHAR, text VARCHAR,
     content_hash VARCHAR NOT NULL, updated_at TIMESTAMP DEFAULT current_timestamp, metadata JSON)"""
@@ -53,6 +56,8 @@ CREATE TABLE IF NOT EXISTS source_files (source VARCHAR PRIMARY KEY, text_field 
 ALTER TABLE documents ADD COLUMN IF NOT EXISTS metadata JSON;
 ALTER TABLE staged_documents ADD COLUMN IF NOT EXISTS metadata JSON;
 """
+INT8, FLOAT32 = "int8", "float32"  # how a vectors table holds its vectors (older stores: float32)
+VECTOR_BATCH = 50_000  # rows of vectors read at once by iter_vectors: 50 MB of int8 codes at 1,024 dimensions
 
 
 @dataclass
@@ -92,20 +97,22 @@ def columns(rows: list[tuple], width: int) -> list[list]:
     return [list(column) for column in zip(*rows)] or [[] for _ in range(width)]
 
 
-def vector_table(ids: np.ndarray, vectors: np.ndarray) -> pa.Table:
-    """(chunk_id, vector) rows as an Arrow table over the arrays' memory (pa.array would import pandas)."""
-    flat = np.ascontiguousarray(vectors, dtype=np.float32)
-    return pa.Table.from_arrays(
-        [
-            pa.Array.from_buffers(
-                pa.int64(), len(ids), [None, pa.py_buffer(np.ascontiguousarray(ids, dtype=np.int64))]
-            ),
-            pa.FixedSizeListArray.from_arrays(
-                pa.Array.from_buffers(pa.float32(), flat.size, [None, pa.py_buffer(flat)]), flat.shape[1]
-            ),
-        ],
-        names=["chunk_id", "vector"],
-    )
+def arrow_array(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
+    """A flat numpy array as an Arrow array over its memory (pa.array would import pandas)."""
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(arrow_type, len(values), [None, pa.py_buffer(values)])
+
+
+def vector_table(ids: np.ndarray, vectors: np.ndarray, vector_format: str) -> pa.Table:
+    """(chunk_id, vector[, scale]) rows as an Arrow table: int8 codes and scales, or float32 (older stores)."""
+    ids = arrow_array(np.asarray(ids, dtype=np.int64), pa.int64())
+    if vector_format == FLOAT32:
+        flat = np.asarray(vectors, dtype=np.float32)
+        rows = pa.FixedSizeListArray.from_arrays(arrow_array(flat.ravel(), pa.float32()), flat.shape[1])
+        return pa.Table.from_arrays([ids, rows], names=["chunk_id", "vector"])
+    codes, scales = quantize(vectors)
+    rows = pa.FixedSizeListArray.from_arrays(arrow_array(codes.ravel(), pa.int8()), codes.shape[1])
+    return pa.Table.from_arrays([ids, rows, arrow_array(scales, pa.float32())], names=["chunk_id", "vector", "scale"])
 
 
 def arrow_numbers(array: pa.Array, dtype) -> np.ndarray:
@@ -206,8 +213,13 @@ class Store:
         try:
             if self.get_meta("staged_embedder") != embedder or "staged_vectors" not in self._tables():
                 self.con.execute("DROP TABLE IF EXISTS staged_vectors")
-                # dim is an int from the model, not user text.
-                self.con.execute(f"CREATE TABLE staged_vectors (chunk_id BIGINT PRIMARY KEY, vector FLOAT[{int(dim)}])")
+                # Vectors go into the live table as they are staged: int8 codes, unless they are to join an
+                # older store's float32 vectors of the same embedder. dim is an int from the model, not user text.
+                if self.get_meta("embedder") == embedder and self.vector_format("vectors") == FLOAT32:
+                    columns = f"vector FLOAT[{int(dim)}]"
+                else:
+                    columns = f"vector TINYINT[{int(dim)}], scale FLOAT"
+                self.con.execute(f"CREATE TABLE staged_vectors (chunk_id BIGINT PRIMARY KEY, {columns})")
                 self.con.execute("DELETE FROM staged_chunks")
                 self.con.execute("DELETE FROM staged_documents")
                 self.set_meta("staged_embedder", embedder)
@@ -250,7 +262,7 @@ class Store:
                     ),
                 ],
             )
-            self.con.register("new_vectors", vector_table(ids, vectors))
+            self.con.register("new_vectors", vector_table(ids, vectors, self.vector_format("staged_vectors")))
             self.con.execute("INSERT INTO staged_vectors SELECT * FROM new_vectors")
             self.set_meta("next_chunk_id", str(next_id))
             self.con.execute("COMMIT")
@@ -306,6 +318,18 @@ class Store:
         )
         self.con.execute(f"DELETE FROM {prefix}chunks WHERE doc_id IN {deleted}", [ids])
         self.con.execute(f"DELETE FROM {prefix}documents WHERE doc_id IN {deleted}", [ids])
+
+    def vector_format(self, table: str) -> str | None:
+        """How `table` (vectors or staged_vectors) holds its vectors: INT8 codes with scales, FLOAT32, or
+        None when there is no such table."""
+        types = dict(
+            self.con.execute(
+                "SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = ?", [table]
+            ).fetchall()
+        )
+        if "vector" not in types:
+            return None
+        return INT8 if "scale" in types else FLOAT32
 
     def _tables(self) -> set[str]:
         return {r[0] for r in self.con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
@@ -409,15 +433,38 @@ class Store:
         )
 
     def load_vectors(self, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """All (chunk_ids int64, vectors float32 [n, dim]), or those of the chunks `ids`, in chunk_id order:
-        read-only arrays over the query's result, not copied (400 MB at 100,000 chunks of 1,024 dimensions)."""
+        """All (chunk_ids int64, vectors float32 [n, dim]), or those of the chunks `ids`, in chunk_id order.
+        Every vector in memory as float32 (4 KB a chunk at 1,024 dimensions): for what is small (a delta,
+        a test); a whole collection is read with iter_vector_codes."""
+        parts = list(self.iter_vector_codes(ids))
+        if not parts:
+            return np.zeros(0, np.int64), np.zeros((0, int(self.get_meta("dim") or 0)), np.float32)
+        return (
+            np.concatenate([part_ids for part_ids, _, _ in parts]),
+            np.concatenate([dequantize(codes, scales) for _, codes, scales in parts]),
+        )
+
+    def iter_vector_codes(
+        self, ids: np.ndarray | None = None, batch_rows: int = VECTOR_BATCH
+    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """(chunk ids int64, int8 codes [m, dim], scales float32 [m]) of every stored vector, or of the chunks
+        `ids`, in chunk_id order, batch_rows at a time (an older store's float32 vectors coded as read)."""
         dim = int(self.get_meta("dim") or 0)
-        if not dim:
-            return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+        vector_format = self.vector_format("vectors")
+        if not dim or vector_format is None:
+            return
         only, parameters = self._only(ids)
-        table = self.con.sql(
-            f"SELECT chunk_id, vector FROM vectors {only} ORDER BY chunk_id", params=parameters
-        ).to_arrow_table()
-        ids = arrow_numbers(table.column("chunk_id").combine_chunks(), np.int64)
-        flat = arrow_numbers(table.column("vector").combine_chunks().flatten(), np.float32)
-        return ids, flat.reshape(-1, dim)
+        scale = "scale" if vector_format == INT8 else "NULL AS scale"
+        reader = self.con.sql(
+            f"SELECT chunk_id, vector, {scale} FROM vectors {only} ORDER BY chunk_id", params=parameters
+        ).to_arrow_reader(batch_rows)
+        for batch in reader:
+            if batch.num_rows == 0:
+                continue
+            chunk_ids = arrow_numbers(batch.column(0), np.int64)
+            flat = batch.column(1).flatten()
+            if vector_format == INT8:
+                codes = arrow_numbers(flat, np.int8).reshape(-1, dim)
+                yield chunk_ids, codes, arrow_numbers(batch.column(2), np.float32)
+            else:
+                yield chunk_ids, *quantize(arrow_numbers(flat, np.float32).reshape(-1, dim))

@@ -15,26 +15,43 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from common.console import info
+from common.console import info, warn
 from common.errors import PipelineError
 from common.index_files import base_segment_dir
 from common.lexical import LexicalIndex, Segment, check_language, choose_analyzer
 from common.manifest import read_manifest
 from common.store import Store
 from common.workspace import Workspace
-from index.faiss_index import INDEX_TYPES, RECALL_SAMPLE, TARGET_RECALL, choose_type, make_index, tune_search
-from index.files import record, save_lexical, write_faiss
+from index.faiss_index import (
+    INDEX_TYPES,
+    TARGET_RECALL,
+    choose_type,
+    exact_neighbours,
+    make_index,
+    recall_sample,
+    tune_search,
+)
+from index.files import new_index_path, record, save_lexical, write_faiss
+from index.ivf import build_ivf, new_staging, remove_staging
 from index.update import update, update_plan
+
+DEFAULT_MEMORY_BUDGET = 4 * 2**30  # bytes an IVF index's codes may take in memory before its lists go on disk
 
 
 def refresh_indexes(
-    ws: Workspace, kind: str = "auto", rebuild: bool = False, language: str = "auto", full_build_allowed: bool = True
+    ws: Workspace,
+    kind: str = "auto",
+    rebuild: bool = False,
+    language: str = "auto",
+    full_build_allowed: bool = True,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
 ) -> dict:
     """Bring the indexes up to the store: an update of the last build when that is cheap and sound,
     else a full build (index/update.py's `update_plan` says which). `language` chooses BM25's analyzer
     (common/lexical.py): auto detects it at a full build, and an update keeps the last build's. Without
     `full_build_allowed` (a document write through the server, which must answer quickly) the last build
-    is updated even past REBUILD_SHARE, and says so: the next `pipeline index` then builds in full."""
+    is updated even past REBUILD_SHARE, and says so: the next `pipeline index` then builds in full.
+    `memory_budget` (bytes): an IVF index whose codes would take more is built with its lists on disk."""
     if kind not in INDEX_TYPES:
         raise PipelineError(f"--type: unknown index type '{kind}' (choose from {', '.join(INDEX_TYPES)})")
     language = language.lower()
@@ -60,52 +77,49 @@ def refresh_indexes(
                 raise PipelineError(f"the index cannot be updated ({reason}): run `pipeline index`")
             base = Segment.load(base_dir)
             reason = f"update, though {reason.removeprefix('full build (').rstrip(')')}: `pipeline index` will rebuild"
-        ids, vectors, chunk_rows = chunks_to_index(store, live, base)
-    if base is None:
-        summary = full_build(ws, kind, ids, vectors, chunk_rows, reason, language)
-    else:
-        summary = update(ws, previous, base, ids, vectors, chunk_rows, live, reason)
+        if base is None:
+            summary = full_build(ws, kind, store, live, reason, language, memory_budget)
+        else:
+            ids, vectors, chunk_rows = chunks_to_index(store, live, base)
+            summary = update(ws, previous, base, ids, vectors, chunk_rows, live, reason)
     return record(ws, summary, embedder, live, generation)
 
 
 def full_build(
     ws: Workspace,
     kind: str,
-    ids: np.ndarray,
-    vectors: np.ndarray,
-    chunk_rows: list,
+    store: Store,
+    live: np.ndarray,
     update_reason: str,
     language: str = "auto",
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
 ) -> dict:
+    chunk_rows = [(chunk_id, title, text) for chunk_id, _, title, text in store.chunk_rows()]
     analyzer, mix = choose_analyzer([text for _, _, text in chunk_rows], language)
     info(
         f"BM25 analyzer: {analyzer.describe()}; "
         + (f"languages detected: {mix.describe()}" if mix else "as --language chose")
     )
-    # BM25 is built while FAISS builds in a thread beside it: FAISS lets go of the GIL and BM25's
-    # tokenizing fills the gaps in its use of the cores (100k chunks, HNSW: 39 -> 35 s for both).
+    # BM25 is built while FAISS builds in a thread beside it (reading the store through a connection of its
+    # own): FAISS lets go of the GIL and BM25's tokenizing fills the gaps in its use of the cores (100k
+    # chunks, HNSW: 39 -> 35 s for both).
     with ThreadPoolExecutor(1) as pool:
-        building = pool.submit(build_faiss, kind, ids, vectors, update_reason)
+        building = pool.submit(build_faiss, ws, kind, live, update_reason, memory_budget)
         start = time.perf_counter()
         lexical = LexicalIndex.build(chunk_rows, analyzer)
         lexical_seconds = time.perf_counter() - start
-        faiss_index = building.result()
-    index, build_seconds = faiss_index["index"], faiss_index["build_seconds"]
-    path = write_faiss(index, ws.index_dir, "faiss")
-    info(f"built in {build_seconds:.2f}s; written to {path}")
+        built = building.result()
+    info(f"built in {built['build_seconds']:.2f}s; written to {ws.root / built['path']}")
     lexical_dir = save_lexical(lexical, ws.index_dir)
     info(f"BM25 index over {len(chunk_rows):,} chunks built in {lexical_seconds:.2f}s; written to {lexical_dir}")
     return {
-        "path": str(path.relative_to(ws.root)),
-        **{key: faiss_index[key] for key in ("type", "reason", "recall_at_10", "search_setting")},
-        "dim": int(vectors.shape[1]),
+        **built,
         "update": "full",
         "update_reason": update_reason,
-        "base_vectors": int(len(ids)),
+        "base_vectors": int(len(live)),
         "delta_path": None,
         "delta_vectors": 0,
         "deleted_in_base": 0,
-        "build_seconds": build_seconds,
         "lexical_path": str(lexical_dir.relative_to(ws.root)),
         "lexical_seconds": lexical_seconds,
         "analyzer": {
@@ -116,32 +130,77 @@ def full_build(
     }
 
 
-def build_faiss(kind: str, ids: np.ndarray, vectors: np.ndarray, why: str) -> dict:
-    """A FAISS index of `kind` (auto: choose_type's choice) over the vectors, trained, filled and, when
-    approximate, tuned (tune_search). Returns the index, its type, why that type, build seconds (train +
-    add), recall@10 and search width (None for exact search)."""
+def build_faiss(ws: Workspace, kind: str, ids: np.ndarray, why: str, memory_budget: int) -> dict:
+    """A FAISS index of `kind` (auto: choose_type's choice) over the stored vectors of chunks `ids` (every
+    live chunk), trained, filled and, when approximate, tuned (tune_search), written under the workspace's
+    index directory. auto's HNSW that cannot reach TARGET_RECALL is replaced by IVF-PQ with rescoring
+    when that reaches more. Returns the manifest's record of it: files, type, why, build seconds, recall@10
+    and search widths (None for exact search)."""
     reason = f"--type {kind}"
+    chosen = kind
     if kind == "auto":
-        kind, reason = choose_type(len(ids))
-    if kind in ("ivf", "ivfpq") and len(ids) < 39:
-        raise PipelineError(f"--type {kind} needs at least 39 vectors to train, the store has {len(ids)}")
-    info(f"{why}: a {kind} index over {len(ids):,} vectors of dimension {vectors.shape[1]} ({reason})")
+        chosen, reason = choose_type(len(ids))
+    if chosen in ("ivf", "ivfpq") and len(ids) < 39:
+        raise PipelineError(f"--type {chosen} needs at least 39 vectors to train, the store has {len(ids)}")
+    with Store(ws.db_path, read_only=True) as store:
+        dim = int(store.get_meta("dim"))
+        info(f"{why}: a {chosen} index over {len(ids):,} vectors of dimension {dim} ({reason})")
+        built = build_and_tune(ws, chosen, store, ids, dim, memory_budget)
+        if kind == "auto" and chosen == "hnsw" and built["recall_at_10"] < TARGET_RECALL:
+            info(f"HNSW reached recall@10 {built['recall_at_10']:.3f}: trying IVF-PQ with rescoring")
+            other = build_and_tune(ws, "ivfpq", store, ids, dim, memory_budget)
+            if other["recall_at_10"] > built["recall_at_10"]:
+                built, reason = other, f"{reason}; IVF-PQ with rescoring reached more recall than HNSW"
+    recall = built["recall_at_10"]
+    short = recall is not None and recall < TARGET_RECALL
+    if short:
+        warn(
+            f"recall@10 {recall:.3f} is below the target {TARGET_RECALL} at the widest search tried "
+            f"({built['search_setting']}): results may miss some of the nearest chunks; `pipeline index --type flat` "
+            "searches exactly"
+        )
+    return {**built, "reason": reason, "dim": dim, "recall_target": TARGET_RECALL, "recall_short": short}
+
+
+def build_and_tune(ws: Workspace, kind: str, store: Store, ids: np.ndarray, dim: int, memory_budget: int) -> dict:
+    """Build, tune and write one index of `kind`; returns what the manifest records of it."""
     start = time.perf_counter()
-    index = make_index(kind, vectors, ids)
-    build_seconds = time.perf_counter() - start
-    recall, search_setting = None, None
-    if kind != "flat":
-        start = time.perf_counter()
-        recall, search_setting = tune_search(index, kind, ids, vectors)
-        ((parameter, width),) = search_setting.items()
+    rescore, lists = None, None
+    if kind in ("ivf", "ivfpq"):
+        staging = new_staging(ws.index_dir)
+        # On-disk lists are found by their file's name, beside the index file: named after it from the start.
+        path = new_index_path(ws.index_dir, "faiss")
+        try:
+            lists_name = path.with_suffix(".ivfdata").name
+            built = build_ivf(kind, store, ids, dim, staging, memory_budget, recall_sample(len(ids)), lists_name)
+            build_seconds = time.perf_counter() - start
+            index, queries, truth, own_ids = built.index, built.queries, built.truth, built.own_ids
+            recall, search_setting = tune_search(index, kind, queries, truth, own_ids, built.rescore)
+            if built.on_disk_lists is not None:
+                lists = built.on_disk_lists.rename(path.with_suffix(".ivfdata"))
+            write_faiss(index, ws.index_dir, "faiss", path)
+            rescore = (staging / "rescore.npy").rename(path.with_suffix(".rescore.npy"))
+        finally:
+            remove_staging(staging)
+    else:
+        _, vectors = store.load_vectors()
+        index = make_index(kind, vectors, ids)
+        build_seconds = time.perf_counter() - start
+        recall, search_setting = None, None
+        if kind != "flat":
+            recall, search_setting = tune_search(index, kind, *exact_neighbours(ids, vectors, recall_sample(len(ids))))
+        path = write_faiss(index, ws.index_dir, "faiss")
+    if recall is not None:
         info(
-            f"recall@10 against exact search on {min(RECALL_SAMPLE, len(ids)):,} of its vectors: {recall:.3f} "
-            f"with {parameter} {width} (aiming at {TARGET_RECALL}; {time.perf_counter() - start:.1f}s)"
+            f"recall@10 against exact search on {recall_sample(len(ids)):,} of its vectors: {recall:.3f} with "
+            + ", ".join(f"{name} {value}" for name, value in search_setting.items())
+            + f" (aiming at {TARGET_RECALL}; {time.perf_counter() - start - build_seconds:.1f}s)"
         )
     return {
-        "index": index,
         "type": kind,
-        "reason": reason,
+        "path": str(path.relative_to(ws.root)),
+        "lists_path": str(lists.relative_to(ws.root)) if lists else None,
+        "rescore_path": str(rescore.relative_to(ws.root)) if rescore else None,
         "build_seconds": build_seconds,
         "recall_at_10": recall,
         "search_setting": search_setting,

@@ -7,12 +7,12 @@ through IndexIDMap2.
 
 from __future__ import annotations
 
-import math
-
 import faiss
 import numpy as np
 
-INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")
+from common.index_files import rescored
+
+INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")  # ivf, ivfpq: index/ivf.py
 EXACT_LIMIT = 50_000  # below this many vectors exact search is fast enough and has perfect recall
 
 HNSW_LINKS = 32  # HNSW's M: each node's links per layer (twice as many in the bottom one)
@@ -26,41 +26,34 @@ PCA_SAMPLE = 20_000  # vectors the principal components are computed from
 
 # An approximate index is searched as broadly as it takes to find this share of the exact top 10 (on a
 # sample of its own vectors as queries), within the limits below.
-# An approximate index is searched as broadly as it takes to find this share of the exact top 10 (on a
-# sample of its own vectors as queries), within the limits below.
 TARGET_RECALL = 0.95
 
 MAX_EF_SEARCH = 1024  # HNSW: beyond this a search costs more than the graph saves
+RESCORE_FACTOR = 10  # IVF-PQ: candidates re-scored per result wanted, to start with
+MAX_RESCORE_FACTOR = 80
 
 RECALL_SAMPLE = 1000
+
+
+HNSW_LIMIT = 500_000  # from here IVF-PQ with rescoring (index/ivf.py): an HNSW graph's memory and build grow with n
 
 
 def choose_type(n: int) -> tuple[str, str]:
     if n < EXACT_LIMIT:
         return "flat", f"{n:,} vectors < {EXACT_LIMIT:,}: exact search is fast enough and has perfect recall"
-    if n < 2_000_000:
+    if n < HNSW_LIMIT:
         return "hnsw", f"{n:,} vectors >= {EXACT_LIMIT:,}: HNSW graph search is much faster than exact at high recall"
-    return "ivfpq", f"{n:,} vectors: IVF-PQ keeps the index small in memory"
-
-
-def factory_string(kind: str, dim: int, n: int) -> str:
-    """The FAISS index_factory description of each index type, sized for n vectors."""
-    n_lists = max(1, min(int(4 * math.sqrt(n)), n // 39))  # FAISS wants >= 39 training points per list
-    pq_parts = next(m for m in (32, 16, 8, 4, 2, 1) if dim % m == 0)
-    # PQ trains 2**bits centroids per part and wants ~39 points per centroid: fewer bits on small data.
-    pq_bits = max(4, min(8, int(math.log2(max(n, 1) / 39))))
-    return {
-        "flat": "IDMap2,Flat",
-        "hnsw": f"IDMap2,HNSW{HNSW_LINKS},SQfp16",
-        "ivf": f"IDMap2,IVF{n_lists},Flat",
-        "ivfpq": f"IDMap2,IVF{n_lists},PQ{pq_parts}x{pq_bits}",
-    }[kind]
+    return "ivfpq", (
+        f"{n:,} vectors >= {HNSW_LIMIT:,}: IVF-PQ codes (64 bytes a vector) built in slices, "
+        "candidates re-scored from int8 vectors"
+    )
 
 
 def make_index(kind: str, vectors: np.ndarray, ids: np.ndarray) -> faiss.Index:
-    """A FAISS index of `kind` over the vectors (trained where the type needs it), found by `ids`."""
-    dim, n = vectors.shape[1], len(vectors)
-    index = faiss.index_factory(dim, factory_string(kind, dim, n), faiss.METRIC_INNER_PRODUCT)
+    """A flat or HNSW FAISS index over the vectors, found by `ids` (IVF indexes are built in slices: index/ivf.py)."""
+    dim = vectors.shape[1]
+    spec = {"flat": "IDMap2,Flat", "hnsw": f"IDMap2,HNSW{HNSW_LINKS},SQfp16"}[kind]
+    index = faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
     inner = faiss.downcast_index(faiss.downcast_index(index).index)
     if kind == "hnsw":
         # The graph's build is most of `pipeline index` beyond 50,000 vectors. Measured on 100,241 vectors of
@@ -70,18 +63,12 @@ def make_index(kind: str, vectors: np.ndarray, ids: np.ndarray) -> faiss.Index:
         # a cosine by ~1e-4, far below the differences that order search results.
         inner.hnsw.efConstruction = 40
         inner.hnsw.efSearch = 64
-    elif kind in ("ivf", "ivfpq"):
-        inner.nprobe = min(inner.nlist, 16)
-    if kind == "ivfpq":
-        # Polysemous training reorders the PQ codes for Hamming-distance filtering, which search never uses
-        # (distances are the same either way); it was most of the build time (15 of 20 s for 1,700 vectors).
-        inner.do_polysemous_training = False
-    if not index.is_trained:
-        index.train(vectors)
-    if kind == "hnsw" and dim > GRAPH_DIMENSIONS:
-        add_with_reduced_graph(index, inner, vectors, ids)
-    else:
-        index.add_with_ids(vectors, ids)
+        if not index.is_trained:
+            index.train(vectors)
+        if dim > GRAPH_DIMENSIONS:
+            add_with_reduced_graph(index, inner, vectors, ids)
+            return index
+    index.add_with_ids(vectors, ids)
     return index
 
 
@@ -109,6 +96,12 @@ def add_with_reduced_graph(index: faiss.Index, hnsw_index: faiss.Index, vectors:
     id_map.construct_rev_map()
 
 
+def recall_sample(n: int) -> int:
+    """Stored vectors taken as queries to measure recall: RECALL_SAMPLE, fewer from a million vectors on (their
+    exact neighbours cost a pass over every vector per query: 200 queries at ten million)."""
+    return max(200, min(RECALL_SAMPLE, 10**9 // max(n, 1)))
+
+
 def exact_neighbours(
     ids: np.ndarray, vectors: np.ndarray, sample: int = RECALL_SAMPLE, seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -122,30 +115,62 @@ def exact_neighbours(
     return vectors[rows], np.array([[ids[r] for r in row if r != own][:10] for row, own in zip(found, rows)]), ids[rows]
 
 
-def recall_at_10(index: faiss.Index, queries: np.ndarray, truth: np.ndarray, own_ids: np.ndarray) -> float:
-    """Share of the exact top 10 (`truth`, exact_neighbours) that the index finds, leaving out each query's own id."""
+def recall_at_10(search, queries: np.ndarray, truth: np.ndarray, own_ids: np.ndarray) -> float:
+    """Share of the exact top 10 (`truth`) that search(queries, k) -> chunk ids [m, k] finds, leaving out each
+    query's own id."""
     if truth.shape[1] == 0:  # an index of one vector: nothing else to find
         return 1.0
-    _, found = index.search(queries, truth.shape[1] + 1)
+    found = search(queries, truth.shape[1] + 1)
     return float(np.mean([len(set(t) & (set(f) - {own})) / len(t) for t, f, own in zip(truth, found, own_ids)]))
 
 
-def tune_search(index: faiss.Index, kind: str, ids: np.ndarray, vectors: np.ndarray) -> tuple[float, dict]:
-    """Widen an approximate index's search (HNSW's efSearch, IVF's nprobe), doubling it, until its
-    recall@10 on a sample reaches TARGET_RECALL, the width its limit, or doubling gains under 0.005 (IVF-PQ's
-    compressed codes cap its recall whatever the width). The index file keeps the width chosen; returns
-    (recall, {parameter: width})."""
-    queries, truth, own_ids = exact_neighbours(ids, vectors)
+def rescored_search(index: faiss.Index, rows: np.ndarray, factor: int):
+    """search(queries, k) -> chunk ids of an IVF index whose best factor * k candidates are re-scored
+    from the rescoring rows (what search/engine.py does per query)."""
+    ivf = faiss.downcast_index(faiss.downcast_index(index).index)
+    chunk_ids = faiss.vector_to_array(faiss.downcast_index(index).id_map)
+
+    def search(queries: np.ndarray, k: int) -> list[np.ndarray]:
+        _, candidates = ivf.search(queries, k * factor)
+        return [chunk_ids[rescored(q, c[c >= 0], rows, k)[0]] for q, c in zip(queries, candidates)]
+
+    return search
+
+
+def tune_search(
+    index: faiss.Index, kind: str, queries: np.ndarray, truth: np.ndarray, own_ids: np.ndarray, rows=None
+) -> tuple[float, dict]:
+    """Widen an approximate index's search until its recall@10 on the sample reaches TARGET_RECALL: HNSW's
+    efSearch and IVF's nprobe doubled until the target, their limit, or a doubling gaining under 0.005;
+    IVF's re-scored candidates (rescore x k, from `rows`) doubled too, whichever of the two gains more each
+    step (its compressed codes alone cap its recall whatever the width). The index file keeps efSearch and
+    nprobe; returns (recall, {parameter: width}) for the manifest."""
     inner = faiss.downcast_index(faiss.downcast_index(index).index)
-    name, limit = ("efSearch", MAX_EF_SEARCH) if kind == "hnsw" else ("nprobe", inner.nlist)
-    holder = inner.hnsw if kind == "hnsw" else inner
-    recall = recall_at_10(index, queries, truth, own_ids)
-    while recall < TARGET_RECALL and getattr(holder, name) < limit:
-        width = getattr(holder, name)
-        setattr(holder, name, min(limit, 2 * width))
-        wider = recall_at_10(index, queries, truth, own_ids)
-        if wider - recall < 0.005:
-            setattr(holder, name, width)
+    if kind == "hnsw":
+        widths, limits, holder = {"efSearch": inner.hnsw.efSearch}, {"efSearch": MAX_EF_SEARCH}, inner.hnsw
+    else:
+        widths, limits, holder = {"nprobe": min(inner.nlist, 16)}, {"nprobe": inner.nlist}, inner
+        widths["rescore"], limits["rescore"] = RESCORE_FACTOR, MAX_RESCORE_FACTOR
+
+    def measure(setting: dict) -> float:
+        for name in ("efSearch", "nprobe"):
+            if name in setting:
+                setattr(holder, name, setting[name])
+        search = (
+            rescored_search(index, rows, setting["rescore"]) if rows is not None else lambda q, k: index.search(q, k)[1]
+        )
+        return recall_at_10(search, queries, truth, own_ids)
+
+    recall = measure(widths)
+    while recall < TARGET_RECALL:
+        tried = {
+            name: measure({**widths, name: min(limits[name], 2 * width)})
+            for name, width in widths.items()
+            if width < limits[name]
+        }
+        if not tried or max(tried.values()) - recall < 0.005:
             break
-        recall = wider
-    return recall, {name: int(getattr(holder, name))}
+        name = max(tried, key=tried.get)
+        widths[name], recall = min(limits[name], 2 * widths[name]), tried[name]
+    measure(widths)  # the index keeps the chosen width
+    return recall, widths

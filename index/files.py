@@ -36,13 +36,18 @@ def record(ws: Workspace, summary: dict, embedder: EmbedderEntry, live: np.ndarr
     )
     entry = IndexEntry.from_json(summary)
     write_section(ws, entry)
-    remove_other_files(ws.index_dir, keep={Path(path).name for path in [*entry.files, entry.lexical_path] if path})
+    remove_other_files(ws.index_dir, keep={Path(path).name for path in entry.all_paths})
     return summary
 
 
-def write_faiss(index: faiss.Index, index_dir: Path, prefix: str) -> Path:
-    """Write under a new name (the manifest then names it): a reader never sees a half-written index."""
-    path = index_dir / f"{prefix}-{uuid.uuid4().hex[:12]}.index"
+def new_index_path(index_dir: Path, prefix: str) -> Path:
+    """A name no index file has had: the manifest then names it, so a reader never sees a half-written index."""
+    return index_dir / f"{prefix}-{uuid.uuid4().hex[:12]}.index"
+
+
+def write_faiss(index: faiss.Index, index_dir: Path, prefix: str, path: Path | None = None) -> Path:
+    """Write under a new name (`path`, else one new_index_path makes) and return it."""
+    path = path or new_index_path(index_dir, prefix)
     atomic_write_bytes(path, faiss.serialize_index(index).tobytes())
     return path
 

@@ -102,7 +102,19 @@ def update(
     lexical_seconds = time.perf_counter() - start
     info(f"delta of {len(ids):,} chunks: FAISS {build_seconds:.2f}s, BM25 {lexical_seconds:.2f}s")
     deleted = len(base.chunk_ids) - (len(live) - len(ids))
-    kept = ("path", "type", "reason", "dim", "base_vectors", "recall_at_10", "search_setting")  # the base's
+    kept = (  # the base's
+        "path",
+        "type",
+        "reason",
+        "dim",
+        "base_vectors",
+        "lists_path",
+        "rescore_path",
+        "recall_at_10",
+        "recall_target",
+        "recall_short",
+        "search_setting",
+    )
     base_entry = previous.to_json()
     return {
         **{key: base_entry.get(key) for key in kept},

@@ -8,16 +8,14 @@ import json
 import math
 import os
 import resource
-import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from common.console import info
+from common.console import info, quiet_descriptor
 from common.durations import format_eta
 from common.workspace import Workspace, atomic_write_bytes
 from pretrain.config import ParallelConfig, TrainConfig
@@ -65,21 +63,6 @@ def model_state_mb(modules: list[torch.nn.Module], optimizers: list[torch.optim.
     return sum(t.numel() * t.element_size() for t in local) / 2**20
 
 
-@contextmanager
-def _quiet_stderr():
-    """Kineto prints two lines to the C-level stderr whenever a profiler starts or stops."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def _union_seconds(intervals: list[tuple[float, float]]) -> float:
     total, end = 0.0, float("-inf")
     for start, stop in sorted(intervals):
@@ -109,7 +92,7 @@ class CommunicationTimer:
 
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
             self._profiler = profile(activities=activities)  # the first start in a process takes a second or two
-            with _quiet_stderr():
+            with quiet_descriptor(2):
                 self._profiler.__enter__()
         return self
 
@@ -118,7 +101,7 @@ class CommunicationTimer:
             return
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        with _quiet_stderr():
+        with quiet_descriptor(2):
             self._profiler.__exit__(*exc)
         # The profiler's raw events: much cheaper than building its FunctionEvent tree.
         spans = []

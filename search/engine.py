@@ -36,7 +36,7 @@ import numpy as np
 from common.console import warn
 from common.embedder import encode, is_static, load_embedder, text_tokenizer, token_limit, truncate_to_model
 from common.errors import PipelineError
-from common.index_files import load_index
+from common.index_files import load_index, read_rescore, rescored
 from common.lexical import Analyzer, LexicalIndex
 from common.manifest import SearchEntry, read_manifest
 from common.store import Corpus, Store
@@ -124,7 +124,9 @@ class DenseIndex:
     deleted since it was built are never returned: every search then goes through a selector of the
     live slots. Unfiltered or restricted to allowed chunks (see the module docstring)."""
 
-    def __init__(self, index: faiss.Index, corpus: Corpus):
+    def __init__(self, index: faiss.Index, corpus: Corpus, rescore_rows: np.ndarray | None = None, rescore: int = 1):
+        """rescore_rows: an IVF index's rescoring rows by slot (common/index_files.py); its best rescore x n
+        candidates are then scored exactly from them."""
         ids = faiss.vector_to_array(faiss.downcast_index(index).id_map)
         at = np.minimum(np.searchsorted(corpus.chunk_ids, ids), max(len(corpus.chunk_ids) - 1, 0))
         live = corpus.chunk_ids[at] == ids if len(corpus.chunk_ids) else np.zeros(len(ids), bool)
@@ -142,6 +144,7 @@ class DenseIndex:
             else None
         )
         self.live_slots = None if len(self.live_positions) == self.ntotal else Slots(live)
+        self.rescore_rows, self.rescore = rescore_rows, rescore
 
     def search(
         self, vectors: np.ndarray, n: int, allowed: "AllowedChunks | None"
@@ -150,13 +153,26 @@ class DenseIndex:
         queries are searched in one call: over a flat index several queries share one pass over the
         vectors (the scan is memory-bound)."""
         slots = allowed.slots(self) if allowed is not None else self.live_slots
+        if self.rescore_rows is not None:
+            return [self._rescored(vectors[i : i + 1], n, slots) for i in range(len(vectors))]
         if slots is None:
             scores, labels = self.inner.search(vectors, min(n, self.ntotal))
             return [self._valid(scores[i : i + 1], labels[i : i + 1]) for i in range(len(vectors))]
         return [self._search_slots(vectors[i : i + 1], n, slots) for i in range(len(vectors))]
 
-    def _search_slots(self, vector: np.ndarray, n: int, slots: "Slots") -> tuple[np.ndarray, np.ndarray]:
-        """The best n of the given slots for one query vector [1, dim] (see the module docstring)."""
+    def _rescored(self, vector: np.ndarray, n: int, slots: "Slots | None") -> tuple[np.ndarray, np.ndarray]:
+        """IVF: the best rescore x n candidates by their codes, the best n of them by exact scores."""
+        if slots is None:
+            _, labels = self.inner.search(vector, min(self.rescore * n, self.ntotal))
+        else:
+            _, labels = self._search_slots(vector, self.rescore * n, slots, labels_only=True)
+        candidates = labels[0][labels[0] >= 0]
+        found, scores = rescored(vector[0], candidates, self.rescore_rows, n)
+        return self.positions[found].astype(np.int64), scores
+
+    def _search_slots(self, vector: np.ndarray, n: int, slots: "Slots", labels_only: bool = False):
+        """The best n of the given slots for one query vector [1, dim] (see the module docstring): (chunk
+        positions, scores), or with labels_only FAISS's (scores, slots) [1, n] of an IVF index."""
         want = min(n, slots.count)
         if want == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
@@ -174,13 +190,13 @@ class DenseIndex:
             params = faiss.SearchParametersIVF(
                 sel=slots.selector, nprobe=min(self.inner.nlist, math.ceil(self.inner.nprobe / share))
             )
-        positions, scores = self._valid(*self.inner.search(vector, want, params=params))
-        if len(positions) < want:  # the widened search still came back short
+        found = self.inner.search(vector, want, params=params)
+        if (found[1][0] >= 0).sum() < want:  # the widened search still came back short
             if self.exact is not None:
                 return self._exact(vector, want, slots)
             params = faiss.SearchParametersIVF(sel=slots.selector, nprobe=self.inner.nlist)
-            positions, scores = self._valid(*self.inner.search(vector, want, params=params))
-        return positions, scores
+            found = self.inner.search(vector, want, params=params)
+        return found if labels_only else self._valid(*found)
 
     def _exact(self, vector: np.ndarray, n: int, slots: "Slots") -> tuple[np.ndarray, np.ndarray]:
         """Exact search over the allowed vectors only (the flat storage computes no refused one)."""
@@ -246,6 +262,10 @@ class SearchEngine:
             raise PipelineError(self.index_entry.stale_reason(self.corpus.generation))
         # The base index, and the delta of chunks added since it was built (index/update.py).
         self.dense = [DenseIndex(load_index(ws.root / path), self.corpus) for path in self.index_entry.files]
+        if self.index_entry.rescore_path:  # an IVF base re-scores its candidates (index/ivf.py)
+            base = self.dense[0]
+            base.rescore_rows = read_rescore(ws.root / self.index_entry.rescore_path, base.inner.d)
+            base.rescore = int((self.index_entry.search_setting or {}).get("rescore", 1))
         held = np.concatenate([part.live_positions for part in self.dense])
         if len(held) != len(self.corpus.chunk_ids) or len(np.unique(held)) != len(
             held

@@ -406,25 +406,58 @@ def test_a_bidirectional_transformer_with_special_tokens_is_fed_token_ids_with_i
     assert padding_needs_mask(model, [2, 10, 11, 12, 3]) is True
 
 
-@pytest.mark.parametrize("kind, parameter", [("hnsw", "efSearch"), ("ivf", "nprobe")])
+def ivfpq_with_rescoring(vectors: np.ndarray, ids: np.ndarray) -> tuple[faiss.Index, np.ndarray]:
+    """An IDMap2-wrapped IVF-PQ fast-scan index whose labels are slots, as index/ivf.py builds it, and its
+    rescoring rows."""
+    from common.index_files import rescore_dtype
+    from common.vectors import quantize
+
+    ivf = faiss.index_factory(vectors.shape[1], "IVF32,PQ8x4fs", faiss.METRIC_INNER_PRODUCT)
+    ivf.train(vectors)
+    index = faiss.IndexIDMap2(ivf)
+    index.own_fields = True
+    ivf.this.disown()
+    ivf.add_with_ids(vectors, np.arange(len(vectors), dtype=np.int64))
+    faiss.copy_array_to_vector(ids, index.id_map)
+    index.ntotal = len(ids)
+    index.construct_rev_map()
+    rows = np.empty(len(vectors), rescore_dtype(vectors.shape[1]))
+    rows["codes"], rows["scale"] = quantize(vectors)
+    return index, rows
+
+
+@pytest.mark.parametrize("kind, parameter", [("hnsw", "efSearch"), ("ivfpq", "nprobe")])
 def test_an_approximate_index_is_searched_wide_enough_to_find_the_target_recall(kind, parameter, tmp_path):
     """Started at width 1 (far below the target on random vectors), the build's tuning widens the search
-    until recall@10 on held-out neighbours reaches TARGET_RECALL, and the index file keeps that width."""
-    from index.faiss_index import TARGET_RECALL, exact_neighbours, make_index, recall_at_10, tune_search
+    (IVF-PQ: its probes and its re-scored candidates) until recall@10 on held-out neighbours reaches
+    TARGET_RECALL, and the index file keeps the width."""
+    from index.faiss_index import (
+        TARGET_RECALL,
+        exact_neighbours,
+        make_index,
+        recall_at_10,
+        rescored_search,
+        tune_search,
+    )
     from index.files import write_faiss
 
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((3000, 32)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     ids = np.arange(1000, 4000, dtype=np.int64)
-    index = make_index(kind, vectors, ids)
+    index, rows = (make_index(kind, vectors, ids), None) if kind == "hnsw" else ivfpq_with_rescoring(vectors, ids)
     inner = faiss.downcast_index(faiss.downcast_index(index).index)
     holder = inner.hnsw if kind == "hnsw" else inner
     setattr(holder, parameter, 1)
-    assert recall_at_10(index, *exact_neighbours(ids, vectors)) < TARGET_RECALL
-    recall, setting = tune_search(index, kind, ids, vectors)
+
+    def search(factor=None):
+        return rescored_search(index, rows, factor) if kind == "ivfpq" else lambda q, k: index.search(q, k)[1]
+
+    assert recall_at_10(search(1), *exact_neighbours(ids, vectors)) < TARGET_RECALL
+    recall, setting = tune_search(index, kind, *exact_neighbours(ids, vectors), rows)
     assert recall >= TARGET_RECALL and setting[parameter] > 1
-    assert recall_at_10(index, *exact_neighbours(ids, vectors, seed=1)) >= TARGET_RECALL - 0.03  # other queries
+    other_queries = exact_neighbours(ids, vectors, seed=1)
+    assert recall_at_10(search(setting.get("rescore")), *other_queries) >= TARGET_RECALL - 0.03
     loaded = load_index(write_faiss(index, tmp_path, "faiss"))  # owns the inner index: kept alive with it
     reloaded = faiss.downcast_index(faiss.downcast_index(loaded).index)
     assert getattr(reloaded.hnsw if kind == "hnsw" else reloaded, parameter) == setting[parameter]
@@ -435,7 +468,7 @@ def test_hnsw_over_wide_vectors_builds_its_graph_on_their_principal_components_a
     the index holds the full vectors (float16), finds each stored vector as its own nearest neighbour,
     reaches the recall target once tuned, and survives writing and reading."""
     from common.index_files import load_index
-    from index.faiss_index import GRAPH_DIMENSIONS, TARGET_RECALL, make_index, tune_search
+    from index.faiss_index import GRAPH_DIMENSIONS, TARGET_RECALL, exact_neighbours, make_index, tune_search
     from index.files import write_faiss
 
     rng = np.random.default_rng(0)
@@ -452,7 +485,7 @@ def test_hnsw_over_wide_vectors_builds_its_graph_on_their_principal_components_a
     assert np.abs(inner.reconstruct(123) - vectors[123]).max() < 1e-3  # the full vector, in float16
     scores, found = index.search(vectors[:50], 1)
     assert (found[:, 0] == ids[:50]).all() and np.allclose(scores[:, 0], 1.0, atol=1e-3)
-    recall, _ = tune_search(index, "hnsw", ids, vectors)
+    recall, _ = tune_search(index, "hnsw", *exact_neighbours(ids, vectors))
     assert recall >= TARGET_RECALL
     reloaded = load_index(write_faiss(index, tmp_path, "faiss"))
     assert (reloaded.search(vectors[:50], 1)[1][:, 0] == ids[:50]).all()

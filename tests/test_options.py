@@ -28,6 +28,8 @@ REQUIRED = {"search": ["q"], "eval": ["--queries", "q.jsonl", "--qrels", "qrels.
 
 # (command, option, bad value, what the error says after "error: OPTION: ")
 BAD = [
+    ("index", "--memory-budget", "0", "0 is not in the range x>0"),
+    ("index", "--memory-budget", "nan", "nan is not a finite number"),
     ("pretrain", "--time-budget", "0s", "must be more than 0s, got '0s'"),
     ("pretrain", "--time-budget", "-5m", "must be more than 0s, got '-5m'"),
     ("pretrain", "--time-budget", "nan", "'nan' is not a duration (e.g. 90s, 15m, 1.5h)"),
@@ -195,7 +197,7 @@ def settings_options(name: str, param: str, annotation, group) -> set[tuple[str,
 def test_every_numeric_option_has_a_bad_value_tested():
     options = numeric_options()
     assert {(command, option) for command, option, _, _ in BAD} == options
-    assert {command for command, _ in options} == {"pretrain", "embed", "search", "eval", "tune", "serve", "plan"}
+    assert {command for command, _ in options} == {"pretrain", "embed", "index", "search", "eval", "tune", "serve", "plan"}
 
 
 def test_the_limits_are_the_ones_each_stage_accepts():

@@ -164,6 +164,11 @@ class IndexInfo(BaseModel):
     build_id: Optional[str]
     store_generation: Optional[int]
     lexical: bool
+    recall_at_10: Optional[float] = Field(
+        None, description="Of the exact 10 nearest chunks, the share the dense index finds (null: exact search)"
+    )
+    recall_target: Optional[float] = None
+    recall_short: bool = Field(False, description="Tuning could not reach recall_target: dense results may miss some")
 
 
 class HealthResponse(BaseModel):

@@ -1,0 +1,219 @@
+"""IVF indexes built in bounded memory: trained on a sample, filled in slices streamed from the store.
+
+A collection of millions of chunks does not fit in memory as float32 (4 KB a vector at 1,024 dimensions:
+41 GB at ten million), and an HNSW graph over it would not either. FAISS's recipe for such collections
+("Indexing 1G vectors", "Indexes that do not fit in RAM") is an inverted file: k-means centroids trained
+on a sample, each vector coded compactly in the list of its nearest centroid, and a search that scans the
+lists of the `nprobe` centroids nearest the query. Here:
+
+- `ivfpq`: PQ codes of 4 bits per 8 dimensions (64 bytes a vector at 1,024 dimensions), scanned with
+  FAISS's fast-scan kernels.
+- `ivf`: int8 scalar codes trained per dimension (1 KB a vector).
+
+Either way the best `rescore` x k candidates are then scored exactly from an int8 copy of the store's
+vectors (common/vectors.py) that `pipeline index` writes beside the index (the rescoring file, read
+memory-mapped), as Qdrant and LanceDB re-score quantized search: what search returns is ranked by the
+stored vectors' own scores, and the codes only choose the candidates.
+
+The vectors are read from the store a slice at a time (SLICE_BYTES of float32), so memory holds one
+slice, the training sample and the index's codes. When the codes would take more than the memory budget
+(`--memory-budget`), each slice is written as an index file of its own and the slices' lists are merged
+into one file of on-disk inverted lists (FAISS's OnDiskInvertedLists, read memory-mapped), coded with
+8-bit PQ (fast-scan's blocked lists cannot live on disk) or int8. The exact neighbours that recall is
+measured against are found in the same pass (each slice searched exactly for the sampled queries).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+from faiss.contrib.ondisk import merge_ondisk
+
+from common.console import info, quiet_stdout
+from common.durations import format_eta
+from common.index_files import read_rescore, rescore_dtype
+from common.store import Store
+from common.vectors import dequantize
+
+SLICE_BYTES = 256 * 2**20  # float32 vectors read from the store and added at once
+TRAINING_POINTS_PER_LIST = 40  # k-means wants >= 39 points a centroid (FAISS warns below)
+KMEANS_ITERATIONS = 10  # FAISS's default is 25; the centroids hardly move after 10 (and training is the slow part)
+
+
+def lists_for(n: int) -> int:
+    """Inverted lists for n vectors: sqrt(n) (3,162 at ten million, ~3,000 vectors a list), and at least 39
+    training points each. FAISS suggests 4-16 sqrt(n) with an HNSW quantizer; k-means over that many
+    centroids on this machine's 2 cores would take most of an hour at ten million, and fast-scan makes a
+    longer list cheap to scan."""
+    return max(1, min(int(math.sqrt(n)), n // TRAINING_POINTS_PER_LIST))
+
+
+def codes_bytes(kind: str, n: int, dim: int) -> int:
+    """What the index's codes take in memory: PQ fast-scan 4 bits per 8 dimensions, int8 one byte each."""
+    return n * dim if kind == "ivf" else n * pq_parts(dim) // 2
+
+
+def pq_parts(dim: int) -> int:
+    """PQ sub-vectors: one per 8 dimensions (64 bytes at 1,024 of 4 bits), or the largest divisor of dim below."""
+    return next(m for m in (dim // 8, 32, 16, 8, 4, 2, 1) if m and dim % m == 0)
+
+
+def factory_string(kind: str, dim: int, n: int, on_disk: bool) -> str:
+    nlist = lists_for(n)
+    if kind == "ivf":
+        return f"IVF{nlist},SQ8"
+    if not on_disk:
+        return f"IVF{nlist},PQ{pq_parts(dim)}x4fs"
+    # 8-bit PQ on disk, half as many sub-vectors for the same 64 bytes; fewer bits on small data (2**bits
+    # centroids per sub-vector want ~39 points each).
+    parts = next(m for m in (pq_parts(dim) // 2, pq_parts(dim)) if m and dim % m == 0)
+    bits = max(4, min(8, int(math.log2(max(n, 1) / TRAINING_POINTS_PER_LIST))))
+    return f"IVF{nlist},PQ{parts}x{bits}"
+
+
+@dataclass
+class IvfBuild:
+    index: faiss.Index  # IDMap2 over the IVF index; the IVF's own labels are slots (the order vectors were added)
+    on_disk_lists: Path | None  # the merged lists' file, beside the index file, when on disk
+    rescore: np.ndarray  # the rescoring rows by slot (memory-mapped)
+    queries: np.ndarray  # the recall sample: stored vectors as queries
+    truth: np.ndarray  # their exact 10 nearest other stored chunks' ids
+    own_ids: np.ndarray
+
+
+def build_ivf(
+    kind: str,
+    store: Store,
+    ids: np.ndarray,
+    dim: int,
+    staging: Path,
+    memory_budget: int,
+    recall_sample: int,
+    lists_name: str,
+    seed: int = 0,
+) -> IvfBuild:
+    """An IVF index of `kind` ("ivf" or "ivfpq") over the store's vectors of chunks `ids` (every live
+    chunk, ascending). When its lists go on disk, they are merged into `staging`/`lists_name` (a name
+    the index then looks for beside its own file: the file is to be moved beside it)."""
+    n = len(ids)
+    on_disk = codes_bytes(kind, n, dim) > memory_budget
+    spec = factory_string(kind, dim, n, on_disk)
+    ivf = faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
+    ivf.cp.niter = KMEANS_ITERATIONS
+    if hasattr(ivf, "do_polysemous_training"):
+        ivf.do_polysemous_training = False  # a reordering for Hamming filtering, which search never uses
+    rng = np.random.default_rng(seed)
+    sample = min(n, max(TRAINING_POINTS_PER_LIST * ivf.nlist, 2**12))
+    start = time.perf_counter()
+    _, training = store.load_vectors(np.sort(rng.choice(ids, sample, replace=False)))
+    ivf.train(training)
+    del training
+    info(
+        f"{spec}{' (lists on disk)' if on_disk else ''}: trained on {sample:,} vectors in "
+        f"{time.perf_counter() - start:.1f}s"
+    )
+    # Wrapped while empty (FAISS's rule); the IVF's own labels are slots, and the slots' chunk ids are set at the end.
+    index = faiss.IndexIDMap2(ivf)
+    index.own_fields = True
+    ivf.this.disown()
+    query_ids, queries = store.load_vectors(np.sort(rng.choice(ids, min(recall_sample, n), replace=False)))
+    nearest = ExactNeighbours(queries, query_ids)
+    empty = faiss.serialize_index(ivf) if on_disk else None
+    parts, added, started = [], 0, time.perf_counter()
+    rescore_path = staging / "rescore.npy"
+    with RescoreWriter(rescore_path, n, dim) as rescore:
+        for chunk_ids, codes, scales in store.iter_vector_codes(batch_rows=max(1, SLICE_BYTES // (4 * dim))):
+            vectors = dequantize(codes, scales)
+            slots = np.arange(added, added + len(chunk_ids), dtype=np.int64)
+            if on_disk:
+                part = faiss.deserialize_index(empty)
+                part.add_with_ids(vectors, slots)
+                parts.append(staging / f"part-{len(parts)}.index")
+                faiss.write_index(part, str(parts[-1]))
+                del part
+            else:
+                ivf.add_with_ids(vectors, slots)
+            rescore.write(codes, scales)
+            nearest.update(vectors, chunk_ids)
+            added += len(chunk_ids)
+            rate = added / (time.perf_counter() - started)
+            info(f"added {added:,} of {n:,} vectors, {rate:,.0f}/s, {format_eta((n - added) / rate)} left")
+    lists_path = None
+    if on_disk:
+        lists_path = staging / lists_name
+        with quiet_stdout():  # FAISS prints the file's resizing
+            merge_ondisk(ivf, [str(p) for p in parts], str(lists_path))
+        for part in parts:
+            part.unlink()
+    faiss.copy_array_to_vector(np.ascontiguousarray(ids, dtype=np.int64), index.id_map)
+    index.ntotal = n
+    index.construct_rev_map()
+    return IvfBuild(
+        index,
+        lists_path,
+        read_rescore(rescore_path, dim),
+        nearest.queries,
+        nearest.truth(),
+        nearest.query_ids,
+    )
+
+
+class RescoreWriter:
+    """Appends rows of (codes, scale) to an .npy file, slice by slice (nothing held in memory)."""
+
+    def __init__(self, path: Path, n: int, dim: int):
+        self.path, self.n, self.dtype = path, n, rescore_dtype(dim)
+
+    def __enter__(self) -> "RescoreWriter":
+        self.file = self.path.open("wb")
+        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": (self.n,)}
+        np.lib.format.write_array_header_2_0(self.file, header)
+        return self
+
+    def write(self, codes: np.ndarray, scales: np.ndarray) -> None:
+        rows = np.empty(len(codes), self.dtype)
+        rows["codes"], rows["scale"] = codes, scales
+        self.file.write(rows.tobytes())
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()
+
+
+class ExactNeighbours:
+    """The exact 10 nearest stored chunks of sampled stored vectors, found slice by slice as the vectors
+    stream past (each query's own chunk left out: a new query is not in the index)."""
+
+    def __init__(self, queries: np.ndarray, query_ids: np.ndarray):
+        self.queries, self.query_ids = np.ascontiguousarray(queries), query_ids
+        self.best_scores = np.full((len(queries), 11), -np.inf, np.float32)
+        self.best_ids = np.full((len(queries), 11), -1, np.int64)
+
+    def update(self, vectors: np.ndarray, chunk_ids: np.ndarray) -> None:
+        k = min(11, len(vectors))
+        found_scores, found = faiss.knn(self.queries, vectors, k, metric=faiss.METRIC_INNER_PRODUCT)
+        both_scores = np.concatenate([self.best_scores, found_scores], axis=1)
+        both_ids = np.concatenate([self.best_ids, chunk_ids[found]], axis=1)
+        keep = np.argsort(-both_scores, axis=1, kind="stable")[:, :11]
+        self.best_scores = np.take_along_axis(both_scores, keep, axis=1)
+        self.best_ids = np.take_along_axis(both_ids, keep, axis=1)
+
+    def truth(self) -> np.ndarray:
+        return np.array(
+            [[i for i in row if i != own and i >= 0][:10] for row, own in zip(self.best_ids, self.query_ids)]
+        )
+
+
+def new_staging(index_dir: Path) -> Path:
+    index_dir.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=index_dir, prefix=".ivf.staging."))
+
+
+def remove_staging(staging: Path) -> None:
+    shutil.rmtree(staging, ignore_errors=True)
