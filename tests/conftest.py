@@ -174,3 +174,25 @@ def one_compute_thread():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+def ivfpq_with_rescoring(vectors: np.ndarray, ids: np.ndarray, lists: int) -> tuple:
+    """An IDMap2-wrapped IVF-PQ fast-scan index whose labels are slots, as index/ivf.py builds it, and its
+    rescoring rows."""
+    import faiss
+
+    from common.index_files import rescore_dtype
+    from common.vectors import quantize
+
+    ivf = faiss.index_factory(vectors.shape[1], f"IVF{lists},PQ8x4fs", faiss.METRIC_INNER_PRODUCT)
+    ivf.train(vectors)
+    index = faiss.IndexIDMap2(ivf)
+    index.own_fields = True
+    ivf.this.disown()
+    ivf.add_with_ids(vectors, np.arange(len(vectors), dtype=np.int64))
+    faiss.copy_array_to_vector(ids, index.id_map)
+    index.ntotal = len(ids)
+    index.construct_rev_map()
+    rows = np.empty(len(vectors), rescore_dtype(vectors.shape[1]))
+    rows["codes"], rows["scale"] = quantize(vectors)
+    return index, rows

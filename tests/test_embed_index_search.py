@@ -11,7 +11,7 @@ from common.index_files import load_index
 from common.manifest import TokenizerEntry, read_json, write_section
 from common.store import Store
 from common.workspace import Workspace
-from conftest import SCIFACT, run_cli, scifact_slice
+from conftest import SCIFACT, ivfpq_with_rescoring, run_cli, scifact_slice
 from embed import ingest as embed_ingest
 from embed.chunking import chunk_texts, window_starts
 from embed.run import EmbedSettings, run_embed
@@ -406,26 +406,6 @@ def test_a_bidirectional_transformer_with_special_tokens_is_fed_token_ids_with_i
     assert padding_needs_mask(model, [2, 10, 11, 12, 3]) is True
 
 
-def ivfpq_with_rescoring(vectors: np.ndarray, ids: np.ndarray) -> tuple[faiss.Index, np.ndarray]:
-    """An IDMap2-wrapped IVF-PQ fast-scan index whose labels are slots, as index/ivf.py builds it, and its
-    rescoring rows."""
-    from common.index_files import rescore_dtype
-    from common.vectors import quantize
-
-    ivf = faiss.index_factory(vectors.shape[1], "IVF32,PQ8x4fs", faiss.METRIC_INNER_PRODUCT)
-    ivf.train(vectors)
-    index = faiss.IndexIDMap2(ivf)
-    index.own_fields = True
-    ivf.this.disown()
-    ivf.add_with_ids(vectors, np.arange(len(vectors), dtype=np.int64))
-    faiss.copy_array_to_vector(ids, index.id_map)
-    index.ntotal = len(ids)
-    index.construct_rev_map()
-    rows = np.empty(len(vectors), rescore_dtype(vectors.shape[1]))
-    rows["codes"], rows["scale"] = quantize(vectors)
-    return index, rows
-
-
 @pytest.mark.parametrize("kind, parameter", [("hnsw", "efSearch"), ("ivfpq", "nprobe")])
 def test_an_approximate_index_is_searched_wide_enough_to_find_the_target_recall(kind, parameter, tmp_path):
     """Started at width 1 (far below the target on random vectors), the build's tuning widens the search
@@ -445,7 +425,7 @@ def test_an_approximate_index_is_searched_wide_enough_to_find_the_target_recall(
     vectors = rng.standard_normal((3000, 32)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     ids = np.arange(1000, 4000, dtype=np.int64)
-    index, rows = (make_index(kind, vectors, ids), None) if kind == "hnsw" else ivfpq_with_rescoring(vectors, ids)
+    index, rows = (make_index(kind, vectors, ids), None) if kind == "hnsw" else ivfpq_with_rescoring(vectors, ids, 32)
     inner = faiss.downcast_index(faiss.downcast_index(index).index)
     holder = inner.hnsw if kind == "hnsw" else inner
     setattr(holder, parameter, 1)

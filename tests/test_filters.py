@@ -4,13 +4,14 @@ and highlighted snippets."""
 import json
 import shutil
 
+import faiss
 import numpy as np
 import pytest
 
 from common.readers import read_documents
 from common.store import Corpus, Store
 from common.workspace import Workspace
-from conftest import corpus_metadata, run_cli
+from conftest import corpus_metadata, ivfpq_with_rescoring, run_cli
 from index.build import refresh_indexes
 from index.faiss_index import make_index
 from search.engine import AllowedChunks, DenseIndex, SearchEngine
@@ -130,9 +131,8 @@ def test_filters_keep_k_hits_in_every_mode_and_index_type(copied_workspace, kind
 
 
 def test_dense_filters_return_k_hits_on_a_large_approximate_index():
-    """8,000 vectors, where HNSW's walk (efSearch 64) and IVF's 16 probed lists of 357 miss most of a small
-    allowed set when filtered naively. (IVF-PQ searches as IVF does; its training is slow at this size,
-    and the workspace test above covers it.)"""
+    """8,000 vectors, where HNSW's walk (efSearch 64) and IVF-PQ's 16 probed lists of its 224 miss most of a small
+    allowed set when filtered naively (IVF-PQ's candidates then re-scored)."""
     rng = np.random.default_rng(0)
     n, dim = 8_000, 32
     vectors = rng.standard_normal((n, dim)).astype(np.float32)
@@ -151,9 +151,13 @@ def test_dense_filters_return_k_hits_on_a_large_approximate_index():
         [""] * n,
     )
     queries = vectors[:5] + 0.2 * rng.standard_normal((5, dim)).astype(np.float32)
-    for kind in ("hnsw", "ivf"):
-        index = make_index(kind, vectors, ids)
-        dense = DenseIndex(index, corpus)
+    for kind in ("hnsw", "ivfpq"):
+        if kind == "hnsw":
+            dense = DenseIndex(make_index(kind, vectors, ids), corpus)
+        else:
+            index, rows = ivfpq_with_rescoring(vectors, ids, 224)
+            faiss.downcast_index(faiss.downcast_index(index).index).nprobe = 16
+            dense = DenseIndex(index, corpus, rows, rescore=10)
         for share in (0.01, 0.1, 0.9):
             kept = np.sort(rng.choice(n, int(share * n), replace=False))
             allowed = AllowedChunks(kept, corpus)

@@ -197,7 +197,16 @@ def settings_options(name: str, param: str, annotation, group) -> set[tuple[str,
 def test_every_numeric_option_has_a_bad_value_tested():
     options = numeric_options()
     assert {(command, option) for command, option, _, _ in BAD} == options
-    assert {command for command, _ in options} == {"pretrain", "embed", "index", "search", "eval", "tune", "serve", "plan"}
+    assert {command for command, _ in options} == {
+        "pretrain",
+        "embed",
+        "index",
+        "search",
+        "eval",
+        "tune",
+        "serve",
+        "plan",
+    }
 
 
 def test_the_limits_are_the_ones_each_stage_accepts():
