@@ -166,7 +166,10 @@ class IndexEntry(Section):
     analyzer: dict[str, Any] | None = None  # None: an index from before languages (English)
     update: str = "full"
     lists_path: str | None = None  # the base's IVF lists, when on disk (index/ivf.py)
-    rescore_path: str | None = None  # the int8 vectors an IVF-PQ base re-scores its candidates from
+    rescore_path: str | None = None  # the int8 vectors an IVF base re-scores its candidates from
+    trained_path: str | None = None  # an IVF base's empty trained index, which an update's delta is filled with
+    centroid_distance: float | None = None  # how well an IVF base's lists fit its vectors (index/ivf.py)
+    delta_rescore_path: str | None = None  # the int8 vectors of an IVF delta
     search_setting: dict[str, int] | None = None  # the base's tuned search widths (efSearch, nprobe, rescore)
     recall_at_10: float | None = None  # the base's, against exact search; None for exact search
     recall_target: float | None = None
@@ -185,7 +188,8 @@ class IndexEntry(Section):
     def all_paths(self) -> list[str]:
         """Every file and directory of the index the workspace holds (the FAISS indexes, the base's on-disk
         lists and rescoring vectors, the BM25 directory)."""
-        return [p for p in [*self.files, self.lists_path, self.rescore_path, self.lexical_path] if p]
+        extra = [self.lists_path, self.rescore_path, self.trained_path, self.delta_rescore_path, self.lexical_path]
+        return [p for p in [*self.files, *extra] if p]
 
     def built_by(self, embedder: EmbedderEntry) -> bool:
         """Whether its vectors are the embedder's: the same model and the same chunking."""

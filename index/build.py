@@ -33,7 +33,7 @@ from index.faiss_index import (
 )
 from index.files import new_index_path, record, save_lexical, write_faiss
 from index.ivf import build_ivf, new_staging, remove_staging
-from index.update import update, update_plan
+from index.update import Drifted, update, update_plan
 
 DEFAULT_MEMORY_BUDGET = 4 * 2**30  # bytes an IVF index's codes may take in memory before its lists go on disk
 
@@ -77,11 +77,17 @@ def refresh_indexes(
                 raise PipelineError(f"the index cannot be updated ({reason}): run `pipeline index`")
             base = Segment.load(base_dir)
             reason = f"update, though {reason.removeprefix('full build (').rstrip(')')}: `pipeline index` will rebuild"
-        if base is None:
+        summary = None
+        if base is not None:
+            ids, vectors, chunk_rows = chunks_to_index(store, live, base, vectors=previous.trained_path is None)
+            try:
+                summary = update(ws, previous, base, ids, vectors, chunk_rows, live, reason, store)
+            except Drifted as drifted:
+                if not full_build_allowed:
+                    raise PipelineError(f"the index cannot be updated ({drifted}): run `pipeline index`") from None
+                reason = str(drifted)
+        if summary is None:
             summary = full_build(ws, kind, store, live, reason, language, memory_budget)
-        else:
-            ids, vectors, chunk_rows = chunks_to_index(store, live, base)
-            summary = update(ws, previous, base, ids, vectors, chunk_rows, live, reason)
     return record(ws, summary, embedder, live, generation)
 
 
@@ -165,7 +171,7 @@ def build_faiss(ws: Workspace, kind: str, ids: np.ndarray, why: str, memory_budg
 def build_and_tune(ws: Workspace, kind: str, store: Store, ids: np.ndarray, dim: int, memory_budget: int) -> dict:
     """Build, tune and write one index of `kind`; returns what the manifest records of it."""
     start = time.perf_counter()
-    rescore, lists = None, None
+    rescore, lists, trained, extra = None, None, None, {}
     if kind in ("ivf", "ivfpq"):
         staging = new_staging(ws.index_dir)
         # On-disk lists are found by their file's name, beside the index file: named after it from the start.
@@ -180,6 +186,9 @@ def build_and_tune(ws: Workspace, kind: str, store: Store, ids: np.ndarray, dim:
                 lists = built.on_disk_lists.rename(path.with_suffix(".ivfdata"))
             write_faiss(index, ws.index_dir, "faiss", path)
             rescore = (staging / "rescore.npy").rename(path.with_suffix(".rescore.npy"))
+            built.trained.nprobe = search_setting["nprobe"]  # an update's delta is searched as the base is
+            trained = write_faiss(built.trained, ws.index_dir, "faiss", path.with_suffix(".trained.index"))
+            extra = {"centroid_distance": built.centroid_distance}
         finally:
             remove_staging(staging)
     else:
@@ -201,15 +210,19 @@ def build_and_tune(ws: Workspace, kind: str, store: Store, ids: np.ndarray, dim:
         "path": str(path.relative_to(ws.root)),
         "lists_path": str(lists.relative_to(ws.root)) if lists else None,
         "rescore_path": str(rescore.relative_to(ws.root)) if rescore else None,
+        "trained_path": str(trained.relative_to(ws.root)) if trained else None,
+        **extra,
         "build_seconds": build_seconds,
         "recall_at_10": recall,
         "search_setting": search_setting,
     }
 
 
-def chunks_to_index(store: Store, live: np.ndarray, base: Segment | None) -> tuple[np.ndarray, np.ndarray, list]:
-    """(chunk ids, vectors, (chunk id, title, text) rows) of every stored chunk for a full build (no base),
-    or of those added since the base for an update."""
-    only = None if base is None else np.setdiff1d(live, base.chunk_ids, assume_unique=True)
-    ids, vectors = store.load_vectors(only)
-    return ids, vectors, [(chunk_id, title, text) for chunk_id, _, title, text in store.chunk_rows(only)]
+def chunks_to_index(
+    store: Store, live: np.ndarray, base: Segment, vectors: bool = True
+) -> tuple[np.ndarray, np.ndarray | None, list]:
+    """(chunk ids, vectors (None without `vectors`), (chunk id, title, text) rows) of the chunks added since
+    the base, for an update."""
+    only = np.setdiff1d(live, base.chunk_ids, assume_unique=True)
+    loaded = store.load_vectors(only)[1] if vectors else None
+    return only, loaded, [(chunk_id, title, text) for chunk_id, _, title, text in store.chunk_rows(only)]

@@ -78,14 +78,47 @@ def factory_string(kind: str, dim: int, n: int, on_disk: bool) -> str:
     return f"IVF{nlist},PQ{parts}x{bits}"
 
 
+DRIFT_SAMPLE = 10_000  # vectors whose distance to the centroids is measured
+
+
 @dataclass
 class IvfBuild:
     index: faiss.Index  # IDMap2 over the IVF index; the IVF's own labels are slots (the order vectors were added)
+    trained: faiss.Index  # the empty trained IVF index: an update fills a delta with it (index/update.py)
     on_disk_lists: Path | None  # the merged lists' file, beside the index file, when on disk
     rescore: np.ndarray  # the rescoring rows by slot (memory-mapped)
+    centroid_distance: float  # mean 1 - cosine of sampled vectors to their nearest centroid
     queries: np.ndarray  # the recall sample: stored vectors as queries
     truth: np.ndarray  # their exact 10 nearest other stored chunks' ids
     own_ids: np.ndarray
+
+
+def centroid_distance(ivf: faiss.Index, vectors: np.ndarray) -> float:
+    """Mean 1 - cosine of the vectors to their nearest centroid: how well the trained lists fit them (an
+    update compares the vectors added since with the base's: index/update.py)."""
+    if len(vectors) == 0:
+        return 0.0
+    scores, _ = ivf.quantizer.search(np.ascontiguousarray(vectors, dtype=np.float32), 1)
+    return float(np.mean(1.0 - scores[:, 0]))
+
+
+def train_ivf(kind: str, store: Store, ids: np.ndarray, dim: int, on_disk: bool, seed: int = 0) -> faiss.Index:
+    """An empty IVF index of `kind`, trained on a sample of the stored vectors of `ids`."""
+    spec = factory_string(kind, dim, len(ids), on_disk)
+    ivf = faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
+    ivf.cp.niter = KMEANS_ITERATIONS
+    if hasattr(ivf, "do_polysemous_training"):
+        ivf.do_polysemous_training = False  # a reordering for Hamming filtering, which search never uses
+    sample = min(len(ids), max(TRAINING_POINTS_PER_LIST * ivf.nlist, 2**12))
+    start = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    _, training = store.load_vectors(np.sort(rng.choice(ids, sample, replace=False)))
+    ivf.train(training)
+    info(
+        f"{spec}{' (lists on disk)' if on_disk else ''}: trained on {sample:,} vectors in "
+        f"{time.perf_counter() - start:.1f}s"
+    )
+    return ivf
 
 
 def build_ivf(
@@ -97,39 +130,33 @@ def build_ivf(
     memory_budget: int,
     recall_sample: int,
     lists_name: str,
+    trained: faiss.Index | None = None,
     seed: int = 0,
 ) -> IvfBuild:
-    """An IVF index of `kind` ("ivf" or "ivfpq") over the store's vectors of chunks `ids` (every live
-    chunk, ascending). When its lists go on disk, they are merged into `staging`/`lists_name` (a name
-    the index then looks for beside its own file: the file is to be moved beside it)."""
+    """An IVF index of `kind` ("ivf" or "ivfpq") over the store's vectors of chunks `ids` (ascending):
+    every live chunk (a full build, trained here), or, given the base's `trained` index, the chunks added
+    since the base (an update's delta, in memory). When its lists go on disk, they are merged into
+    `staging`/`lists_name` (a name the index then looks for beside its own file: the file is to be moved
+    beside it). The rescoring rows are written to `staging`/rescore.npy."""
     n = len(ids)
-    on_disk = codes_bytes(kind, n, dim) > memory_budget
-    spec = factory_string(kind, dim, n, on_disk)
-    ivf = faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
-    ivf.cp.niter = KMEANS_ITERATIONS
-    if hasattr(ivf, "do_polysemous_training"):
-        ivf.do_polysemous_training = False  # a reordering for Hamming filtering, which search never uses
-    rng = np.random.default_rng(seed)
-    sample = min(n, max(TRAINING_POINTS_PER_LIST * ivf.nlist, 2**12))
-    start = time.perf_counter()
-    _, training = store.load_vectors(np.sort(rng.choice(ids, sample, replace=False)))
-    ivf.train(training)
-    del training
-    info(
-        f"{spec}{' (lists on disk)' if on_disk else ''}: trained on {sample:,} vectors in "
-        f"{time.perf_counter() - start:.1f}s"
-    )
+    delta = trained is not None
+    on_disk = not delta and codes_bytes(kind, n, dim) > memory_budget
+    ivf = faiss.clone_index(trained) if delta else train_ivf(kind, store, ids, dim, on_disk, seed)
+    empty = faiss.serialize_index(ivf)
+    rng = np.random.default_rng(seed + 1)
+    _, sample = store.load_vectors(np.sort(rng.choice(ids, min(DRIFT_SAMPLE, n), replace=False)))
+    fit = centroid_distance(ivf, sample)
     # Wrapped while empty (FAISS's rule); the IVF's own labels are slots, and the slots' chunk ids are set at the end.
     index = faiss.IndexIDMap2(ivf)
     index.own_fields = True
     ivf.this.disown()
     query_ids, queries = store.load_vectors(np.sort(rng.choice(ids, min(recall_sample, n), replace=False)))
     nearest = ExactNeighbours(queries, query_ids)
-    empty = faiss.serialize_index(ivf) if on_disk else None
     parts, added, started = [], 0, time.perf_counter()
     rescore_path = staging / "rescore.npy"
+    slices = store.iter_vector_codes(ids if delta else None, batch_rows=max(1, SLICE_BYTES // (4 * dim)))
     with RescoreWriter(rescore_path, n, dim) as rescore:
-        for chunk_ids, codes, scales in store.iter_vector_codes(batch_rows=max(1, SLICE_BYTES // (4 * dim))):
+        for chunk_ids, codes, scales in slices:
             vectors = dequantize(codes, scales)
             slots = np.arange(added, added + len(chunk_ids), dtype=np.int64)
             if on_disk:
@@ -157,8 +184,10 @@ def build_ivf(
     index.construct_rev_map()
     return IvfBuild(
         index,
+        faiss.deserialize_index(empty),
         lists_path,
         read_rescore(rescore_path, dim),
+        fit,
         nearest.queries,
         nearest.truth(),
         nearest.query_ids,

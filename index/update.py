@@ -20,17 +20,23 @@ update does not copy the base.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
+import faiss
 import numpy as np
 
 from common.console import info
 from common.index_files import base_segment_dir
 from common.lexical import Analyzer, LexicalIndex, Segment
 from common.manifest import EmbedderEntry, IndexEntry
+from common.store import Store
 from common.workspace import Workspace
-from index.faiss_index import choose_type, make_index
-from index.files import save_lexical, write_faiss
+from index.faiss_index import choose_type, make_index, recall_sample
+from index.files import new_index_path, save_lexical, write_faiss
+from index.ivf import build_ivf, new_staging, remove_staging
 
+DRIFT_RATIO = 1.2  # added vectors this much further from an IVF base's centroids than its own: build in full
+MIN_DRIFT_VECTORS = 100  # fewer added vectors say too little about drift
 REBUILD_SHARE = (
     0.10  # chunks added or deleted since the last full build, as a share of it, beyond which `pipeline index` rebuilds
 )
@@ -88,12 +94,17 @@ def update(
     chunk_rows: list,
     live: np.ndarray,
     update_reason: str,
+    store: Store,
 ) -> dict:
-    """The last build's base with a new delta holding `ids` (every chunk added since the base)."""
+    """The last build's base with a new delta holding `ids` (every chunk added since the base): exact (flat,
+    from `vectors`) beside a flat or HNSW base; beside an IVF base, filled with the base's trained lists
+    from the store (`vectors` is then None), unless the vectors added drifted from them (Drifted)."""
     info(update_reason)
     start = time.perf_counter()
-    delta_path = None
-    if len(ids):
+    delta_path, delta_rescore = None, None
+    if len(ids) and previous.trained_path:
+        delta_path, delta_rescore = ivf_delta(ws, previous, store, ids)
+    elif len(ids):
         delta = make_index("flat", vectors, ids)  # exact: small, and merged with the base's hits
         delta_path = write_faiss(delta, ws.index_dir, "faiss-delta")
     build_seconds = time.perf_counter() - start
@@ -110,6 +121,8 @@ def update(
         "base_vectors",
         "lists_path",
         "rescore_path",
+        "trained_path",
+        "centroid_distance",
         "recall_at_10",
         "recall_target",
         "recall_short",
@@ -123,9 +136,39 @@ def update(
         "update": "incremental",
         "update_reason": update_reason,
         "delta_path": str(delta_path.relative_to(ws.root)) if delta_path else None,
+        "delta_rescore_path": str(delta_rescore.relative_to(ws.root)) if delta_rescore else None,
         "delta_vectors": int(len(ids)),
         "deleted_in_base": int(deleted),
         "build_seconds": build_seconds,
         "lexical_path": str(lexical_dir.relative_to(ws.root)),
         "lexical_seconds": lexical_seconds,
     }
+
+
+class Drifted(Exception):
+    """The vectors added since an IVF base fit its trained lists worse than the base's own: build in full."""
+
+
+def ivf_delta(ws: Workspace, previous: IndexEntry, store: Store, ids: np.ndarray) -> tuple[Path, Path]:
+    """The delta of an IVF base: the chunks `ids` added in lists trained for the base (FAISS adds to trained
+    lists without training again), with their rescoring rows; (index file, rescoring file). Raises Drifted
+    when the added vectors are further from the base's centroids than DRIFT_RATIO times the base's vectors
+    were (measured on a sample of each): their lists would then be searched with a worse fit."""
+    trained = faiss.read_index(str(ws.root / previous.trained_path))
+    path = new_index_path(ws.index_dir, "faiss-delta")
+    staging = new_staging(ws.index_dir)
+    try:
+        dim = trained.d
+        built = build_ivf(previous.type, store, ids, dim, staging, 0, recall_sample(len(ids)), "", trained=trained)
+        base_fit = previous.centroid_distance
+        if base_fit and len(ids) >= MIN_DRIFT_VECTORS and built.centroid_distance > DRIFT_RATIO * base_fit:
+            raise Drifted(
+                f"full build (the {len(ids):,} vectors added since the last full build are "
+                f"{built.centroid_distance / base_fit:.2f}x as far from its trained lists as its own: "
+                f"over {DRIFT_RATIO}x)"
+            )
+        write_faiss(built.index, ws.index_dir, "faiss-delta", path)
+        rescore = (staging / "rescore.npy").rename(path.with_suffix(".rescore.npy"))
+    finally:
+        remove_staging(staging)
+    return path, rescore

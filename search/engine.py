@@ -261,11 +261,14 @@ class SearchEngine:
         if self.index_entry.stale_reason(self.corpus.generation):
             raise PipelineError(self.index_entry.stale_reason(self.corpus.generation))
         # The base index, and the delta of chunks added since it was built (index/update.py).
-        self.dense = [DenseIndex(load_index(ws.root / path), self.corpus) for path in self.index_entry.files]
-        if self.index_entry.rescore_path:  # an IVF base re-scores its candidates (index/ivf.py)
-            base = self.dense[0]
-            base.rescore_rows = read_rescore(ws.root / self.index_entry.rescore_path, base.inner.d)
-            base.rescore = int((self.index_entry.search_setting or {}).get("rescore", 1))
+        # An IVF base and its delta re-score their candidates from int8 copies of the vectors (index/ivf.py).
+        entry = self.index_entry
+        rescore = int((entry.search_setting or {}).get("rescore", 1))
+        self.dense = []
+        for path, rescore_path in zip(entry.files, [entry.rescore_path, entry.delta_rescore_path]):
+            index = load_index(ws.root / path)
+            rows = read_rescore(ws.root / rescore_path, index.d) if rescore_path else None
+            self.dense.append(DenseIndex(index, self.corpus, rows, rescore))
         held = np.concatenate([part.live_positions for part in self.dense])
         if len(held) != len(self.corpus.chunk_ids) or len(np.unique(held)) != len(
             held

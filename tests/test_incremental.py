@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.store import Store
 from common.workspace import Workspace
 from conftest import SCIFACT, run_cli
 from embed.run import EmbedSettings, run_embed
@@ -173,3 +174,38 @@ def test_one_writer_at_a_time(updated, monkeypatch):
             assert result.returncode == 2 and "another command is writing to this workspace" in result.stderr
     assert json.loads(ws.manifest_path.read_text()) == before
     assert run_cli("index", "-w", str(ws.root), "--json").returncode == 0  # free again
+
+
+def test_an_ivf_base_takes_added_chunks_in_its_trained_lists_and_rebuilds_when_they_drift(
+    updated, tmp_path, monkeypatch
+):
+    from index import update as index_update
+
+    ws = Workspace(tmp_path / "ws")
+    shutil.copytree(updated["ws"].root, ws.root)
+    assert refresh_indexes(ws, "ivfpq")["update"] == "full"
+    rows, new = updated["rows"], scifact_rows(700, 5)
+    # The same file as the documents' source (the tests before this one wrote it too): 2 deleted, 5 added.
+    run_embed(ws, [write_rows(updated["data"], rows[2:] + new)], None, EmbedSettings(**CHUNKING, prune=True))
+    summary = refresh_indexes(ws, "ivfpq")
+    assert summary["update"] == "incremental" and summary["delta_vectors"] > 0
+    assert summary["delta_rescore_path"] and summary["trained_path"]
+
+    engine = SearchEngine(ws)
+    for part in engine.dense:  # searched at their widest, the base and the delta answer as exact search
+        part.inner.nprobe, part.rescore = part.inner.nlist, part.ntotal
+    added = {r["_id"] for r in new}
+    added_chunks = [i for i, d in enumerate(engine.corpus.chunk_docs) if engine.corpus.doc_ids[d] in added]
+    with Store(ws.db_path, read_only=True) as store:
+        _, vectors = store.load_vectors(engine.corpus.chunk_ids[added_chunks])
+    for position, (found, scores) in zip(added_chunks, engine.dense_chunks(vectors, 3, None)):
+        assert position in found[scores >= scores[0] - 1e-5]  # each added chunk is its own nearest
+    for mode in MODES:
+        for hits in engine.search_many([r["title"] for r in rows[:2]], 100, mode):
+            assert {r["_id"] for r in rows[:2]}.isdisjoint(h.doc_id for h in hits)
+
+    monkeypatch.setattr(index_update, "DRIFT_RATIO", 0.0)  # any added vector counts as drifted
+    monkeypatch.setattr(index_update, "MIN_DRIFT_VECTORS", 1)
+    run_embed(ws, [write_rows(updated["data"], rows[2:] + new + scifact_rows(720, 2))], None, EmbedSettings(**CHUNKING))
+    rebuilt = refresh_indexes(ws, "ivfpq")
+    assert rebuilt["update"] == "full" and "far from its trained lists" in rebuilt["update_reason"]
