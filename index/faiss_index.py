@@ -2,7 +2,7 @@
 searches (its width tuned to a recall target on a sample of its own vectors).
 
 Vectors are L2-normalised, so every index uses inner product (= cosine similarity); chunk ids are kept
-through IndexIDMap2.
+through IndexIDMap2 (IndexIDMap for IVF: index/ivf.py).
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ DRIFT_SAMPLE = 10_000  # vectors whose distance to the centroids is measured
 
 @dataclass
 class IvfBuild:
-    index: faiss.Index  # IDMap2 over the IVF index; the IVF's own labels are slots (the order vectors were added)
+    index: faiss.Index  # IDMap over the IVF index; the IVF's own labels are slots (the order vectors were added)
     trained: faiss.Index  # the empty trained IVF index: an update fills a delta with it (index/update.py)
     on_disk_lists: Path | None  # the merged lists' file, beside the index file, when on disk
     rescore: np.ndarray  # the rescoring rows by slot (memory-mapped)
@@ -146,8 +146,10 @@ def build_ivf(
     rng = np.random.default_rng(seed + 1)
     _, sample = store.load_vectors(np.sort(rng.choice(ids, min(DRIFT_SAMPLE, n), replace=False)))
     fit = centroid_distance(ivf, sample)
-    # Wrapped while empty (FAISS's rule); the IVF's own labels are slots, and the slots' chunk ids are set at the end.
-    index = faiss.IndexIDMap2(ivf)
+    # Wrapped while empty (FAISS's rule); the IVF's own labels are slots, and the slots' chunk ids are set at the
+    # end. IDMap, not IDMap2: IDMap2's reverse map (id -> slot, for reconstruct) is a hash table of every id, rebuilt
+    # on every load (~0.5 GB at ten million), and search never reconstructs.
+    index = faiss.IndexIDMap(ivf)
     index.own_fields = True
     ivf.this.disown()
     query_ids, queries = store.load_vectors(np.sort(rng.choice(ids, min(recall_sample, n), replace=False)))
@@ -181,7 +183,6 @@ def build_ivf(
             part.unlink()
     faiss.copy_array_to_vector(np.ascontiguousarray(ids, dtype=np.int64), index.id_map)
     index.ntotal = n
-    index.construct_rev_map()
     return IvfBuild(
         index,
         faiss.deserialize_index(empty),

@@ -177,7 +177,7 @@ def one_compute_thread():
 
 
 def ivfpq_with_rescoring(vectors: np.ndarray, ids: np.ndarray, lists: int) -> tuple:
-    """An IDMap2-wrapped IVF-PQ fast-scan index whose labels are slots, as index/ivf.py builds it, and its
+    """An IDMap-wrapped IVF-PQ fast-scan index whose labels are slots, as index/ivf.py builds it, and its
     rescoring rows."""
     import faiss
 
@@ -186,13 +186,12 @@ def ivfpq_with_rescoring(vectors: np.ndarray, ids: np.ndarray, lists: int) -> tu
 
     ivf = faiss.index_factory(vectors.shape[1], f"IVF{lists},PQ8x4fs", faiss.METRIC_INNER_PRODUCT)
     ivf.train(vectors)
-    index = faiss.IndexIDMap2(ivf)
+    index = faiss.IndexIDMap(ivf)
     index.own_fields = True
     ivf.this.disown()
     ivf.add_with_ids(vectors, np.arange(len(vectors), dtype=np.int64))
     faiss.copy_array_to_vector(ids, index.id_map)
     index.ntotal = len(ids)
-    index.construct_rev_map()
     rows = np.empty(len(vectors), rescore_dtype(vectors.shape[1]))
     rows["codes"], rows["scale"] = quantize(vectors)
     return index, rows
