@@ -383,9 +383,15 @@ class Store:
             "SELECT doc_id, content_hash FROM documents WHERE source = ? ORDER BY doc_id", [source]
         ).fetchall()
 
-    def chunk_documents(self) -> list[tuple[int, str]]:
-        """(chunk_id, doc_id) of every chunk, in chunk_id order."""
-        return self.con.execute("SELECT chunk_id, doc_id FROM chunks ORDER BY chunk_id").fetchall()
+    def chunk_documents(self, doc_ids: list[str] | None = None) -> list[tuple[int, str]]:
+        """(chunk_id, doc_id) of every chunk, or of the chunks of the documents `doc_ids`, in chunk_id order."""
+        if doc_ids is None:
+            return self.con.execute("SELECT chunk_id, doc_id FROM chunks ORDER BY chunk_id").fetchall()
+        return self.con.execute(
+            "SELECT chunk_id, doc_id FROM chunks SEMI JOIN (SELECT unnest(?::VARCHAR[]) AS doc_id) USING (doc_id) "
+            "ORDER BY chunk_id",
+            [doc_ids],
+        ).fetchall()
 
     @staticmethod
     def _only(ids: np.ndarray | None) -> tuple[str, list]:
@@ -397,9 +403,15 @@ class Store:
             np.asarray(ids, dtype=np.int64).tolist()
         ]
 
-    def document_texts(self) -> list[tuple[str, str, str]]:
-        """(doc_id, title, text) of every document, by doc_id."""
-        return self.con.execute("SELECT doc_id, title, text FROM documents ORDER BY doc_id").fetchall()
+    def document_texts(self, limit: int, seed: int = 0) -> list[tuple[str, str, str]]:
+        """(doc_id, title, text) of every document, or of a seeded random sample of `limit` of them when the
+        store holds more, by doc_id."""
+        count = self.con.execute("SELECT count(*) FROM documents").fetchall()[0][0]
+        # DuckDB takes only constants in a sample clause: two ints of ours, not user text.
+        sample = f"USING SAMPLE reservoir({int(limit)} ROWS) REPEATABLE ({int(seed)})" if count > limit else ""
+        return self.con.execute(
+            f"SELECT * FROM (SELECT doc_id, title, text FROM documents {sample}) ORDER BY doc_id"
+        ).fetchall()
 
     def load_corpus(self) -> Corpus:
         """Documents and chunks as search reads them, from one snapshot of the store."""
