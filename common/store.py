@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import duckdb
 import numpy as np
@@ -324,14 +325,23 @@ class Store:
             self.con.execute("SELECT chunk_id FROM chunks ORDER BY chunk_id").fetchnumpy()["chunk_id"].astype(np.int64)
         )
 
-    def chunk_rows(self, ids: np.ndarray | None = None) -> list[tuple[int, str, str, str]]:
-        """(chunk_id, doc_id, document title, chunk text) of every chunk, or of the chunks `ids`, in chunk_id order."""
+    def iter_chunk_rows(
+        self, ids: np.ndarray | None = None, batch_rows: int = 10_000
+    ) -> Iterator[list[tuple[int, str, str]]]:
+        """(chunk_id, document title, chunk text) of every chunk, or of the chunks `ids`, in chunk_id order, in
+        lists of batch_rows: fetched as they are used, so the texts of a large store are never all in memory."""
         only, parameters = self._only(ids)
-        return self.con.execute(
-            f"SELECT c.chunk_id, c.doc_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) {only} "
-            "ORDER BY c.chunk_id",
-            parameters,
-        ).fetchall()
+        cursor = self.con.cursor()  # a result of its own: another query on the store meanwhile does not end it
+        try:
+            cursor.execute(
+                f"SELECT c.chunk_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) {only} "
+                "ORDER BY c.chunk_id",
+                parameters,
+            )
+            while batch := cursor.fetchmany(batch_rows):
+                yield batch
+        finally:
+            cursor.close()
 
     def source_files(self) -> dict[str, tuple[str | None, int, int, str, str]]:
         """source -> (text_field, bytes, lines, sha256, documents_sha256): how far the last embed read each

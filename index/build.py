@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator
 
 import numpy as np
 
 from common.console import info
 from common.errors import PipelineError
 from common.index_files import base_segment_dir
-from common.lexical import LexicalIndex, Segment, check_language, choose_analyzer
+from common.lexical import LANGUAGE_SAMPLE_CHUNKS, LexicalIndex, Segment, check_language, choose_analyzer
 from common.manifest import read_manifest
 from common.store import Store
 from common.workspace import Workspace
@@ -56,15 +57,17 @@ def refresh_indexes(
         )
         if base is None and not full_build_allowed:
             base_dir = base_segment_dir(ws, previous)
-            if previous.base_vectors is None or not base_dir.is_dir():
+            if previous.base_vectors is None or not Segment.exists(base_dir):
                 raise PipelineError(f"the index cannot be updated ({reason}): run `pipeline index`")
             base = Segment.load(base_dir)
             reason = f"update, though {reason.removeprefix('full build (').rstrip(')')}: `pipeline index` will rebuild"
-        ids, vectors, chunk_rows = chunks_to_index(store, live, base)
-    if base is None:
-        summary = full_build(ws, kind, ids, vectors, chunk_rows, reason, language)
-    else:
-        summary = update(ws, previous, base, ids, vectors, chunk_rows, live, reason)
+        # BM25 reads the chunks' texts from the store as it builds: the store stays open until it is built.
+        ids, vectors, chunk_batches = chunks_to_index(store, live, base)
+        if base is None:
+            sample = [text for batch in store.iter_chunk_rows(language_sample(live)) for _, _, text in batch]
+            summary = full_build(ws, kind, ids, vectors, chunk_batches, sample, reason, language)
+        else:
+            summary = update(ws, previous, base, ids, vectors, chunk_batches, live, reason)
     return record(ws, summary, embedder, live, generation)
 
 
@@ -73,11 +76,13 @@ def full_build(
     kind: str,
     ids: np.ndarray,
     vectors: np.ndarray,
-    chunk_rows: list,
+    chunk_batches: Iterator[list[tuple[int, str, str]]],
+    language_texts: list[str],
     update_reason: str,
     language: str = "auto",
 ) -> dict:
-    analyzer, mix = choose_analyzer([text for _, _, text in chunk_rows], language)
+    """language_texts: a sample of the chunks' texts (language_sample) BM25's language is detected on."""
+    analyzer, mix = choose_analyzer(language_texts, language)
     info(
         f"BM25 analyzer: {analyzer.describe()}; "
         + (f"languages detected: {mix.describe()}" if mix else "as --language chose")
@@ -87,14 +92,15 @@ def full_build(
     with ThreadPoolExecutor(1) as pool:
         building = pool.submit(build_faiss, kind, ids, vectors, update_reason)
         start = time.perf_counter()
-        lexical = LexicalIndex.build(chunk_rows, analyzer)
+        lexical_dir = save_lexical(
+            lambda directory: LexicalIndex.write_built(directory, chunk_batches, analyzer), ws.index_dir
+        )
         lexical_seconds = time.perf_counter() - start
         faiss_index = building.result()
     index, build_seconds = faiss_index["index"], faiss_index["build_seconds"]
     path = write_faiss(index, ws.index_dir, "faiss")
     info(f"built in {build_seconds:.2f}s; written to {path}")
-    lexical_dir = save_lexical(lexical, ws.index_dir)
-    info(f"BM25 index over {len(chunk_rows):,} chunks built in {lexical_seconds:.2f}s; written to {lexical_dir}")
+    info(f"BM25 index over {len(ids):,} chunks built in {lexical_seconds:.2f}s; written to {lexical_dir}")
     return {
         "path": str(path.relative_to(ws.root)),
         **{key: faiss_index[key] for key in ("type", "reason", "recall_at_10", "search_setting")},
@@ -148,9 +154,19 @@ def build_faiss(kind: str, ids: np.ndarray, vectors: np.ndarray, why: str) -> di
     }
 
 
-def chunks_to_index(store: Store, live: np.ndarray, base: Segment | None) -> tuple[np.ndarray, np.ndarray, list]:
-    """(chunk ids, vectors, (chunk id, title, text) rows) of every stored chunk for a full build (no base),
-    or of those added since the base for an update."""
+def chunks_to_index(
+    store: Store, live: np.ndarray, base: Segment | None
+) -> tuple[np.ndarray, np.ndarray, Iterator[list[tuple[int, str, str]]]]:
+    """(chunk ids, vectors, batches of (chunk id, title, text) rows read from the store as they are used) of
+    every stored chunk for a full build (no base), or of those added since the base for an update."""
     only = None if base is None else np.setdiff1d(live, base.chunk_ids, assume_unique=True)
     ids, vectors = store.load_vectors(only)
-    return ids, vectors, [(chunk_id, title, text) for chunk_id, _, title, text in store.chunk_rows(only)]
+    return ids, vectors, store.iter_chunk_rows(only)
+
+
+def language_sample(live: np.ndarray) -> np.ndarray:
+    """The chunks BM25's language is detected on: LANGUAGE_SAMPLE_CHUNKS of them drawn across the
+    collection (seeded: the same store gives the same sample), ascending."""
+    if len(live) <= LANGUAGE_SAMPLE_CHUNKS:
+        return live
+    return np.sort(np.random.default_rng(0).choice(live, LANGUAGE_SAMPLE_CHUNKS, replace=False))
