@@ -30,10 +30,11 @@ takes a pass over the postings) and the analyzer (tokenizer.json). A segment hol
 in chunk id order): chunk_ids, lengths (tokens), and by term, in the ids of the vocabulary that this
 segment and the ones before it grew (segment.json lists the terms it added): its postings
 rows[indptr[t]:indptr[t + 1]] (int32 rows, ascending) with their term frequencies in tfs (uint16, a
-count above 65,535 counted as that), cut into blocks of BLOCK postings (block_indptr[t] onwards), each
-with its last row and its highest tf / (tf + norm) at the segment's own average length (block_max). All
-arrays are memory-mapped on loading: what loading computes is per chunk (norms, live positions) and per
-term (idf), never per posting.
+count above 65,535 counted as that), in blocks of BLOCK postings (block_indptr[t] onwards), each with its
+highest tf / (tf + norm) at the segment's own average length (block_max). All arrays are memory-mapped
+on loading: what loading computes is per chunk (norms, live positions) and per term (idf), never per
+posting. An index directory of an older layout (without document_frequencies.npy and segment.json) is
+refused with "run `pipeline index`", which builds this one.
 
 Building in bounded memory. Rows arrive in batches (Store.iter_chunk_rows); each is analysed, and every
 SLICE_TOKENS tokens the analysed rows become a slice (term-major, as a segment) written to disk. The
@@ -41,25 +42,30 @@ slices are then merged into one segment a range of terms at a time (about MERGE_
 term's postings are its slices' runs one after the other, already in row order. What the build holds is
 the vocabulary, a few arrays per chunk, one slice and one range of postings, whatever the collection's size.
 
-Searching: exact top n without scoring every posting (MaxScore with block bounds). A term's contribution
-to a chunk's score is idf * tf / (tf + norm); the block maxima bound it for every chunk of the block
-(norms under the live statistics are at least those at the segment's average length scaled by
-min(1, its average / the live one), which the bound allows for), and a term's bound is its highest block's.
-1. A first threshold: the chunks of the blocks with the highest bounds, scored exactly; the n-th best of
-   them is a score the top n reach.
-2. Terms whose bounds together stay below it ("non-essential") cannot put a chunk in the top n on their
-   own: candidates come only from the other terms' postings, and only from blocks whose bound plus every
-   other term's could reach the threshold; a posting whose contribution plus the other terms' bounds
-   cannot is left out.
-3. Each candidate's score so far is a lower bound, and adding the bounds of the terms not yet looked up
-   for it an upper bound. The threshold rises to the n-th best lower bound; candidates whose upper bound
-   is below it are dropped, and the rest look up the next term (the highest bound first) by binary search
-   in its row-sorted postings, until every term is known.
-4. The survivors are scored exactly as the exhaustive sum would (each query word's contribution in float32,
-   added in query order), ranked by score, ties by position.
-A filter (weights of 1.0 for allowed positions, 0 otherwise) only lets allowed chunks be candidates or
-set the threshold, so it prunes less. Each segment is searched with the threshold the ones before it
-reached, and their results merged.
+Searching: the exact top n without scoring every posting (MaxScore, with block bounds). A query term's
+contribution to a chunk is idf * tf / (tf + norm) (times the number of query words that are the term).
+A block's maximum bounds it for every chunk of the block: norms under the live statistics are at least
+those at the segment's own average length times r = min(1, own average / live average), so
+tf / (tf + norm) <= u / (u + r (1 - u)) for the block's maximum u. A term's bound is its best block's.
+1. A first threshold, a score the best n reach: the n-th best exact score among the chunks of the blocks
+   with the highest bounds.
+2. Candidates. Order the terms by bound, ascending. A chunk reaching the threshold whose last term in this
+   order is t gets at least the threshold less the bounds of the terms before t (t's cutoff) from t. So
+   each term's postings are read, from the highest bound down, only in the blocks whose bound reaches its
+   cutoff, and kept where they reach it. The first terms, whose bounds sum below the threshold
+   ("non-essential"), have cutoffs above their bounds and read nothing: the postings of the most common
+   terms are mostly never read.
+3. The kept postings are summed by chunk (np.bincount over ranges of rows, or by sorting a few): a lower
+   bound of each candidate's score; adding the bounds of the terms it was not read in (for a term read
+   above a cutoff, the cutoff) makes an upper bound. The threshold rises to the n-th best exact score of
+   the candidates with the best sums and then to the n-th best lower bound; candidates whose upper bound
+   falls below it are dropped, and the others look up the terms they lack, the highest bound first, by
+   binary search in the row-sorted postings, dropping more after each.
+4. The survivors are scored exactly as the exhaustive sum scores them (each query word's contribution in
+   float32, added into float64 in query order) and ranked by score, ties by position.
+A filter (weights of 1.0 for allowed positions, 0 otherwise) lets only allowed chunks be candidates or
+set a threshold, so it prunes less. Each segment is searched with the threshold the ones before it
+reached, and their results merged. Bounds and thresholds allow for float rounding (SLACK).
 """
 
 from __future__ import annotations
@@ -104,6 +110,8 @@ SLICE_TOKENS = 8_000_000  # tokens analysed in memory before they are written as
 MERGE_POSTINGS = 8_000_000  # postings merged from the slices at once (~300 MB at its peak)
 BLOCK = 128  # postings per block, the unit of score bounds a search skips by
 FIRST_POSTINGS_PER_RESULT = 8  # the first threshold reads the best blocks' postings, this many per result wanted
+ACCUMULATE_ROWS = 1 << 20  # rows whose scores a search sums in one array (8 MB)
+SORTED_SUM_SHARE = 16  # fewer postings than rows / this: summed by sorting them rather than in arrays of rows
 SLACK = 1e-6  # relative: bounds and thresholds allow for float32 scores and float64 sums in another order
 MAX_TF = np.iinfo(np.uint16).max
 LANGUAGE_SAMPLE_CHUNKS = 20_000  # chunks the collection's language is detected on (a seeded sample)
@@ -114,7 +122,6 @@ SEGMENT_ARRAYS = (
     "rows",
     "tfs",
     "block_indptr",
-    "block_last_rows",
     "block_max",
 )
 SEGMENT_INFO = "segment.json"  # its block size, average length and the terms it added to the vocabulary
@@ -334,7 +341,6 @@ class Segment:
     rows: np.ndarray  # int32: each posting's row, ascending within a term
     tfs: np.ndarray  # uint16: each posting's term frequency
     block_indptr: np.ndarray  # int64: term t's blocks are [block_indptr[t], block_indptr[t + 1])
-    block_last_rows: np.ndarray  # int32: each block's last row
     block_max: np.ndarray  # float32: each block's highest tf / (tf + norm), norm at average_length
     block_size: int  # postings per block (BLOCK when it was written)
     average_length: float  # of this segment's rows
@@ -354,7 +360,7 @@ class Segment:
         )
         indptr, term_rows, tfs = analysed.term_major(len(vocabulary))
         average_length = _average_length(analysed.lengths)
-        block_last_rows, block_max = _blocks(indptr, term_rows, tfs, _norms(analysed.lengths, average_length))
+        block_max = _block_max(indptr, term_rows, tfs, _norms(analysed.lengths, average_length))
         return cls(
             analysed.chunk_ids,
             analysed.lengths,
@@ -362,7 +368,6 @@ class Segment:
             term_rows,
             tfs,
             _block_indptr(indptr),
-            block_last_rows,
             block_max,
             BLOCK,
             average_length,
@@ -429,7 +434,8 @@ class Segment:
     @classmethod
     def load(cls, directory: Path) -> "Segment":
         info = json.loads((directory / SEGMENT_INFO).read_text())
-        arrays = {name: np.load(directory / f"{name}.npy", mmap_mode="r") for name in SEGMENT_ARRAYS}
+        # Plain arrays over the mappings: indexing an np.memmap costs microseconds of Python per call.
+        arrays = {name: np.asarray(np.load(directory / f"{name}.npy", mmap_mode="r")) for name in SEGMENT_ARRAYS}
         return cls(**arrays, **info, source=directory)
 
     def document_frequencies(self, live: np.ndarray) -> np.ndarray:
@@ -471,7 +477,6 @@ def _merge(slices: list[Path], directory: Path, vocabulary_size: int) -> float:
     with (
         _ArrayFile(directory / "rows.npy", np.int32, postings) as rows_file,
         _ArrayFile(directory / "tfs.npy", np.uint16, postings) as tfs_file,
-        _ArrayFile(directory / "block_last_rows.npy", np.int32, blocks) as last_rows_file,
         _ArrayFile(directory / "block_max.npy", np.float32, blocks) as block_max_file,
     ):
         # Ranges of terms of about MERGE_POSTINGS postings (a term with more is a range of its own).
@@ -491,11 +496,9 @@ def _merge(slices: list[Path], directory: Path, vocabulary_size: int) -> float:
                 rows[destination] = _read(part / "rows.npy", slice_indptr[0], slice_indptr[-1]) + row_offset
                 tfs[destination] = _read(part / "tfs.npy", slice_indptr[0], slice_indptr[-1])
                 filled[: len(runs)] += runs
-            block_last_rows, block_max = _blocks(range_indptr, rows, tfs, norms)
             rows_file.append(rows)
             tfs_file.append(tfs)
-            last_rows_file.append(block_last_rows)
-            block_max_file.append(block_max)
+            block_max_file.append(_block_max(range_indptr, rows, tfs, norms))
     return average_length
 
 
@@ -504,17 +507,30 @@ def _block_indptr(indptr: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(-(-np.diff(indptr) // BLOCK))])
 
 
-def _blocks(indptr: np.ndarray, rows: np.ndarray, tfs: np.ndarray, norms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The blocks of these terms' postings (indptr from 0): each block's last row and highest tf / (tf + norm)."""
+def _block_max(indptr: np.ndarray, rows: np.ndarray, tfs: np.ndarray, norms: np.ndarray) -> np.ndarray:
+    """The highest tf / (tf + norm) of each block of these terms' postings (indptr from 0), in float32."""
     block_indptr = _block_indptr(indptr)
-    counts = np.diff(block_indptr)
-    first_postings = np.repeat(indptr[:-1] - block_indptr[:-1] * BLOCK, counts) + BLOCK * np.arange(block_indptr[-1])
+    first_postings = np.repeat(indptr[:-1] - block_indptr[:-1] * BLOCK, np.diff(block_indptr))
+    first_postings += BLOCK * np.arange(block_indptr[-1])
     if not len(first_postings):
-        return np.zeros(0, np.int32), np.zeros(0, np.float32)
-    last_postings = np.append(first_postings[1:], len(rows)) - 1  # blocks cover the postings in order
+        return np.zeros(0, np.float32)
     tf = tfs.astype(np.float64)
-    block_max = np.maximum.reduceat(tf / (tf + norms[rows]), first_postings)
-    return rows[last_postings], block_max.astype(np.float32)
+    return np.maximum.reduceat(tf / (tf + norms[rows]), first_postings).astype(np.float32)
+
+
+def _block_postings(starts, stops, blocks: np.ndarray, block_size: int) -> np.ndarray:
+    """The posting indices of these blocks (block i of a term whose postings are [start, stop)), in order."""
+    begins = starts + block_size * blocks
+    lengths = np.minimum(begins + block_size, stops) - begins
+    return np.arange(lengths.sum()) + np.repeat(begins - (np.cumsum(lengths) - lengths), lengths)
+
+
+def _contains(sorted_values: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Whether each of `values` is in `sorted_values` (ascending)."""
+    if not len(sorted_values):
+        return np.zeros(len(values), bool)
+    at = np.minimum(np.searchsorted(sorted_values, values), len(sorted_values) - 1)
+    return sorted_values[at] == values
 
 
 def _average_length(lengths: np.ndarray) -> float:
@@ -537,22 +553,19 @@ class _ArrayFile:
     would keep every written page in this process's resident memory)."""
 
     def __init__(self, path: Path, dtype, length: int):
-        self.path, self.dtype, self.length, self.written = path, np.dtype(dtype), length, 0
+        self.dtype = np.dtype(dtype)
         self.file = open(path, "wb")
         header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": (length,)}
         np.lib.format.write_array_header_1_0(self.file, header)
 
     def append(self, array: np.ndarray) -> None:
         array.astype(self.dtype, copy=False).tofile(self.file)
-        self.written += len(array)
 
     def __enter__(self) -> "_ArrayFile":
         return self
 
     def __exit__(self, *exc) -> None:
         self.file.close()
-        if exc[0] is None and self.written != self.length:
-            raise AssertionError(f"{self.path}: {self.written} of {self.length} values written")
 
 
 class LexicalIndex:
@@ -585,8 +598,8 @@ class LexicalIndex:
                 document_frequencies[: len(frequencies)] += frequencies
         self.document_frequencies = document_frequencies
         self.idf = np.log(1 + (n - document_frequencies + 0.5) / (document_frequencies + 0.5)).astype(np.float32)
-        self._live = [
-            _LiveSegment(segment, segment_positions, _norms(segment.lengths, average_length), average_length)
+        self.live_segments = [
+            LiveSegment(segment, segment_positions, _norms(segment.lengths, average_length), average_length)
             for segment, segment_positions in zip(segments, positions)
         ]
 
@@ -684,7 +697,7 @@ class LexicalIndex:
         terms, occurrences = np.unique(words, return_inverse=True)
         query_terms = _QueryTerms(terms, occurrences, np.bincount(occurrences).astype(np.float64), self.idf[terms])
         threshold = 0.0  # the n-th best score found so far: a later segment's chunks must reach it
-        for segment in self._live:
+        for segment in self.live_segments:
             found_positions, found_scores = _SegmentSearch(segment, query_terms, weight_mask).top(n, threshold)
             positions, scores = np.concatenate([positions, found_positions]), np.concatenate([scores, found_scores])
             best = np.lexsort((positions, -scores))[:n]
@@ -709,13 +722,14 @@ class _QueryTerms:
     idf: np.ndarray  # float32
 
 
-class _LiveSegment:
+class LiveSegment:
     """A segment as search reads it, under the live statistics: each row's position among the live chunks
     (-1: deleted) and its norm, and the factor r by which the norms at the segment's own average length
     may shrink: norm_live >= r * norm_own, with r = min(1, own average / live average)."""
 
     def __init__(self, segment: Segment, positions: np.ndarray, norms: np.ndarray, average_length: float):
         self.segment, self.positions, self.norms = segment, positions, norms
+        self.all_live = bool((positions >= 0).all())
         self.norm_scale = min(1.0, segment.average_length / average_length)
 
 
@@ -724,105 +738,165 @@ class _SegmentSearch:
     are numbered as the query's distinct terms (j); a term's contribution to a chunk is counted once per
     query word (its multiplicity)."""
 
-    def __init__(self, live: _LiveSegment, query: _QueryTerms, weight_mask: np.ndarray | None):
+    def __init__(self, live: LiveSegment, query: _QueryTerms, weight_mask: np.ndarray | None):
         self.live, self.segment, self.query, self.weight_mask = live, live.segment, query, weight_mask
         held = query.terms < len(self.segment.indptr) - 1  # a term the segments after this one added is not here
         terms = np.where(held, query.terms, 0)
         self.starts = np.where(held, self.segment.indptr[terms], 0)
         self.stops = np.where(held, self.segment.indptr[terms + 1], 0)
-        self.first_blocks = np.where(held, self.segment.block_indptr[terms], 0)
+        first_blocks = np.where(held, self.segment.block_indptr[terms], 0)
         block_ends = np.where(held, self.segment.block_indptr[terms + 1], 0)
         # Each block's bound on a term's contribution to a chunk of it: tf / (tf + norm) is at most
         # u / (u + r (1 - u)) for the block's highest u at the segment's own average length (tf / (tf + r * norm)).
         r = live.norm_scale
         weights = query.multiplicity * query.idf * (1 + SLACK)
         self.bounds = []
-        for weight, first, end in zip(weights, self.first_blocks, block_ends):
+        for weight, first, end in zip(weights, first_blocks, block_ends):
             u = self.segment.block_max[first:end].astype(np.float64)
             self.bounds.append(weight * u / (u + r * (1 - u)))
         self.upper = np.array([bounds.max(initial=0.0) for bounds in self.bounds])  # each term's bound
 
     def top(self, n: int, threshold: float) -> tuple[np.ndarray, np.ndarray]:
         """The best n (positions, float64 scores) among the chunks scoring at least `threshold`, best first."""
-        all_bounds = np.concatenate(self.bounds)
-        first_blocks = -(-FIRST_POSTINGS_PER_RESULT * n // self.segment.block_size)
-        while True:  # the blocks with the highest bounds, more until they hold n allowed chunks
-            chosen = np.ones(len(all_bounds), bool)
-            if first_blocks < len(all_bounds):
-                chosen[:] = False
-                chosen[np.argpartition(-all_bounds, first_blocks)[:first_blocks]] = True
-            selected = np.split(chosen, np.cumsum([len(bounds) for bounds in self.bounds])[:-1])
-            candidates, partial = self._gather(selected, threshold)
-            if len(candidates) >= n or chosen.all():
-                break
-            first_blocks *= 4
-        rows, scores = self._resolve(candidates, partial, selected, n, threshold)
-        if chosen.all():  # every posting was read: these are the best
-            return self._best(rows, scores, n)
-        if len(scores) >= n:
-            threshold = max(threshold, np.partition(scores, len(scores) - n)[len(scores) - n])
-
-        # Candidates from the essential terms' blocks that can reach the threshold.
+        threshold = max(threshold, self._first_threshold(n))
+        # Candidates: a chunk reaching the threshold, in term i (terms by ascending bound) and none after it,
+        # has a contribution from i of at least the threshold less the bounds of the terms before i (its
+        # cutoff). So each term's postings are read from the highest bound down, only in blocks that reach
+        # its cutoff, and kept when they do; terms whose cutoff is above their bound read nothing.
         order = np.argsort(self.upper)
-        non_essential = order[np.cumsum(self.upper[order]) < threshold * (1 - SLACK)]
-        others = self.upper.sum() - self.upper
-        selected = [bounds + others[j] >= threshold * (1 - SLACK) for j, bounds in enumerate(self.bounds)]
-        for j in non_essential:
-            selected[j][:] = False
-        candidates, partial = self._gather(selected, threshold)
-        return self._best(*self._resolve(candidates, partial, selected, n, threshold), n)
+        before = np.cumsum(self.upper[order]) - self.upper[order]
+        cutoffs = np.full(len(self.upper), np.inf)
+        gathered = {}
+        for j, bounds_before in zip(order[::-1], before[::-1]):
+            cutoff = threshold * (1 - SLACK) - bounds_before
+            if cutoff > self.upper[j]:
+                break  # and so for every term before it
+            cutoffs[j] = max(cutoff, 0.0)
+            gathered[j] = self._postings(j, cutoff)
+        bounds = np.minimum(self.upper, cutoffs)  # on a term's contribution to a chunk where it was not gathered
+        candidates, partial = self._accumulate(gathered, threshold * (1 - SLACK) - bounds.sum())
+        return self._best(*self._resolve(candidates, partial, gathered, bounds, n, threshold), n)
 
-    def _gather(self, selected: list[np.ndarray], threshold: float) -> tuple[np.ndarray, np.ndarray]:
-        """The allowed rows in the selected blocks (a bool per block of each term) that can reach the
-        threshold, ascending, with the sum of their contributions there (a lower bound of their scores)."""
-        term_blocks = [np.flatnonzero(mask) for mask in selected]
-        owners = np.repeat(np.arange(len(selected)), [len(blocks) for blocks in term_blocks])
-        size = self.segment.block_size
-        begins = np.concatenate([self.starts[j] + size * blocks for j, blocks in enumerate(term_blocks)])
-        lengths = np.minimum(begins + size, self.stops[owners]) - begins
-        postings = np.arange(lengths.sum()) + np.repeat(begins - (np.cumsum(lengths) - lengths), lengths)
-        rows, terms = self.segment.rows[postings], np.repeat(owners, lengths)
+    def _first_threshold(self, n: int) -> float:
+        """A score the best n reach: the n-th best exact score among the allowed chunks of the blocks with
+        the highest bounds (more of them until they hold n), or 0 without n such chunks."""
+        all_bounds = np.concatenate(self.bounds)
+        block_offsets = np.cumsum([len(bounds) for bounds in self.bounds]) - [len(bounds) for bounds in self.bounds]
+        count = -(-FIRST_POSTINGS_PER_RESULT * n // self.segment.block_size)
+        while count < len(all_bounds):
+            chosen = np.sort(np.argpartition(-all_bounds, count)[:count])
+            owners = np.searchsorted(block_offsets, chosen, side="right") - 1
+            postings = _block_postings(
+                self.starts[owners], self.stops[owners], chosen - block_offsets[owners], self.segment.block_size
+            )
+            rows = np.unique(self.segment.rows[postings])
+            candidates = rows[self._allowed(rows)]
+            if len(candidates) >= n:
+                scores = self._exact(candidates)
+                return np.partition(scores, len(scores) - n)[len(scores) - n]
+            count *= 4
+        return 0.0
+
+    def _postings(self, j: int, cutoff: float) -> tuple[np.ndarray, np.ndarray]:
+        """Term j's allowed postings whose contribution (times its multiplicity) reaches `cutoff`, read from
+        the blocks whose bound does: (rows, ascending; float32 contributions)."""
+        start, stop = self.starts[j], self.stops[j]
+        reaching = np.flatnonzero(self.bounds[j] >= cutoff)
+        if len(reaching) == len(self.bounds[j]):
+            rows, tfs = self.segment.rows[start:stop], self.segment.tfs[start:stop]
+        else:
+            postings = _block_postings(start, stop, reaching, self.segment.block_size)
+            rows, tfs = self.segment.rows[postings], self.segment.tfs[postings]
+        contributions = self._contributions(j, rows, tfs)
+        if cutoff > 0:
+            reaching = np.flatnonzero(self.query.multiplicity[j] * contributions >= cutoff)
+            rows, contributions = rows[reaching], contributions[reaching]
         allowed = self._allowed(rows)
-        rows, terms, tfs = rows[allowed], terms[allowed], self.segment.tfs[postings[allowed]]
-        scores = self.query.multiplicity[terms] * self._contributions(terms, rows, tfs)
-        # A chunk whose contribution here and every other term's bound stay below the threshold is not among the best.
-        reachable = scores + (self.upper.sum() - self.upper[terms]) >= threshold * (1 - SLACK)
-        candidates, inverse = np.unique(rows[reachable], return_inverse=True)
-        return candidates, np.bincount(inverse, weights=scores[reachable], minlength=len(candidates))
+        return (rows, contributions) if allowed.all() else (rows[allowed], contributions[allowed])
+
+    def _accumulate(self, gathered: dict[int, tuple[np.ndarray, np.ndarray]], least: float) -> tuple[np.ndarray, ...]:
+        """The rows of the gathered postings whose contributions there sum to at least `least` (ascending),
+        with those sums. Summed over an array of ACCUMULATE_ROWS rows at a time (np.bincount) when there are
+        many postings, else by sorting them."""
+        rows = [rows for rows, _ in gathered.values()]
+        weights = [self.query.multiplicity[j] * contributions for j, (_, contributions) in gathered.items()]
+        segment_rows = len(self.segment.lengths)
+        if not rows:
+            return np.zeros(0, np.int32), np.zeros(0)
+        if sum(map(len, rows)) * SORTED_SUM_SHARE < segment_rows:
+            all_rows, all_weights = np.concatenate(rows), np.concatenate(weights)
+            order = np.argsort(all_rows, kind="stable")  # each term's rows are ascending: a merge of sorted runs
+            all_rows = all_rows[order]
+            starts = np.flatnonzero(np.diff(all_rows, prepend=-1))
+            if not len(starts):
+                return all_rows, all_weights
+            sums = np.add.reduceat(all_weights[order], starts)
+            reaching = np.flatnonzero(sums >= least)
+            return all_rows[starts[reaching]], sums[reaching]
+        found, sums = [], []
+        for first in range(0, segment_rows, ACCUMULATE_ROWS):
+            end = min(first + ACCUMULATE_ROWS, segment_rows)
+            ranges = [np.searchsorted(term_rows, (first, end)) for term_rows in rows]
+            summed = np.bincount(
+                np.concatenate([term_rows[a:b] for term_rows, (a, b) in zip(rows, ranges)]) - first,
+                weights=np.concatenate([term_weights[a:b] for term_weights, (a, b) in zip(weights, ranges)]),
+                minlength=end - first,
+            )
+            reaching = np.flatnonzero((summed > 0) & (summed >= least))
+            found.append(reaching + first)
+            sums.append(summed[reaching])
+        return np.concatenate(found), np.concatenate(sums)
 
     def _resolve(
-        self, candidates: np.ndarray, partial: np.ndarray, selected: list[np.ndarray], n: int, threshold: float
+        self,
+        candidates: np.ndarray,
+        partial: np.ndarray,
+        gathered: dict[int, tuple[np.ndarray, np.ndarray]],
+        bounds: np.ndarray,
+        n: int,
+        threshold: float,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The candidates that can reach the threshold, with exact scores. `partial` holds their
-        contributions from the selected blocks; a term's contribution not read yet is at most the bound of
-        the block the candidate's row would be in. Looked up term by term, the highest bounds first, with
-        candidates that cannot reach the rising threshold (the n-th best lower bound) dropped before each."""
-        unread = np.zeros((len(candidates), len(self.bounds)))
-        for j, (bounds, mask) in enumerate(zip(self.bounds, selected)):
-            if len(bounds):
-                last_rows = self.segment.block_last_rows[self.first_blocks[j] : self.first_blocks[j] + len(bounds)]
-                block = np.searchsorted(last_rows, candidates)
-                beyond = block == len(bounds)  # after the term's last row: not in it
-                block[beyond] = 0
-                unread[:, j] = np.where(beyond | mask[block], 0.0, bounds[block])
-        remaining = unread.sum(axis=1)
-        for j in [*np.argsort(-self.upper), None]:
+        """The candidates that reach the threshold, with exact scores. `partial` holds each one's gathered
+        contributions, a lower bound of its score; adding the bounds of the terms not gathered for it makes
+        an upper bound. Term by term, the highest bound first, the candidates whose upper bound falls below
+        the threshold (raised to the n-th best lower bound) are dropped, and the others look the term up."""
+        pending = [j for j in np.argsort(-bounds) if bounds[j] > 0]
+        # First against every pending bound (before finding which ones each candidate lacks): most go here,
+        # with the threshold raised to the n-th best exact score of the candidates with the best partial sums.
+        if len(partial) >= n:
+            best = np.sort(candidates[np.argpartition(-partial, n - 1)[: 2 * n]])
+            scores = self._exact(best)
+            threshold = max(threshold, np.partition(scores, len(scores) - n)[len(scores) - n])
+        kept = np.flatnonzero(partial + bounds[pending].sum() >= threshold * (1 - SLACK))
+        candidates, partial = candidates[kept], partial[kept]
+        # Which candidates lack a term: all of them a term not gathered, those not among its postings kept one
+        # gathered above a cutoff.
+        unknown = {j: ~_contains(gathered[j][0], candidates) for j in pending if j in gathered}
+        remaining = sum(bounds[j] for j in pending if j not in gathered) + np.zeros(len(candidates))
+        for j, flags in unknown.items():
+            remaining += bounds[j] * flags
+        for j in [*pending, None]:
             if len(partial) >= n:
                 threshold = max(threshold, np.partition(partial, len(partial) - n)[len(partial) - n])
-            keep = partial + remaining >= threshold * (1 - SLACK)
-            candidates, partial, unread, remaining = candidates[keep], partial[keep], unread[keep], remaining[keep]
+            kept = partial + remaining >= threshold * (1 - SLACK)
+            if not kept.all():
+                candidates, partial, remaining = candidates[kept], partial[kept], remaining[kept]
+                unknown = {term: flags[kept] for term, flags in unknown.items()}
             if j is None:
                 break
-            asked = np.flatnonzero(unread[:, j])
-            if len(asked):
-                partial[asked] += self.query.multiplicity[j] * self._lookup(j, candidates[asked])
-                remaining[asked] -= unread[asked, j]
-                unread[asked, j] = 0.0
-        contributions = [self._lookup(j, candidates) for j in range(len(self.bounds))]
-        scores = np.zeros(len(candidates))
-        for j in self.query.occurrences:  # as the exhaustive sum adds them: each word's, in query order
+            asked = np.flatnonzero(unknown.pop(j)) if j in unknown else np.arange(len(candidates))
+            partial[asked] += self.query.multiplicity[j] * self._lookup(j, candidates[asked])
+            remaining[asked] -= bounds[j]
+        return candidates, self._exact(candidates)
+
+    def _exact(self, rows: np.ndarray) -> np.ndarray:
+        """The score of each of these rows (ascending), summed as the exhaustive scoring sums it: each query
+        word's float32 contribution, in query order, into float64."""
+        contributions = [self._lookup(j, rows) for j in range(len(self.upper))]
+        scores = np.zeros(len(rows))
+        for j in self.query.occurrences:
             scores += contributions[j]
-        return candidates, scores
+        return scores
 
     def _lookup(self, j: int, rows: np.ndarray) -> np.ndarray:
         """Term j's contribution to each of these rows (ascending), 0 where it is not in the row."""
@@ -830,17 +904,20 @@ class _SegmentSearch:
         contributions = np.zeros(len(rows), np.float32)
         if len(term_rows):
             at = np.minimum(np.searchsorted(term_rows, rows), len(term_rows) - 1)
-            found = term_rows[at] == rows
+            found = np.flatnonzero(term_rows[at] == rows)
             tfs = self.segment.tfs[self.starts[j] + at[found]]
-            contributions[found] = self._contributions(np.full(found.sum(), j), rows[found], tfs)
+            contributions[found] = self._contributions(j, rows[found], tfs)
         return contributions
 
-    def _contributions(self, terms: np.ndarray, rows: np.ndarray, tfs: np.ndarray) -> np.ndarray:
-        """idf * tf / (tf + norm) of each (query term, row, tf), in float32 as the exhaustive scoring."""
+    def _contributions(self, j: int, rows: np.ndarray, tfs: np.ndarray) -> np.ndarray:
+        """Term j's idf * tf / (tf + norm) in these rows, in float32 as the exhaustive scoring computes it."""
         tf = tfs.astype(np.float32)
-        return self.query.idf[terms] * tf / (tf + self.live.norms[rows])
+        return self.query.idf[j] * tf / (tf + self.live.norms[rows])
 
     def _allowed(self, rows: np.ndarray) -> np.ndarray:
+        """Whether each row is live and, under a filter, allowed."""
+        if self.weight_mask is None and self.live.all_live:
+            return np.ones(len(rows), bool)
         positions = self.live.positions[rows]
         allowed = positions >= 0
         if self.weight_mask is not None:

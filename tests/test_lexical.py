@@ -32,6 +32,7 @@ def small_slices_and_blocks():
         patch.setattr(lexical, "SLICE_TOKENS", 20_000)
         patch.setattr(lexical, "MERGE_POSTINGS", 5_000)
         patch.setattr(lexical, "BLOCK", 8)
+        patch.setattr(lexical, "ACCUMULATE_ROWS", 1_000)
         yield
 
 
@@ -145,7 +146,7 @@ def test_a_build_in_slices_ranks_exactly_as_bm25_defines_it(built, base_chunks):
     assert tokens > 5 * lexical.SLICE_TOKENS  # several slices, merged
     index = LexicalIndex.load(built)
     reference = ReferenceBM25(base_chunks)
-    assert len(index.segments) == 1 and isinstance(index.segments[0].rows, np.memmap)
+    assert len(index.segments) == 1 and isinstance(index.segments[0].rows.base, np.memmap)
     for query in queries(reference, base_chunks, 40, seed=0):
         for n in N_VALUES:
             assert_same_ranking(index, reference, query, n)
@@ -213,3 +214,26 @@ def test_a_truncated_postings_file_is_one_line_naming_the_index(built, tmp_path)
         LexicalIndex.load(damaged)
     message = str(error.value)
     assert len(message.splitlines()) == 1 and str(damaged) in message and "pipeline index --rebuild" in message
+
+
+def test_the_store_gives_chunk_rows_in_id_order_in_batches(tmp_path):
+    from common.store import ChunkRow, Store
+
+    chunks = scifact_chunks(0, 30, first_id=100)
+    with Store(tmp_path / "store.duckdb") as store:
+        store.stage(1, "test", {})
+        documents = {(title, f"doc-{i // 2}") for i, (_, title, _) in enumerate(chunks)}
+        store.write_documents(
+            [(doc_id, title, "test", "", doc_id, {}) for title, doc_id in sorted(documents, key=lambda d: d[1])],
+            [ChunkRow(c, f"doc-{i // 2}", i % 2, text, 0, len(text), 0) for i, (c, _, text) in enumerate(chunks)],
+            np.zeros((len(chunks), 1), np.float32),
+        )
+        store.publish(replace_all=True, remove=[])
+    with Store(tmp_path / "store.duckdb", read_only=True) as store:
+        default_memory = store.con.execute("SELECT current_setting('memory_limit')").fetchone()
+        got = list(store.iter_chunk_rows(batch_rows=7))
+        assert [len(batch) for batch in got] == [7] * 8 + [4]
+        assert [row for batch in got for row in batch] == chunks
+        some = np.array([c[0] for c in chunks[5:12:2]])
+        assert [row for batch in store.iter_chunk_rows(some) for row in batch] == chunks[5:12:2]
+        assert store.con.execute("SELECT current_setting('memory_limit')").fetchone() == default_memory
