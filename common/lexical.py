@@ -53,8 +53,9 @@ tf / (tf + norm) <= u / (u + r (1 - u)) for the block's maximum u. A term's boun
    order is t gets at least the threshold less the bounds of the terms before t (t's cutoff) from t. So
    each term's postings are read, from the highest bound down, only in the blocks whose bound reaches its
    cutoff, and kept where they reach it. The first terms, whose bounds sum below the threshold
-   ("non-essential"), have cutoffs above their bounds and read nothing: the postings of the most common
-   terms are mostly never read.
+   ("non-essential"), have cutoffs above their bounds and need not be read: the postings of the most
+   common terms are mostly never read. The last of them is read whole all the same unless its postings
+   outnumber the others' RESOLVE_COST times: summing it rules out most candidates, which cost more.
 3. The kept postings are summed by chunk (np.bincount over ranges of rows, or by sorting a few): a lower
    bound of each candidate's score; adding the bounds of the terms it was not read in (for a term read
    above a cutoff, the cutoff) makes an upper bound. The threshold rises to the n-th best exact score of
@@ -112,6 +113,7 @@ BLOCK = 128  # postings per block, the unit of score bounds a search skips by
 FIRST_POSTINGS_PER_RESULT = 8  # the first threshold reads the best blocks' postings, this many per result wanted
 ACCUMULATE_ROWS = 1 << 20  # rows whose scores a search sums in one array (8 MB)
 SORTED_SUM_SHARE = 16  # fewer postings than rows / this: summed by sorting them rather than in arrays of rows
+RESOLVE_COST = 10  # postings read in the time a search resolves a candidate (lookups, pruning)
 SLACK = 1e-6  # relative: bounds and thresholds allow for float32 scores and float64 sums in another order
 MAX_TF = np.iinfo(np.uint16).max
 LANGUAGE_SAMPLE_CHUNKS = 20_000  # chunks the collection's language is detected on (a seeded sample)
@@ -729,7 +731,7 @@ class LiveSegment:
 
     def __init__(self, segment: Segment, positions: np.ndarray, norms: np.ndarray, average_length: float):
         self.segment, self.positions, self.norms = segment, positions, norms
-        self.all_live = bool((positions >= 0).all())
+        self.all_live = bool((positions >= 0).all())  # no row deleted: rows need no check
         self.norm_scale = min(1.0, segment.average_length / average_length)
 
 
@@ -763,17 +765,24 @@ class _SegmentSearch:
         # has a contribution from i of at least the threshold less the bounds of the terms before i (its
         # cutoff). So each term's postings are read from the highest bound down, only in blocks that reach
         # its cutoff, and kept when they do; terms whose cutoff is above their bound read nothing.
+        # A term's bound where its postings were not gathered: its cutoff, 0 if all were, its bound if none.
         order = np.argsort(self.upper)
         before = np.cumsum(self.upper[order]) - self.upper[order]
         cutoffs = np.full(len(self.upper), np.inf)
         gathered = {}
         for j, bounds_before in zip(order[::-1], before[::-1]):
             cutoff = threshold * (1 - SLACK) - bounds_before
-            if cutoff > self.upper[j]:
-                break  # and so for every term before it
+            if cutoff > self.upper[j]:  # and so for every term before it: the non-essential terms
+                # The first of them is read whole all the same when its postings are not many more than the
+                # candidates: summed with theirs, they rule out most candidates, each of which costs as much
+                # to resolve as some RESOLVE_COST postings to read (on SciFact-like text, 2.5x less time).
+                if self.stops[j] - self.starts[j] <= RESOLVE_COST * sum(len(rows) for rows, _ in gathered.values()):
+                    cutoffs[j] = 0.0
+                    gathered[j] = self._postings(j, 0.0)
+                break
             cutoffs[j] = max(cutoff, 0.0)
             gathered[j] = self._postings(j, cutoff)
-        bounds = np.minimum(self.upper, cutoffs)  # on a term's contribution to a chunk where it was not gathered
+        bounds = np.minimum(self.upper, cutoffs)
         candidates, partial = self._accumulate(gathered, threshold * (1 - SLACK) - bounds.sum())
         return self._best(*self._resolve(candidates, partial, gathered, bounds, n, threshold), n)
 
@@ -799,7 +808,7 @@ class _SegmentSearch:
 
     def _postings(self, j: int, cutoff: float) -> tuple[np.ndarray, np.ndarray]:
         """Term j's allowed postings whose contribution (times its multiplicity) reaches `cutoff`, read from
-        the blocks whose bound does: (rows, ascending; float32 contributions)."""
+        the blocks whose bound does: (rows, ascending; those contributions times its multiplicity)."""
         start, stop = self.starts[j], self.stops[j]
         reaching = np.flatnonzero(self.bounds[j] >= cutoff)
         if len(reaching) == len(self.bounds[j]):
@@ -807,29 +816,27 @@ class _SegmentSearch:
         else:
             postings = _block_postings(start, stop, reaching, self.segment.block_size)
             rows, tfs = self.segment.rows[postings], self.segment.tfs[postings]
-        contributions = self._contributions(j, rows, tfs)
+        weighted = self.query.multiplicity[j] * self._contributions(j, rows, tfs)
         if cutoff > 0:
-            reaching = np.flatnonzero(self.query.multiplicity[j] * contributions >= cutoff)
-            rows, contributions = rows[reaching], contributions[reaching]
+            reaching = np.flatnonzero(weighted >= cutoff)
+            rows, weighted = rows[reaching], weighted[reaching]
         allowed = self._allowed(rows)
-        return (rows, contributions) if allowed.all() else (rows[allowed], contributions[allowed])
+        return (rows, weighted) if allowed.all() else (rows[allowed], weighted[allowed])
 
     def _accumulate(self, gathered: dict[int, tuple[np.ndarray, np.ndarray]], least: float) -> tuple[np.ndarray, ...]:
         """The rows of the gathered postings whose contributions there sum to at least `least` (ascending),
         with those sums. Summed over an array of ACCUMULATE_ROWS rows at a time (np.bincount) when there are
         many postings, else by sorting them."""
         rows = [rows for rows, _ in gathered.values()]
-        weights = [self.query.multiplicity[j] * contributions for j, (_, contributions) in gathered.items()]
-        segment_rows = len(self.segment.lengths)
-        if not rows:
+        weights = [weighted for _, weighted in gathered.values()]
+        postings, segment_rows = sum(map(len, rows)), len(self.segment.lengths)
+        if not postings:
             return np.zeros(0, np.int32), np.zeros(0)
-        if sum(map(len, rows)) * SORTED_SUM_SHARE < segment_rows:
+        if postings * SORTED_SUM_SHARE < segment_rows:
             all_rows, all_weights = np.concatenate(rows), np.concatenate(weights)
             order = np.argsort(all_rows, kind="stable")  # each term's rows are ascending: a merge of sorted runs
             all_rows = all_rows[order]
             starts = np.flatnonzero(np.diff(all_rows, prepend=-1))
-            if not len(starts):
-                return all_rows, all_weights
             sums = np.add.reduceat(all_weights[order], starts)
             reaching = np.flatnonzero(sums >= least)
             return all_rows[starts[reaching]], sums[reaching]
@@ -842,7 +849,7 @@ class _SegmentSearch:
                 weights=np.concatenate([term_weights[a:b] for term_weights, (a, b) in zip(weights, ranges)]),
                 minlength=end - first,
             )
-            reaching = np.flatnonzero((summed > 0) & (summed >= least))
+            reaching = np.flatnonzero(summed >= max(least, np.finfo(float).tiny))  # rows with postings: above 0
             found.append(reaching + first)
             sums.append(summed[reaching])
         return np.concatenate(found), np.concatenate(sums)
@@ -864,15 +871,15 @@ class _SegmentSearch:
         # First against every pending bound (before finding which ones each candidate lacks): most go here,
         # with the threshold raised to the n-th best exact score of the candidates with the best partial sums.
         if len(partial) >= n:
-            best = np.sort(candidates[np.argpartition(-partial, n - 1)[: 2 * n]])
-            scores = self._exact(best)
+            tried = min(2 * n, len(partial))
+            scores = self._exact(np.sort(candidates[np.argpartition(-partial, tried - 1)[:tried]]))
             threshold = max(threshold, np.partition(scores, len(scores) - n)[len(scores) - n])
         kept = np.flatnonzero(partial + bounds[pending].sum() >= threshold * (1 - SLACK))
         candidates, partial = candidates[kept], partial[kept]
         # Which candidates lack a term: all of them a term not gathered, those not among its postings kept one
         # gathered above a cutoff.
         unknown = {j: ~_contains(gathered[j][0], candidates) for j in pending if j in gathered}
-        remaining = sum(bounds[j] for j in pending if j not in gathered) + np.zeros(len(candidates))
+        remaining = np.full(len(candidates), sum(bounds[j] for j in pending if j not in gathered), np.float64)
         for j, flags in unknown.items():
             remaining += bounds[j] * flags
         for j in [*pending, None]:
