@@ -152,11 +152,13 @@ def test_a_build_in_slices_ranks_exactly_as_bm25_defines_it(built, base_chunks):
             assert_same_ranking(index, reference, query, n)
 
 
-def test_an_updated_index_ranks_its_live_chunks_as_bm25_defines_it(updated):
+def test_an_updated_index_ranks_its_live_chunks_as_bm25_defines_it(built, updated):
     directory, live = updated
     index = LexicalIndex.load(directory)
     reference = ReferenceBM25(live)
     assert len(index.segments) == 2 and len(index) == len(live)
+    for name in lexical.SEGMENT_FILES:  # the base is shared with the build it came from, not copied
+        assert (directory / "segment-0" / name).samefile(built / "segment-0" / name)
     for query in queries(reference, live, 40, seed=1):
         for n in N_VALUES:
             assert_same_ranking(index, reference, query, n)
