@@ -52,13 +52,13 @@ def pipeline(*args: str) -> subprocess.CompletedProcess:
     return done
 
 
-def run_measured(args: list[str], marks: dict[str, str] | None = None) -> dict:
-    """Run `pipeline ARGS`; wall seconds and the peak RSS of the process with its children (sampled every
-    50 ms), and for each of `marks` (name -> the start of a progress line), the seconds until that line
-    was printed and the peak RSS until then."""
+def run_measured(args: list[str], marks: dict[str, str] | None = None, script: Path = REPO / "cli.py") -> dict:
+    """Run `pipeline ARGS` (or another Python `script` with ARGS); wall seconds and the peak RSS of the
+    process with its children (sampled every 50 ms), and for each of `marks` (name -> the start of a
+    progress line), the seconds until that line was printed and the peak RSS until then."""
     start = time.perf_counter()
     process = subprocess.Popen(
-        [sys.executable, str(REPO / "cli.py"), *args],
+        [sys.executable, str(script), *args],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -83,7 +83,7 @@ def run_measured(args: list[str], marks: dict[str, str] | None = None) -> dict:
     seconds = time.perf_counter() - start
     stderr = "".join(line for _, line in lines)
     if process.returncode != 0:
-        raise SystemExit(f"pipeline {' '.join(args)} failed:\n{stderr[-3000:]}")
+        raise SystemExit(f"{script.name} {' '.join(args)} failed:\n{stderr[-3000:]}")
     result = {
         "seconds": round(seconds, 2),
         "peak_rss_gb": round(max(rss for _, rss in samples) / 2**30, 3),

@@ -18,7 +18,7 @@ from common.workspace import Workspace
 
 
 def base_segment_dir(ws: Workspace, entry: IndexEntry) -> Path:
-    """The last full build's BM25 base: the first segment LexicalIndex.write writes."""
+    """The last full build's BM25 base: the segment LexicalIndex.write_built writes (write_updated links it)."""
     return ws.root / entry.lexical_path / "segment-0"
 
 

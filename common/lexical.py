@@ -1,5 +1,5 @@
-"""The lexical (BM25) index over the stored chunks: analysed by the collection's language, BM25 scores
-computed on loading.
+"""The lexical (BM25) index over the stored chunks: analysed by the collection's language, written to disk
+as it is built, memory-mapped when loaded, and searched with dynamic pruning (exact top n).
 
 Shared by the stages that rank text lexically: `pipeline index` builds it and writes it into the
 workspace (index/build.py names and swaps its versioned directory), search and the default-mode
@@ -7,24 +7,66 @@ measurement query it, and `pipeline tune` mines hard negatives with it before an
 in common/ because three stages use it and no stage imports another; what only `pipeline index` does
 (where the files go, when older versions are removed) is in index/build.py.
 
-Each chunk is indexed as its document's title followed by the chunk text (what the dense side embeds
-too), analysed by the collection's Analyzer: lower-cased, split into words (bm25s's word pattern) and
-runs of Chinese, Japanese or Korean characters into overlapping bigrams (as Lucene's CJK analyzer does),
-the language's stop words removed and its Snowball stemmer applied. The language is detected by
-`pipeline index` on the collection (common/language.py) or given by the user (`--language`), and written
-with the index, so queries are analysed exactly as the chunks were. For English these are bm25s's tokens
-(its word pattern and stop words), made without its per-call set-up, which was most of a query's
+Analysis. Each chunk is indexed as its document's title followed by the chunk text (what the dense side
+embeds too), analysed by the collection's Analyzer: lower-cased, split into words (bm25s's word pattern)
+and runs of Chinese, Japanese or Korean characters into overlapping bigrams (as Lucene's CJK analyzer
+does), the language's stop words removed and its Snowball stemmer applied. The language is detected by
+`pipeline index` on a sample of the chunks (common/language.py) or given by the user (`--language`), and
+written with the index, so queries are analysed exactly as the chunks were. For English these are bm25s's
+tokens (its word pattern and stop words), made without its per-call set-up, which was most of a query's
 tokenizing (50 us of 56).
 
-Why the scores are not bm25s's own index: bm25s stores every (term, chunk) score computed with the
-collection's statistics (the number of chunks, each term's document frequency, the average length), so
-adding or deleting one chunk changes every stored score and only a full rebuild puts them right (on
-20,700 SciFact documents: 3.3 s to tokenize, 2.0 s to index, both proportional to the collection). This
-index stores what a chunk's arrival or departure does not change, each chunk's term counts and length, in
-segments: the base, written by a full build, and a delta with the chunks added since (index/build.py).
-Base chunks the store no longer holds are skipped (tombstones). BM25 (Lucene's variant, as bm25s:
-k1 = 1.5, b = 0.75) is computed from the live chunks' statistics when the index is loaded, so an updated
-index scores every chunk exactly as one built from scratch over the same chunks.
+What is stored. Not BM25 scores, which depend on the whole collection (the number of chunks, each term's
+document frequency, the average length), so that one chunk's arrival or departure would change them all:
+each chunk's term counts and length, in segments. The base is written by a full build, and a delta holds
+the chunks added since (index/update.py); base chunks the store no longer holds are skipped (tombstones).
+BM25 (Lucene's variant, as bm25s: k1 = 1.5, b = 0.75) is computed at query time from the live chunks'
+statistics, so an updated index scores every chunk exactly as one built from scratch over the same chunks.
+
+Layout. An index directory holds segment-0/ (the base), segment-1/ (a delta, after an update), the live
+chunk ids (chunk_ids.npy: position -> chunk id), the live chunks' document frequency of every term
+(document_frequencies.npy: written with the index, since finding which terms the deleted chunks held
+takes a pass over the postings) and the analyzer (tokenizer.json). A segment holds, for its rows (chunks,
+in chunk id order): chunk_ids, lengths (tokens), and by term, in the ids of the vocabulary that this
+segment and the ones before it grew (segment.json lists the terms it added): its postings
+rows[indptr[t]:indptr[t + 1]] (int32 rows, ascending) with their term frequencies in tfs (uint16, a
+count above 65,535 counted as that), in blocks of BLOCK postings (block_indptr[t] onwards), each with its
+highest tf / (tf + norm) at the segment's own average length (block_max). All arrays are memory-mapped
+on loading: what loading computes is per chunk (norms, live positions) and per term (idf), never per
+posting. An index directory of an older layout (without document_frequencies.npy and segment.json) is
+refused with "run `pipeline index`", which builds this one.
+
+Building in bounded memory. Rows arrive in batches (Store.iter_chunk_rows); each is analysed, and every
+SLICE_TOKENS tokens the analysed rows become a slice (term-major, as a segment) written to disk. The
+slices are then merged into one segment a range of terms at a time (about MERGE_POSTINGS postings): a
+term's postings are its slices' runs one after the other, already in row order. What the build holds is
+the vocabulary, a few arrays per chunk, one slice and one range of postings, whatever the collection's size.
+
+Searching: the exact top n without scoring every posting (MaxScore, with block bounds). A query term's
+contribution to a chunk is idf * tf / (tf + norm) (times the number of query words that are the term).
+A block's maximum bounds it for every chunk of the block: norms under the live statistics are at least
+those at the segment's own average length times r = min(1, own average / live average), so
+tf / (tf + norm) <= u / (u + r (1 - u)) for the block's maximum u. A term's bound is its best block's.
+1. A first threshold, a score the best n reach: the n-th best exact score among the chunks of the blocks
+   with the highest bounds.
+2. Candidates. Order the terms by bound, ascending. A chunk reaching the threshold whose last term in this
+   order is t gets at least the threshold less the bounds of the terms before t (t's cutoff) from t. So
+   each term's postings are read, from the highest bound down, only in the blocks whose bound reaches its
+   cutoff, and kept where they reach it. The first terms, whose bounds sum below the threshold
+   ("non-essential"), have cutoffs above their bounds and need not be read: the postings of the most
+   common terms are mostly never read. The last of them is read whole all the same unless its postings
+   outnumber the others' RESOLVE_COST times: summing it rules out most candidates, which cost more.
+3. The kept postings are summed by chunk (np.bincount over ranges of rows, or by sorting a few): a lower
+   bound of each candidate's score; adding the bounds of the terms it was not read in (for a term read
+   above a cutoff, the cutoff) makes an upper bound. The threshold rises to the n-th best exact score of
+   the candidates with the best sums and then to the n-th best lower bound; candidates whose upper bound
+   falls below it are dropped, and the others look up the terms they lack, the highest bound first, by
+   binary search in the row-sorted postings, dropping more after each.
+4. The survivors are scored exactly as the exhaustive sum scores them (each query word's contribution in
+   float32, added into float64 in query order) and ranked by score, ties by position.
+A filter (weights of 1.0 for allowed positions, 0 otherwise) lets only allowed chunks be candidates or
+set a threshold, so it prunes less. Each segment is searched with the threshold the ones before it
+reached, and their results merged. Bounds and thresholds allow for float rounding (SLACK).
 """
 
 from __future__ import annotations
@@ -35,10 +77,10 @@ import json
 import os
 import re
 import shutil
-import threading
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, NamedTuple
 
 import numpy as np
 import scipy.sparse
@@ -65,8 +107,29 @@ from common.language import LanguageMix, cjk_tokens, detect_languages, has_cjk
 
 K1, B = 1.5, 0.75
 TOKENIZE_BATCH = 10_000  # chunks tokenized at once: bounds the memory the token strings take
-SEGMENT_FILES = ("chunk_ids.npy", "lengths.npy", "indptr.npy", "rows.npy", "counts.npy", "new_terms.json")
+SLICE_TOKENS = 8_000_000  # tokens analysed in memory before they are written as a slice (~250 MB at its peak)
+MERGE_POSTINGS = 8_000_000  # postings merged from the slices at once (~300 MB at its peak)
+BLOCK = 128  # postings per block, the unit of score bounds a search skips by
+FIRST_POSTINGS_PER_RESULT = 8  # the first threshold reads the best blocks' postings, this many per result wanted
+ACCUMULATE_ROWS = 1 << 20  # rows whose scores a search sums in one array (8 MB)
+SORTED_SUM_SHARE = 16  # fewer postings than rows / this: summed by sorting them rather than in arrays of rows
+RESOLVE_COST = 10  # postings read in the time a search resolves a candidate (lookups, pruning)
+SLACK = 1e-6  # relative: bounds and thresholds allow for float32 scores and float64 sums in another order
+MAX_TF = np.iinfo(np.uint16).max
+LANGUAGE_SAMPLE_CHUNKS = 20_000  # chunks the collection's language is detected on (a seeded sample)
+SEGMENT_ARRAYS = (
+    "chunk_ids",
+    "lengths",
+    "indptr",
+    "rows",
+    "tfs",
+    "block_indptr",
+    "block_max",
+)
+SEGMENT_INFO = "segment.json"  # its block size, average length and the terms it added to the vocabulary
+SEGMENT_FILES = (*(f"{name}.npy" for name in SEGMENT_ARRAYS), SEGMENT_INFO)
 ANALYZER_FILE = "tokenizer.json"
+DOCUMENT_FREQUENCIES_FILE = "document_frequencies.npy"
 
 # Snowball stemmers (PyStemmer) by ISO 639-1 code; a language without one is not stemmed.
 SNOWBALL = {
@@ -226,170 +289,396 @@ def check_language(language: str) -> None:
         warn(f"--language {language}: no stemmer or stop words for it; words are only lower-cased (CJK as bigrams)")
 
 
+class _Analysed(NamedTuple):
+    """A batch of rows analysed: chunk ids, lengths in tokens and every token's term id, row after row."""
+
+    chunk_ids: np.ndarray  # int64
+    lengths: np.ndarray  # int32
+    term_ids: np.ndarray  # int32
+
+    @classmethod
+    def of(cls, rows: list[tuple[int, str, str]], vocabulary: dict[str, int], analyzer: Analyzer) -> "_Analysed":
+        """rows: (chunk_id, document title, chunk text). New terms are added to `vocabulary`."""
+        words = analyzer.words([embedding_text(title or "", text or "") for _, title, text in rows])
+        stems = analyzer.stems(words)
+        # Each distinct word's term id (new terms numbered in order of first use), then every word's in one
+        # pass in C: a Python step per word was half of building the index (18M words at 100k chunks).
+        all_words = list(itertools.chain.from_iterable(words))
+        term_of = {word: vocabulary.setdefault(stems[word], len(vocabulary)) for word in dict.fromkeys(all_words)}
+        return cls(
+            np.array([row[0] for row in rows], dtype=np.int64),
+            np.array(list(map(len, words)), dtype=np.int32),
+            np.fromiter(map(term_of.__getitem__, all_words), np.int32, len(all_words)),
+        )
+
+    @classmethod
+    def joined(cls, parts: list["_Analysed"]) -> "_Analysed":
+        if not parts:
+            return cls(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32))
+        return cls(*(np.concatenate(arrays) for arrays in zip(*parts)))
+
+    def term_major(self, vocabulary_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(indptr, rows, tfs): each term's rows, ascending, with the term's count in each."""
+        row_starts = np.concatenate([[0], np.cumsum(self.lengths, dtype=np.int64)])
+        matrix = scipy.sparse.csr_matrix(
+            (np.ones(len(self.term_ids), np.int32), self.term_ids, row_starts),
+            shape=(len(self.lengths), vocabulary_size),
+        ).tocsc()  # a counting sort: linear in the tokens
+        matrix.sum_duplicates()
+        return (
+            matrix.indptr.astype(np.int64),
+            matrix.indices.astype(np.int32),
+            np.minimum(matrix.data, MAX_TF).astype(np.uint16),
+        )
+
+
 @dataclass
 class Segment:
-    """Term counts of some chunks, by term (CSC): the chunks of term t are rows[indptr[t]:indptr[t + 1]],
-    with counts in counts[...]; term ids index the vocabulary of this segment and the ones before it."""
+    """Term counts of some chunks, by term, cut into blocks with score bounds (the layout is in the module
+    docstring); term ids index the vocabulary of this segment and the ones before it."""
 
-    chunk_ids: np.ndarray  # int64, one per row
+    chunk_ids: np.ndarray  # int64, one per row, ascending
     lengths: np.ndarray  # int32: tokens per row
-    indptr: np.ndarray
-    rows: np.ndarray
-    counts: np.ndarray  # float32
+    indptr: np.ndarray  # int64: term t's postings are [indptr[t], indptr[t + 1])
+    rows: np.ndarray  # int32: each posting's row, ascending within a term
+    tfs: np.ndarray  # uint16: each posting's term frequency
+    block_indptr: np.ndarray  # int64: term t's blocks are [block_indptr[t], block_indptr[t + 1])
+    block_max: np.ndarray  # float32: each block's highest tf / (tf + norm), norm at average_length
+    block_size: int  # postings per block (BLOCK when it was written)
+    average_length: float  # of this segment's rows
     new_terms: list[str]  # the terms this segment added to the vocabulary, in id order
     source: Path | None = None  # the directory it was loaded from (a new index version links its files)
 
     @classmethod
     def build(cls, rows: list[tuple[int, str, str]], vocabulary: dict[str, int], analyzer: Analyzer) -> "Segment":
-        """rows: (chunk_id, document title, chunk text). New terms are added to `vocabulary`."""
+        """A segment in memory (for a few hundred thousand chunks at most). rows: (chunk_id, document title,
+        chunk text), in chunk_id order. New terms are added to `vocabulary`."""
         known = len(vocabulary)
-        term_ids, lengths = [], []
-        for start in range(0, len(rows), TOKENIZE_BATCH):
-            words = analyzer.words(
-                [embedding_text(title or "", text or "") for _, title, text in rows[start : start + TOKENIZE_BATCH]]
-            )
-            stems = analyzer.stems(words)
-            # Each distinct word's term id (new terms numbered in order of first use), then every word's in
-            # one pass in C: a Python step per word was half of building the index (18M words at 100k chunks).
-            all_words = list(itertools.chain.from_iterable(words))
-            term_of = {word: vocabulary.setdefault(stems[word], len(vocabulary)) for word in dict.fromkeys(all_words)}
-            term_ids.append(np.fromiter(map(term_of.__getitem__, all_words), np.int64, len(all_words)))
-            lengths.extend(map(len, words))
-        lengths = np.array(lengths, dtype=np.int32)
-        flat = np.concatenate(term_ids) if term_ids else np.zeros(0, np.int64)
-        row_starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-        matrix = scipy.sparse.csr_matrix(
-            (np.ones(len(flat), np.float32), flat, row_starts), shape=(len(rows), len(vocabulary))
-        ).tocsc()
-        matrix.sum_duplicates()
+        analysed = _Analysed.joined(
+            [
+                _Analysed.of(rows[i : i + TOKENIZE_BATCH], vocabulary, analyzer)
+                for i in range(0, len(rows), TOKENIZE_BATCH)
+            ]
+        )
+        indptr, term_rows, tfs = analysed.term_major(len(vocabulary))
+        average_length = _average_length(analysed.lengths)
+        block_max = _block_max(indptr, term_rows, tfs, _norms(analysed.lengths, average_length))
         return cls(
-            np.array([r[0] for r in rows], dtype=np.int64),
-            lengths,
-            matrix.indptr.astype(np.int64),
-            matrix.indices.astype(np.int32),
-            matrix.data.astype(np.float32),
-            list(vocabulary)[known:],
+            analysed.chunk_ids,
+            analysed.lengths,
+            indptr,
+            term_rows,
+            tfs,
+            _block_indptr(indptr),
+            block_max,
+            BLOCK,
+            average_length,
+            list(itertools.islice(vocabulary, known, None)),
         )
 
-    def write(self, directory: Path) -> None:
+    @classmethod
+    def write(
+        cls,
+        directory: Path,
+        batches: Iterable[list[tuple[int, str, str]]],
+        vocabulary: dict[str, int],
+        analyzer: Analyzer,
+    ) -> "Segment":
+        """Build a segment of the rows in `batches` (lists of (chunk_id, document title, chunk text), in
+        chunk_id order) into `directory` (new), in bounded memory: analysed slices written as they fill,
+        then merged (module docstring). New terms are added to `vocabulary`. Returns it loaded."""
+        known = len(vocabulary)
+        slices_dir = directory / ".slices"
+        slices_dir.mkdir(parents=True)
+        slices, pending = [], []
+
+        def write_slice() -> None:
+            analysed = _Analysed.joined(pending)
+            indptr, term_rows, tfs = analysed.term_major(len(vocabulary))
+            slices.append(slices_dir / f"slice-{len(slices)}")
+            slices[-1].mkdir()
+            arrays = {"chunk_ids": analysed.chunk_ids, "lengths": analysed.lengths, "indptr": indptr}
+            for name, array in {**arrays, "rows": term_rows, "tfs": tfs}.items():
+                np.save(slices[-1] / f"{name}.npy", array)
+            pending.clear()
+
+        for batch in batches:
+            for start in range(0, len(batch), TOKENIZE_BATCH):
+                pending.append(_Analysed.of(batch[start : start + TOKENIZE_BATCH], vocabulary, analyzer))
+                if sum(len(part.term_ids) for part in pending) >= SLICE_TOKENS:
+                    write_slice()
+        if pending or not slices:
+            write_slice()
+        average_length = _merge(slices, directory, len(vocabulary))
+        shutil.rmtree(slices_dir)
+        new_terms = list(itertools.islice(vocabulary, known, None))
+        (directory / SEGMENT_INFO).write_text(
+            json.dumps(
+                {"block_size": BLOCK, "average_length": average_length, "new_terms": new_terms}, ensure_ascii=False
+            )
+        )
+        return cls.load(directory)
+
+    def link(self, directory: Path) -> None:
+        """The segment's files in a new index version: hard links to those it was loaded from (unchanged)."""
         directory.mkdir()
-        if self.source is not None:  # unchanged since it was written: the new version shares its files
-            for name in SEGMENT_FILES:
-                try:
-                    os.link(self.source / name, directory / name)
-                except OSError:
-                    shutil.copy2(self.source / name, directory / name)
-            return
-        for name in SEGMENT_FILES[:-1]:
-            np.save(directory / name, getattr(self, name.removesuffix(".npy")))
-        (directory / "new_terms.json").write_text(json.dumps(self.new_terms, ensure_ascii=False))
+        for name in SEGMENT_FILES:
+            try:
+                os.link(self.source / name, directory / name)
+            except OSError:
+                shutil.copy2(self.source / name, directory / name)
+
+    @staticmethod
+    def exists(directory: Path) -> bool:
+        """Whether `directory` holds a segment of this layout (an older version's has no SEGMENT_INFO)."""
+        return (directory / SEGMENT_INFO).is_file()
 
     @classmethod
     def load(cls, directory: Path) -> "Segment":
-        arrays = {name.removesuffix(".npy"): np.load(directory / name) for name in SEGMENT_FILES[:-1]}
-        return cls(**arrays, new_terms=json.loads((directory / "new_terms.json").read_text()), source=directory)
+        info = json.loads((directory / SEGMENT_INFO).read_text())
+        # Plain arrays over the mappings: indexing an np.memmap costs microseconds of Python per call.
+        arrays = {name: np.asarray(np.load(directory / f"{name}.npy", mmap_mode="r")) for name in SEGMENT_ARRAYS}
+        return cls(**arrays, **info, source=directory)
+
+    def document_frequencies(self, live: np.ndarray) -> np.ndarray:
+        """Each term's number of live rows (`live`: a bool per row): a pass over the postings when some row
+        is not live, a range at a time."""
+        frequencies = np.diff(self.indptr)
+        if live.all():
+            return frequencies
+        for start in range(0, len(self.rows), MERGE_POSTINGS):
+            stop = min(start + MERGE_POSTINGS, len(self.rows))
+            rows = _read(self.source / "rows.npy", start, stop) if self.source else self.rows[start:stop]
+            deleted = start + np.flatnonzero(~live[rows])
+            frequencies -= np.bincount(
+                np.searchsorted(self.indptr, deleted, side="right") - 1, minlength=len(frequencies)
+            )
+        return frequencies
+
+
+def _merge(slices: list[Path], directory: Path, vocabulary_size: int) -> float:
+    """Write the slices' postings (each slice's rows after the previous one's) as one segment's arrays into
+    `directory`, with their blocks; returns the segment's average length."""
+    slice_lengths = [np.load(part / "lengths.npy") for part in slices]
+    row_offsets = np.cumsum([0] + [len(part_lengths) for part_lengths in slice_lengths])
+    lengths = np.concatenate(slice_lengths)
+    np.save(directory / "chunk_ids.npy", np.concatenate([np.load(part / "chunk_ids.npy") for part in slices]))
+    np.save(directory / "lengths.npy", lengths)
+    average_length = _average_length(lengths)
+    norms = _norms(lengths, average_length)
+    slice_terms, frequencies = [], np.zeros(vocabulary_size, np.int64)
+    for part in slices:
+        slice_frequencies = np.diff(np.load(part / "indptr.npy"))
+        frequencies[: len(slice_frequencies)] += slice_frequencies
+        slice_terms.append(len(slice_frequencies))
+    indptr = np.concatenate([[0], np.cumsum(frequencies)])
+    block_indptr = _block_indptr(indptr)
+    np.save(directory / "indptr.npy", indptr)
+    np.save(directory / "block_indptr.npy", block_indptr)
+    postings, blocks = int(indptr[-1]), int(block_indptr[-1])
+    with (
+        _ArrayFile(directory / "rows.npy", np.int32, postings) as rows_file,
+        _ArrayFile(directory / "tfs.npy", np.uint16, postings) as tfs_file,
+        _ArrayFile(directory / "block_max.npy", np.float32, blocks) as block_max_file,
+    ):
+        # Ranges of terms of about MERGE_POSTINGS postings (a term with more is a range of its own).
+        cuts = np.searchsorted(indptr, np.arange(MERGE_POSTINGS, postings, MERGE_POSTINGS), side="right") - 1
+        cuts = np.unique(np.concatenate([[0], cuts, [vocabulary_size]]))
+        for first, end in zip(cuts[:-1], cuts[1:]):
+            range_indptr = indptr[first : end + 1] - indptr[first]
+            rows, tfs = np.empty(range_indptr[-1], np.int32), np.empty(range_indptr[-1], np.uint16)
+            filled = range_indptr[:-1].copy()  # where each term's next slice run goes
+            for part, terms, row_offset in zip(slices, slice_terms, row_offsets):
+                slice_indptr = _read(part / "indptr.npy", min(first, terms), min(end, terms) + 1)
+                runs = np.diff(slice_indptr)
+                if not runs.sum():
+                    continue
+                destination = np.repeat(filled[: len(runs)] - (slice_indptr[:-1] - slice_indptr[0]), runs)
+                destination += np.arange(len(destination))
+                rows[destination] = _read(part / "rows.npy", slice_indptr[0], slice_indptr[-1]) + row_offset
+                tfs[destination] = _read(part / "tfs.npy", slice_indptr[0], slice_indptr[-1])
+                filled[: len(runs)] += runs
+            rows_file.append(rows)
+            tfs_file.append(tfs)
+            block_max_file.append(_block_max(range_indptr, rows, tfs, norms))
+    return average_length
+
+
+def _block_indptr(indptr: np.ndarray) -> np.ndarray:
+    """Where each term's blocks start (BLOCK postings each, the last one shorter)."""
+    return np.concatenate([[0], np.cumsum(-(-np.diff(indptr) // BLOCK))])
+
+
+def _block_max(indptr: np.ndarray, rows: np.ndarray, tfs: np.ndarray, norms: np.ndarray) -> np.ndarray:
+    """The highest tf / (tf + norm) of each block of these terms' postings (indptr from 0), in float32."""
+    block_indptr = _block_indptr(indptr)
+    first_postings = np.repeat(indptr[:-1] - block_indptr[:-1] * BLOCK, np.diff(block_indptr))
+    first_postings += BLOCK * np.arange(block_indptr[-1])
+    if not len(first_postings):
+        return np.zeros(0, np.float32)
+    tf = tfs.astype(np.float64)
+    return np.maximum.reduceat(tf / (tf + norms[rows]), first_postings).astype(np.float32)
+
+
+def _block_postings(starts, stops, blocks: np.ndarray, block_size: int) -> np.ndarray:
+    """The posting indices of these blocks (block i of a term whose postings are [start, stop)), in order."""
+    begins = starts + block_size * blocks
+    lengths = np.minimum(begins + block_size, stops) - begins
+    return np.arange(lengths.sum()) + np.repeat(begins - (np.cumsum(lengths) - lengths), lengths)
+
+
+def _contains(sorted_values: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Whether each of `values` is in `sorted_values` (ascending)."""
+    if not len(sorted_values):
+        return np.zeros(len(values), bool)
+    at = np.minimum(np.searchsorted(sorted_values, values), len(sorted_values) - 1)
+    return sorted_values[at] == values
+
+
+def _average_length(lengths: np.ndarray) -> float:
+    return max(lengths.sum(dtype=np.int64) / len(lengths), 1.0) if len(lengths) else 1.0
+
+
+def _norms(lengths: np.ndarray, average_length: float) -> np.ndarray:
+    """BM25's length normalisation of each chunk, k1 * (1 - b + b * length / average length), in float32."""
+    return (K1 * ((1 - B) + B * lengths / average_length)).astype(np.float32)
+
+
+def _read(path: Path, start: int, stop: int) -> np.ndarray:
+    """A range of a .npy file's array, copied: through a mapping let go at once, so what a pass over a large
+    file reads does not stay in this process's resident memory."""
+    return np.array(np.load(path, mmap_mode="r")[start:stop])
+
+
+class _ArrayFile:
+    """A one-dimensional .npy file of known length, written in pieces with plain writes (a writable mapping
+    would keep every written page in this process's resident memory)."""
+
+    def __init__(self, path: Path, dtype, length: int):
+        self.dtype = np.dtype(dtype)
+        self.file = open(path, "wb")
+        header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False, "shape": (length,)}
+        np.lib.format.write_array_header_1_0(self.file, header)
+
+    def append(self, array: np.ndarray) -> None:
+        array.astype(self.dtype, copy=False).tofile(self.file)
+
+    def __enter__(self) -> "_ArrayFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()
 
 
 class LexicalIndex:
     """BM25 over the live chunks (`chunk_ids`, sorted) held by one or more segments."""
 
-    def __init__(self, segments: list[Segment], chunk_ids: np.ndarray, analyzer: Analyzer):
+    def __init__(
+        self,
+        segments: list[Segment],
+        chunk_ids: np.ndarray,
+        analyzer: Analyzer,
+        document_frequencies: np.ndarray | None = None,
+    ):
+        """document_frequencies: the live chunks' (as written with the index); computed when not given."""
         self.segments = segments
         self.analyzer = analyzer
         self.chunk_ids = chunk_ids  # position -> chunk id, ascending: the order of the store's chunks
-        self.vocabulary: dict[str, int] = {}
-        for segment in segments:
-            for term in segment.new_terms:
-                self.vocabulary[term] = len(self.vocabulary)
+        self.vocabulary = {
+            term: i for i, term in enumerate(itertools.chain.from_iterable(s.new_terms for s in segments))
+        }
         n = len(chunk_ids)
-        # Each segment row's position among the live chunks, or n (a bin that is dropped) when deleted.
-        self._positions, self._live_rows = [], []
-        for segment in segments:
-            at = np.minimum(np.searchsorted(chunk_ids, segment.chunk_ids), max(n - 1, 0))
-            live = (chunk_ids[at] == segment.chunk_ids) if n else np.zeros(len(segment.chunk_ids), bool)
-            self._positions.append(np.where(live, at, n).astype(np.int32))
-            self._live_rows.append(live)
-        if sum(int(live.sum()) for live in self._live_rows) != n:
+        positions = [self._positions(segment.chunk_ids) for segment in segments]
+        if sum(int(np.count_nonzero(p >= 0)) for p in positions) != n:
             raise PipelineError("the BM25 index does not hold the stored chunks: run `pipeline index`")
-        self._scored: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
-        self._scoring = threading.Lock()  # scored once, should two threads search an unscored index at once
-
-    def postings(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Per segment: by term, the live position and BM25 score of each chunk holding it. Scored when
-        first asked: an index loaded for search is scored then (`load`), one `pipeline index` builds or
-        updates is only written (0.4 s of 100k chunks)."""
-        with self._scoring:
-            if self._scored is None:
-                self._scored = self._score()
-        return self._scored
-
-    def _score(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """postings(), computed: BM25 with the document frequencies and average length of the live chunks."""
-        n = len(self.chunk_ids)
-        entry_terms = [
-            np.repeat(np.arange(len(segment.indptr) - 1), np.diff(segment.indptr)) for segment in self.segments
-        ]
-        document_frequency = np.zeros(len(self.vocabulary))
-        total_length = 0
-        for segment, live, terms in zip(self.segments, self._live_rows, entry_terms):
-            document_frequency += np.bincount(terms, weights=live[segment.rows], minlength=len(self.vocabulary))
-            total_length += int(segment.lengths[live].sum(dtype=np.int64))
+        total_length = sum(int(s.lengths[p >= 0].sum(dtype=np.int64)) for s, p in zip(segments, positions))
         average_length = max(total_length / n, 1.0) if n else 1.0
-        idf = np.log(1 + (n - document_frequency + 0.5) / (document_frequency + 0.5)).astype(np.float32)
-        scored = []
-        for segment, position, live, terms in zip(self.segments, self._positions, self._live_rows, entry_terms):
-            norm = (K1 * ((1 - B) + B * segment.lengths / average_length)).astype(np.float32)
-            scores = idf[terms] * segment.counts / (segment.counts + norm[segment.rows])
-            scored.append(
-                (segment.indptr, position[segment.rows], np.where(live[segment.rows], scores, 0).astype(np.float32))
-            )
-        return scored
+        if document_frequencies is None:
+            document_frequencies = np.zeros(len(self.vocabulary), np.int64)
+            for segment, segment_positions in zip(segments, positions):
+                frequencies = segment.document_frequencies(segment_positions >= 0)
+                document_frequencies[: len(frequencies)] += frequencies
+        self.document_frequencies = document_frequencies
+        self.idf = np.log(1 + (n - document_frequencies + 0.5) / (document_frequencies + 0.5)).astype(np.float32)
+        self.live_segments = [
+            LiveSegment(segment, segment_positions, _norms(segment.lengths, average_length), average_length)
+            for segment, segment_positions in zip(segments, positions)
+        ]
+
+    def _positions(self, segment_chunk_ids: np.ndarray) -> np.ndarray:
+        """Each segment row's position among the live chunks, or -1 when it was deleted."""
+        n = len(self.chunk_ids)
+        if not n:
+            return np.full(len(segment_chunk_ids), -1, np.int32)
+        at = np.minimum(np.searchsorted(self.chunk_ids, segment_chunk_ids), n - 1)
+        return np.where(self.chunk_ids[at] == segment_chunk_ids, at, -1).astype(np.int32)
 
     @classmethod
     def build(cls, rows: list[tuple[int, str, str]], analyzer: Analyzer) -> "LexicalIndex":
-        """rows: (chunk_id, document title, chunk text), in chunk_id order."""
+        """An index in memory (a few hundred thousand chunks at most). rows: (chunk_id, document title,
+        chunk text), in chunk_id order."""
         segment = Segment.build(rows, {}, analyzer)
         return cls([segment], segment.chunk_ids, analyzer)
 
     @classmethod
-    def with_delta(cls, base: Segment, delta_rows: list[tuple[int, str, str]], chunk_ids: np.ndarray) -> "LexicalIndex":
+    def with_delta(
+        cls, base: Segment, analyzer: Analyzer, delta_rows: list[tuple[int, str, str]], chunk_ids: np.ndarray
+    ) -> "LexicalIndex":
         """The index over `chunk_ids` (the live chunks, sorted): those of `base` that are live, and
-        `delta_rows` (the chunks added since the base; chunk_id order), a new segment analysed as the base was."""
-        vocabulary = {}
-        for term in base.new_terms:
-            vocabulary[term] = len(vocabulary)
-        analyzer = Analyzer.load(base.source.parent)  # the index directory the base segment is in
+        `delta_rows` (the chunks added since the base; chunk_id order), a segment in memory analysed by
+        `analyzer` (the base's)."""
+        vocabulary = {term: i for i, term in enumerate(base.new_terms)}
         return cls([base, Segment.build(delta_rows, vocabulary, analyzer)], chunk_ids, analyzer)
 
-    @property
-    def base(self) -> Segment:
-        return self.segments[0]
+    @classmethod
+    def write_built(cls, directory: Path, batches: Iterable[list[tuple[int, str, str]]], analyzer: Analyzer) -> None:
+        """Build the index of the rows in `batches` (lists of (chunk_id, document title, chunk text), in
+        chunk_id order) into `directory` (existing, empty), in bounded memory."""
+        segment = Segment.write(directory / "segment-0", batches, {}, analyzer)
+        cls([segment], segment.chunk_ids, analyzer)._write_statistics(directory)
+
+    @classmethod
+    def write_updated(
+        cls, directory: Path, base: Segment, delta_batches: Iterable[list[tuple[int, str, str]]], chunk_ids: np.ndarray
+    ) -> None:
+        """Write the index over `chunk_ids` (the live chunks, sorted) into `directory` (existing, empty): the
+        base's files linked, its deleted chunks skipped, and the rows of `delta_batches` (the chunks added
+        since the base, as write_built takes them) a new segment analysed as the base was."""
+        base.link(directory / "segment-0")
+        vocabulary = {term: i for i, term in enumerate(base.new_terms)}
+        analyzer = Analyzer.load(base.source.parent)  # the index directory the base segment is in
+        delta = Segment.write(directory / "segment-1", delta_batches, vocabulary, analyzer)
+        cls([base, delta], chunk_ids, analyzer)._write_statistics(directory)
+
+    def _write_statistics(self, directory: Path) -> None:
+        """What the index adds to its segments: the analyzer, the live chunks and their document frequencies."""
+        (directory / ANALYZER_FILE).write_text(json.dumps(self.analyzer.to_json()))
+        np.save(directory / DOCUMENT_FREQUENCIES_FILE, self.document_frequencies)
+        np.save(directory / "chunk_ids.npy", self.chunk_ids)
 
     def __len__(self) -> int:
         return len(self.chunk_ids)
 
-    def write(self, directory: Path) -> None:
-        """Write the index's files into an existing, empty directory (a segment loaded from disk is linked)."""
-        for i, segment in enumerate(self.segments):
-            segment.write(directory / f"segment-{i}")
-        (directory / ANALYZER_FILE).write_text(json.dumps(self.analyzer.to_json()))
-        np.save(directory / "chunk_ids.npy", self.chunk_ids)
-
     @classmethod
     def load(cls, path: Path) -> "LexicalIndex":
+        """The index written into `path`, its arrays memory-mapped. An index written before this layout
+        (postings without blocks) is refused: `pipeline index` writes it again."""
         segments = sorted(path.glob("segment-*"), key=lambda p: int(p.name.split("-")[1]))
-        if not (path / "chunk_ids.npy").exists() or not segments:
+        if not (path / DOCUMENT_FREQUENCIES_FILE).exists() or not segments or not all(map(Segment.exists, segments)):
             raise PipelineError(f"{path}: lexical index missing or from an older version; run `pipeline index`")
         try:
-            index = cls([Segment.load(s) for s in segments], np.load(path / "chunk_ids.npy"), Analyzer.load(path))
-            index.postings()  # scored now: a search pays nothing for it
+            return cls(
+                [Segment.load(s) for s in segments],
+                np.load(path / "chunk_ids.npy"),
+                Analyzer.load(path),
+                np.load(path / DOCUMENT_FREQUENCIES_FILE),
+            )
         except (OSError, ValueError, EOFError, KeyError, IndexError) as e:  # a truncated or overwritten file
             raise PipelineError(
                 f"{path}: damaged BM25 index "
                 f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}); "
                 "run `pipeline index --rebuild`"
             ) from None
-        return index
 
     def search(self, query: str, n: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The best n (chunk ids, BM25 scores), best first; only chunks matching a query word, and only
@@ -403,26 +692,247 @@ class LexicalIndex:
     ) -> tuple[np.ndarray, np.ndarray]:
         """The best n (positions in the corpus, i.e. in chunk-id order; BM25 scores), best first (ties by
         position); only chunks sharing a word with the query, and only where weight_mask (1.0 per allowed
-        position) is set."""
-        total = len(self.chunk_ids)
-        terms = [self.vocabulary[t] for t in self.analyzer.query_terms(query) if t in self.vocabulary]
-        if min(n, total) == 0 or not terms:
-            return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        positions, scores = [], []
-        for indptr, entry_positions, entry_scores in self.postings():
-            for t in terms:
-                if t < len(indptr) - 1:
-                    positions.append(entry_positions[indptr[t] : indptr[t + 1]])
-                    scores.append(entry_scores[indptr[t] : indptr[t + 1]])
-        summed = np.bincount(np.concatenate(positions), weights=np.concatenate(scores), minlength=total + 1)[:total]
-        if weight_mask is not None:
-            summed *= weight_mask
-        found = np.flatnonzero(summed > 0)
-        if len(found) > n:
-            found = found[np.argpartition(-summed[found], n - 1)[:n]]
-        found = found[np.lexsort((found, -summed[found]))]
-        return found.astype(np.int64), summed[found].astype(np.float32)
+        position, 0 elsewhere) is set. Exactly the exhaustive ranking, found with pruning (module docstring)."""
+        words = [self.vocabulary[t] for t in self.analyzer.query_terms(query) if t in self.vocabulary]
+        positions, scores = np.zeros(0, np.int64), np.zeros(0, np.float64)
+        if min(n, len(self.chunk_ids)) == 0 or not words:
+            return positions, scores.astype(np.float32)
+        terms, occurrences = np.unique(words, return_inverse=True)
+        query_terms = _QueryTerms(terms, occurrences, np.bincount(occurrences).astype(np.float64), self.idf[terms])
+        threshold = 0.0  # the n-th best score found so far: a later segment's chunks must reach it
+        for segment in self.live_segments:
+            found_positions, found_scores = _SegmentSearch(segment, query_terms, weight_mask).top(n, threshold)
+            positions, scores = np.concatenate([positions, found_positions]), np.concatenate([scores, found_scores])
+            best = np.lexsort((positions, -scores))[:n]
+            positions, scores = positions[best], scores[best]
+            if len(scores) == n:
+                threshold = scores[-1]
+        return positions, scores.astype(np.float32)
 
     def top_many(self, queries: list[str], k: int) -> list[np.ndarray]:
         """The best k chunk ids of each query, best first."""
         return [self.chunk_ids[self.search_positions(query, k)[0]] for query in queries]
+
+
+@dataclass
+class _QueryTerms:
+    """A query's distinct terms (ids, ascending), which of them each query word is, in query order, how
+    many words each is, and their idf."""
+
+    terms: np.ndarray
+    occurrences: np.ndarray
+    multiplicity: np.ndarray  # float64
+    idf: np.ndarray  # float32
+
+
+class LiveSegment:
+    """A segment as search reads it, under the live statistics: each row's position among the live chunks
+    (-1: deleted) and its norm, and the factor r by which the norms at the segment's own average length
+    may shrink: norm_live >= r * norm_own, with r = min(1, own average / live average)."""
+
+    def __init__(self, segment: Segment, positions: np.ndarray, norms: np.ndarray, average_length: float):
+        self.segment, self.positions, self.norms = segment, positions, norms
+        self.all_live = bool((positions >= 0).all())  # no row deleted: rows need no check
+        self.norm_scale = min(1.0, segment.average_length / average_length)
+
+
+class _SegmentSearch:
+    """One query's best n chunks in one segment, exactly, with the pruning of the module docstring. Terms
+    are numbered as the query's distinct terms (j); a term's contribution to a chunk is counted once per
+    query word (its multiplicity)."""
+
+    def __init__(self, live: LiveSegment, query: _QueryTerms, weight_mask: np.ndarray | None):
+        self.live, self.segment, self.query, self.weight_mask = live, live.segment, query, weight_mask
+        held = query.terms < len(self.segment.indptr) - 1  # a term the segments after this one added is not here
+        terms = np.where(held, query.terms, 0)
+        self.starts = np.where(held, self.segment.indptr[terms], 0)
+        self.stops = np.where(held, self.segment.indptr[terms + 1], 0)
+        first_blocks = np.where(held, self.segment.block_indptr[terms], 0)
+        block_ends = np.where(held, self.segment.block_indptr[terms + 1], 0)
+        # Each block's bound on a term's contribution to a chunk of it: tf / (tf + norm) is at most
+        # u / (u + r (1 - u)) for the block's highest u at the segment's own average length (tf / (tf + r * norm)).
+        r = live.norm_scale
+        weights = query.multiplicity * query.idf * (1 + SLACK)
+        self.bounds = []
+        for weight, first, end in zip(weights, first_blocks, block_ends):
+            u = self.segment.block_max[first:end].astype(np.float64)
+            self.bounds.append(weight * u / (u + r * (1 - u)))
+        self.upper = np.array([bounds.max(initial=0.0) for bounds in self.bounds])  # each term's bound
+
+    def top(self, n: int, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+        """The best n (positions, float64 scores) among the chunks scoring at least `threshold`, best first."""
+        threshold = max(threshold, self._first_threshold(n))
+        # Candidates: a chunk reaching the threshold, in term i (terms by ascending bound) and none after it,
+        # has a contribution from i of at least the threshold less the bounds of the terms before i (its
+        # cutoff). So each term's postings are read from the highest bound down, only in blocks that reach
+        # its cutoff, and kept when they do; terms whose cutoff is above their bound read nothing.
+        # A term's bound where its postings were not gathered: its cutoff, 0 if all were, its bound if none.
+        order = np.argsort(self.upper)
+        before = np.cumsum(self.upper[order]) - self.upper[order]
+        cutoffs = np.full(len(self.upper), np.inf)
+        gathered = {}
+        for j, bounds_before in zip(order[::-1], before[::-1]):
+            cutoff = threshold * (1 - SLACK) - bounds_before
+            if cutoff > self.upper[j]:  # and so for every term before it: the non-essential terms
+                # The first of them is read whole all the same when its postings are not many more than the
+                # candidates: summed with theirs, they rule out most candidates, each of which costs as much
+                # to resolve as some RESOLVE_COST postings to read (on SciFact-like text, 2.5x less time).
+                if self.stops[j] - self.starts[j] <= RESOLVE_COST * sum(len(rows) for rows, _ in gathered.values()):
+                    cutoffs[j] = 0.0
+                    gathered[j] = self._postings(j, 0.0)
+                break
+            cutoffs[j] = max(cutoff, 0.0)
+            gathered[j] = self._postings(j, cutoff)
+        bounds = np.minimum(self.upper, cutoffs)
+        candidates, partial = self._accumulate(gathered, threshold * (1 - SLACK) - bounds.sum())
+        return self._best(*self._resolve(candidates, partial, gathered, bounds, n, threshold), n)
+
+    def _first_threshold(self, n: int) -> float:
+        """A score the best n reach: the n-th best exact score among the allowed chunks of the blocks with
+        the highest bounds (more of them until they hold n), or 0 without n such chunks."""
+        all_bounds = np.concatenate(self.bounds)
+        block_offsets = np.cumsum([len(bounds) for bounds in self.bounds]) - [len(bounds) for bounds in self.bounds]
+        count = -(-FIRST_POSTINGS_PER_RESULT * n // self.segment.block_size)
+        while count < len(all_bounds):
+            chosen = np.sort(np.argpartition(-all_bounds, count)[:count])
+            owners = np.searchsorted(block_offsets, chosen, side="right") - 1
+            postings = _block_postings(
+                self.starts[owners], self.stops[owners], chosen - block_offsets[owners], self.segment.block_size
+            )
+            rows = np.unique(self.segment.rows[postings])
+            candidates = rows[self._allowed(rows)]
+            if len(candidates) >= n:
+                scores = self._exact(candidates)
+                return np.partition(scores, len(scores) - n)[len(scores) - n]
+            count *= 4
+        return 0.0
+
+    def _postings(self, j: int, cutoff: float) -> tuple[np.ndarray, np.ndarray]:
+        """Term j's allowed postings whose contribution (times its multiplicity) reaches `cutoff`, read from
+        the blocks whose bound does: (rows, ascending; those contributions times its multiplicity)."""
+        start, stop = self.starts[j], self.stops[j]
+        reaching = np.flatnonzero(self.bounds[j] >= cutoff)
+        if len(reaching) == len(self.bounds[j]):
+            rows, tfs = self.segment.rows[start:stop], self.segment.tfs[start:stop]
+        else:
+            postings = _block_postings(start, stop, reaching, self.segment.block_size)
+            rows, tfs = self.segment.rows[postings], self.segment.tfs[postings]
+        weighted = self.query.multiplicity[j] * self._contributions(j, rows, tfs)
+        if cutoff > 0:
+            reaching = np.flatnonzero(weighted >= cutoff)
+            rows, weighted = rows[reaching], weighted[reaching]
+        allowed = self._allowed(rows)
+        return (rows, weighted) if allowed.all() else (rows[allowed], weighted[allowed])
+
+    def _accumulate(self, gathered: dict[int, tuple[np.ndarray, np.ndarray]], least: float) -> tuple[np.ndarray, ...]:
+        """The rows of the gathered postings whose contributions there sum to at least `least` (ascending),
+        with those sums. Summed over an array of ACCUMULATE_ROWS rows at a time (np.bincount) when there are
+        many postings, else by sorting them."""
+        rows = [rows for rows, _ in gathered.values()]
+        weights = [weighted for _, weighted in gathered.values()]
+        postings, segment_rows = sum(map(len, rows)), len(self.segment.lengths)
+        if not postings:
+            return np.zeros(0, np.int32), np.zeros(0)
+        if postings * SORTED_SUM_SHARE < segment_rows:
+            all_rows, all_weights = np.concatenate(rows), np.concatenate(weights)
+            order = np.argsort(all_rows, kind="stable")  # each term's rows are ascending: a merge of sorted runs
+            all_rows = all_rows[order]
+            starts = np.flatnonzero(np.diff(all_rows, prepend=-1))
+            sums = np.add.reduceat(all_weights[order], starts)
+            reaching = np.flatnonzero(sums >= least)
+            return all_rows[starts[reaching]], sums[reaching]
+        found, sums = [], []
+        for first in range(0, segment_rows, ACCUMULATE_ROWS):
+            end = min(first + ACCUMULATE_ROWS, segment_rows)
+            ranges = [np.searchsorted(term_rows, (first, end)) for term_rows in rows]
+            summed = np.bincount(
+                np.concatenate([term_rows[a:b] for term_rows, (a, b) in zip(rows, ranges)]) - first,
+                weights=np.concatenate([term_weights[a:b] for term_weights, (a, b) in zip(weights, ranges)]),
+                minlength=end - first,
+            )
+            reaching = np.flatnonzero(summed >= max(least, np.finfo(float).tiny))  # rows with postings: above 0
+            found.append(reaching + first)
+            sums.append(summed[reaching])
+        return np.concatenate(found), np.concatenate(sums)
+
+    def _resolve(
+        self,
+        candidates: np.ndarray,
+        partial: np.ndarray,
+        gathered: dict[int, tuple[np.ndarray, np.ndarray]],
+        bounds: np.ndarray,
+        n: int,
+        threshold: float,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The candidates that reach the threshold, with exact scores. `partial` holds each one's gathered
+        contributions, a lower bound of its score; adding the bounds of the terms not gathered for it makes
+        an upper bound. Term by term, the highest bound first, the candidates whose upper bound falls below
+        the threshold (raised to the n-th best lower bound) are dropped, and the others look the term up."""
+        pending = [j for j in np.argsort(-bounds) if bounds[j] > 0]
+        # First against every pending bound (before finding which ones each candidate lacks): most go here,
+        # with the threshold raised to the n-th best exact score of the candidates with the best partial sums.
+        if len(partial) >= n:
+            tried = min(2 * n, len(partial))
+            scores = self._exact(np.sort(candidates[np.argpartition(-partial, tried - 1)[:tried]]))
+            threshold = max(threshold, np.partition(scores, len(scores) - n)[len(scores) - n])
+        kept = np.flatnonzero(partial + bounds[pending].sum() >= threshold * (1 - SLACK))
+        candidates, partial = candidates[kept], partial[kept]
+        # Which candidates lack a term: all of them a term not gathered, those not among its postings kept one
+        # gathered above a cutoff.
+        unknown = {j: ~_contains(gathered[j][0], candidates) for j in pending if j in gathered}
+        remaining = np.full(len(candidates), sum(bounds[j] for j in pending if j not in gathered), np.float64)
+        for j, flags in unknown.items():
+            remaining += bounds[j] * flags
+        for j in [*pending, None]:
+            if len(partial) >= n:
+                threshold = max(threshold, np.partition(partial, len(partial) - n)[len(partial) - n])
+            kept = partial + remaining >= threshold * (1 - SLACK)
+            if not kept.all():
+                candidates, partial, remaining = candidates[kept], partial[kept], remaining[kept]
+                unknown = {term: flags[kept] for term, flags in unknown.items()}
+            if j is None:
+                break
+            asked = np.flatnonzero(unknown.pop(j)) if j in unknown else np.arange(len(candidates))
+            partial[asked] += self.query.multiplicity[j] * self._lookup(j, candidates[asked])
+            remaining[asked] -= bounds[j]
+        return candidates, self._exact(candidates)
+
+    def _exact(self, rows: np.ndarray) -> np.ndarray:
+        """The score of each of these rows (ascending), summed as the exhaustive scoring sums it: each query
+        word's float32 contribution, in query order, into float64."""
+        contributions = [self._lookup(j, rows) for j in range(len(self.upper))]
+        scores = np.zeros(len(rows))
+        for j in self.query.occurrences:
+            scores += contributions[j]
+        return scores
+
+    def _lookup(self, j: int, rows: np.ndarray) -> np.ndarray:
+        """Term j's contribution to each of these rows (ascending), 0 where it is not in the row."""
+        term_rows = self.segment.rows[self.starts[j] : self.stops[j]]
+        contributions = np.zeros(len(rows), np.float32)
+        if len(term_rows):
+            at = np.minimum(np.searchsorted(term_rows, rows), len(term_rows) - 1)
+            found = np.flatnonzero(term_rows[at] == rows)
+            tfs = self.segment.tfs[self.starts[j] + at[found]]
+            contributions[found] = self._contributions(j, rows[found], tfs)
+        return contributions
+
+    def _contributions(self, j: int, rows: np.ndarray, tfs: np.ndarray) -> np.ndarray:
+        """Term j's idf * tf / (tf + norm) in these rows, in float32 as the exhaustive scoring computes it."""
+        tf = tfs.astype(np.float32)
+        return self.query.idf[j] * tf / (tf + self.live.norms[rows])
+
+    def _allowed(self, rows: np.ndarray) -> np.ndarray:
+        """Whether each row is live and, under a filter, allowed."""
+        if self.weight_mask is None and self.live.all_live:
+            return np.ones(len(rows), bool)
+        positions = self.live.positions[rows]
+        allowed = positions >= 0
+        if self.weight_mask is not None:
+            allowed[allowed] = self.weight_mask[positions[allowed]] > 0
+        return allowed
+
+    def _best(self, rows: np.ndarray, scores: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        positions = self.live.positions[rows].astype(np.int64)
+        best = np.lexsort((positions, -scores))[:n]
+        return positions[best], scores[best]

@@ -39,6 +39,7 @@ import pyarrow as pa
 from common.errors import PipelineError
 from common.vectors import dequantize, quantize
 
+ROW_SORT_MEMORY = "512MB"  # DuckDB's memory while it sorts chunk texts by id for iter_chunk_rows
 DOCUMENT_COLUMNS = """(doc_id VARCHAR PRIMARY KEY, title VARCHAR, source VARCHAR, text VARCHAR,
     content_hash VARCHAR NOT NULL, updated_at TIMESTAMP DEFAULT current_timestamp, metadata JSON)"""
 CHUNK_COLUMNS = """(chunk_id BIGINT PRIMARY KEY, doc_id VARCHAR NOT NULL, chunk_index INTEGER NOT NULL, text VARCHAR,
@@ -348,14 +349,27 @@ class Store:
             self.con.execute("SELECT chunk_id FROM chunks ORDER BY chunk_id").fetchnumpy()["chunk_id"].astype(np.int64)
         )
 
-    def chunk_rows(self, ids: np.ndarray | None = None) -> list[tuple[int, str, str, str]]:
-        """(chunk_id, doc_id, document title, chunk text) of every chunk, or of the chunks `ids`, in chunk_id order."""
+    def iter_chunk_rows(
+        self, ids: np.ndarray | None = None, batch_rows: int = 10_000
+    ) -> Iterator[list[tuple[int, str, str]]]:
+        """(chunk_id, document title, chunk text) of every chunk, or of the chunks `ids`, in chunk_id order, in
+        lists of batch_rows: fetched as they are used, so the texts of a large store are never all in memory."""
         only, parameters = self._only(ids)
-        return self.con.execute(
-            f"SELECT c.chunk_id, c.doc_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) {only} "
-            "ORDER BY c.chunk_id",
-            parameters,
-        ).fetchall()
+        cursor = self.con.cursor()  # a result of its own: another query on the store meanwhile does not end it
+        try:
+            # DuckDB sorts the whole result before the first row: past this memory it spills the sort to disk
+            # (beside the store) rather than hold every text (2 GB of memory at a million chunks of SciFact).
+            cursor.execute(f"SET memory_limit = '{ROW_SORT_MEMORY}'")
+            cursor.execute(
+                f"SELECT c.chunk_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) {only} "
+                "ORDER BY c.chunk_id",
+                parameters,
+            )
+            while batch := cursor.fetchmany(batch_rows):
+                yield batch
+        finally:
+            cursor.execute("RESET memory_limit")
+            cursor.close()
 
     def source_files(self) -> dict[str, tuple[str | None, int, int, str, str]]:
         """source -> (text_field, bytes, lines, sha256, documents_sha256): how far the last embed read each

@@ -10,15 +10,17 @@ leaves the previous index in use.
 
 from __future__ import annotations
 
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator
 
 import numpy as np
 
 from common.console import info, warn
 from common.errors import PipelineError
 from common.index_files import base_segment_dir
-from common.lexical import LexicalIndex, Segment, check_language, choose_analyzer
+from common.lexical import LANGUAGE_SAMPLE_CHUNKS, LexicalIndex, Segment, check_language, choose_analyzer
 from common.manifest import read_manifest
 from common.store import Store
 from common.workspace import Workspace
@@ -73,21 +75,23 @@ def refresh_indexes(
         )
         if base is None and not full_build_allowed:
             base_dir = base_segment_dir(ws, previous)
-            if previous.base_vectors is None or not base_dir.is_dir():
+            if previous.base_vectors is None or not Segment.exists(base_dir):
                 raise PipelineError(f"the index cannot be updated ({reason}): run `pipeline index`")
             base = Segment.load(base_dir)
             reason = f"update, though {reason.removeprefix('full build (').rstrip(')')}: `pipeline index` will rebuild"
+        # BM25 reads the chunks' texts from the store as it builds: the store stays open until it is built.
         summary = None
         if base is not None:
-            ids, vectors, chunk_rows = chunks_to_index(store, live, base, vectors=previous.trained_path is None)
+            ids, vectors, chunk_batches = chunks_to_index(store, live, base, vectors=previous.trained_path is None)
             try:
-                summary = update(ws, previous, base, ids, vectors, chunk_rows, live, reason, store)
+                summary = update(ws, previous, base, ids, vectors, chunk_batches, live, reason, store)
             except Drifted as drifted:
                 if not full_build_allowed:
                     raise PipelineError(f"the index cannot be updated ({drifted}): run `pipeline index`") from None
                 reason = str(drifted)
         if summary is None:
-            summary = full_build(ws, kind, store, live, reason, language, memory_budget)
+            sample = [text for batch in store.iter_chunk_rows(language_sample(live)) for _, _, text in batch]
+            summary = full_build(ws, kind, store, live, sample, reason, language, memory_budget)
     return record(ws, summary, embedder, live, generation)
 
 
@@ -96,12 +100,13 @@ def full_build(
     kind: str,
     store: Store,
     live: np.ndarray,
+    language_texts: list[str],
     update_reason: str,
     language: str = "auto",
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
 ) -> dict:
-    chunk_rows = [(chunk_id, title, text) for chunk_id, _, title, text in store.chunk_rows()]
-    analyzer, mix = choose_analyzer([text for _, _, text in chunk_rows], language)
+    """language_texts: a sample of the chunks' texts (language_sample) BM25's language is detected on."""
+    analyzer, mix = choose_analyzer(language_texts, language)
     info(
         f"BM25 analyzer: {analyzer.describe()}; "
         + (f"languages detected: {mix.describe()}" if mix else "as --language chose")
@@ -112,12 +117,17 @@ def full_build(
     with ThreadPoolExecutor(1) as pool:
         building = pool.submit(build_faiss, ws, kind, live, update_reason, memory_budget)
         start = time.perf_counter()
-        lexical = LexicalIndex.build(chunk_rows, analyzer)
+        lexical_dir = save_lexical(
+            lambda directory: LexicalIndex.write_built(directory, store.iter_chunk_rows(), analyzer), ws.index_dir
+        )
         lexical_seconds = time.perf_counter() - start
-        built = building.result()
+        try:
+            built = building.result()
+        except BaseException:  # nothing names the BM25 index just written: it goes too
+            shutil.rmtree(lexical_dir, ignore_errors=True)
+            raise
     info(f"built in {built['build_seconds']:.2f}s; written to {ws.root / built['path']}")
-    lexical_dir = save_lexical(lexical, ws.index_dir)
-    info(f"BM25 index over {len(chunk_rows):,} chunks built in {lexical_seconds:.2f}s; written to {lexical_dir}")
+    info(f"BM25 index over {len(live):,} chunks built in {lexical_seconds:.2f}s; written to {lexical_dir}")
     return {
         **built,
         "update": "full",
@@ -220,9 +230,17 @@ def build_and_tune(ws: Workspace, kind: str, store: Store, ids: np.ndarray, dim:
 
 def chunks_to_index(
     store: Store, live: np.ndarray, base: Segment, vectors: bool = True
-) -> tuple[np.ndarray, np.ndarray | None, list]:
-    """(chunk ids, vectors (None without `vectors`), (chunk id, title, text) rows) of the chunks added since
-    the base, for an update."""
+) -> tuple[np.ndarray, np.ndarray | None, Iterator[list[tuple[int, str, str]]]]:
+    """(chunk ids, vectors (None without `vectors`), batches of (chunk id, title, text) rows read from the store
+    as they are used) of the chunks added since the base, for an update."""
     only = np.setdiff1d(live, base.chunk_ids, assume_unique=True)
     loaded = store.load_vectors(only)[1] if vectors else None
-    return only, loaded, [(chunk_id, title, text) for chunk_id, _, title, text in store.chunk_rows(only)]
+    return only, loaded, store.iter_chunk_rows(only)
+
+
+def language_sample(live: np.ndarray) -> np.ndarray:
+    """The chunks BM25's language is detected on: LANGUAGE_SAMPLE_CHUNKS of them drawn across the
+    collection (seeded: the same store gives the same sample), ascending."""
+    if len(live) <= LANGUAGE_SAMPLE_CHUNKS:
+        return live
+    return np.sort(np.random.default_rng(0).choice(live, LANGUAGE_SAMPLE_CHUNKS, replace=False))

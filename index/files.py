@@ -13,11 +13,11 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Callable
 
 import faiss
 import numpy as np
 
-from common.lexical import LexicalIndex
 from common.manifest import EmbedderEntry, IndexEntry, write_section
 from common.workspace import Workspace, atomic_write_bytes
 
@@ -52,13 +52,14 @@ def write_faiss(index: faiss.Index, index_dir: Path, prefix: str, path: Path | N
     return path
 
 
-def save_lexical(lexical: LexicalIndex, index_dir: Path) -> Path:
-    """Write into a fresh versioned directory under index_dir and return it (the manifest then names it),
-    so a reader always finds a complete index."""
+def save_lexical(write: Callable[[Path], None], index_dir: Path) -> Path:
+    """Have `write` write a BM25 index (common/lexical.py LexicalIndex.write_built or write_updated) into a
+    fresh versioned directory under index_dir and return it (the manifest then names it), so a reader
+    always finds a complete index."""
     index_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=index_dir, prefix=".lexical.staging."))
     try:
-        lexical.write(staging)
+        write(staging)
         final = index_dir / f"lexical-{uuid.uuid4().hex[:12]}"
         staging.rename(final)
     except BaseException:

@@ -1,26 +1,29 @@
 """Updating the last full build with what changed in the store: the base kept, a delta beside it.
 
 A full build writes the base: a FAISS index (faiss-<id>.index) and a BM25 index of one segment
-(lexical-<id>/segment-0/). An update (`update_plan`, `update`) keeps the base as it is; its chunks
-deleted since are skipped at search (the store no longer holds them: they are tombstones), and every
-chunk added since the base goes into a delta, rebuilt from the store at each update: an exact FAISS
-index (faiss-delta-<id>.index), whose hits search merges with the base's, and a second BM25 segment.
-Changed documents have new chunk ids (ids are never reused), so an update is an exact set difference:
-a changed document's old chunks are deleted ones, its new chunks added ones. BM25 statistics are those
-of the live chunks (computed on loading) and the delta's FAISS search is exact, so an updated flat
-index answers as a full build over the same chunks would; an approximate base (HNSW, IVF) is searched
-as before, without its deleted chunks. More than REBUILD_SHARE of the base added or deleted makes
-`pipeline index` build in full: the delta is rebuilt at every update (its cost grows with it) and
-deleted chunks still cost search time in the base.
+(lexical-<id>/segment-0/, the slices it was built in merged). An update (`update_plan`, `update`) keeps
+the base as it is; its chunks deleted since are skipped at search (the store no longer holds them: they
+are tombstones), and every chunk added since the base goes into a delta, rebuilt from the store at each
+update: an exact FAISS index (faiss-delta-<id>.index), whose hits search merges with the base's, and a
+second BM25 segment. Changed documents have new chunk ids (ids are never reused), so an update is an
+exact set difference: a changed document's old chunks are deleted ones, its new chunks added ones. BM25
+statistics are those of the live chunks (their document frequencies written with each version, the
+rest computed on loading) and the delta's FAISS search is exact, so an updated flat index answers as a
+full build over the same chunks would; an approximate base (HNSW, IVF) is searched as before, without
+its deleted chunks. More than REBUILD_SHARE of the base added or deleted makes `pipeline index` build
+in full: the delta is rebuilt at every update (its cost grows with it) and deleted chunks still cost
+search time in the base.
 
 The base segment's files in a new lexical directory are hard links to the previous version's: an
-update does not copy the base.
+update does not copy the base. Its deleted chunks' terms are found by a pass over its postings (a range
+at a time), the one cost of an update that grows with the base.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Iterator
 
 import faiss
 import numpy as np
@@ -70,6 +73,8 @@ def update_plan(
     base_dir = base_segment_dir(ws, previous)
     if not (ws.root / previous.path).exists() or not base_dir.is_dir():
         return None, "full build (the last build's files are missing)"
+    if not Segment.exists(base_dir):
+        return None, "full build (the last build's BM25 index is of an older layout)"
     base = Segment.load(base_dir)
     added = len(live) - int(np.isin(live, base.chunk_ids, assume_unique=True).sum())
     deleted = len(base.chunk_ids) - (len(live) - added)
@@ -91,14 +96,15 @@ def update(
     base: Segment,
     ids: np.ndarray,
     vectors: np.ndarray,
-    chunk_rows: list,
+    chunk_batches: Iterator[list[tuple[int, str, str]]],
     live: np.ndarray,
     update_reason: str,
     store: Store,
 ) -> dict:
-    """The last build's base with a new delta holding `ids` (every chunk added since the base): exact (flat,
-    from `vectors`) beside a flat or HNSW base; beside an IVF base, filled with the base's trained lists
-    from the store (`vectors` is then None), unless the vectors added drifted from them (Drifted)."""
+    """The last build's base with a new delta holding `ids` (every chunk added since the base), whose
+    (chunk id, title, text) rows `chunk_batches` reads from the store: exact (flat, from `vectors`) beside a
+    flat or HNSW base; beside an IVF base, filled with the base's trained lists from the store (`vectors` is
+    then None), unless the vectors added drifted from them (Drifted)."""
     info(update_reason)
     start = time.perf_counter()
     delta_path, delta_rescore = None, None
@@ -109,7 +115,9 @@ def update(
         delta_path = write_faiss(delta, ws.index_dir, "faiss-delta")
     build_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    lexical_dir = save_lexical(LexicalIndex.with_delta(base, chunk_rows, live), ws.index_dir)
+    lexical_dir = save_lexical(
+        lambda directory: LexicalIndex.write_updated(directory, base, chunk_batches, live), ws.index_dir
+    )
     lexical_seconds = time.perf_counter() - start
     info(f"delta of {len(ids):,} chunks: FAISS {build_seconds:.2f}s, BM25 {lexical_seconds:.2f}s")
     deleted = len(base.chunk_ids) - (len(live) - len(ids))

@@ -33,13 +33,16 @@ from common.console import info
 from common.embedder import embedding_text, encode
 from common.heldout import held_out_pairs
 from common.index_files import base_segment_dir
-from common.lexical import LexicalIndex, Segment
+from common.lexical import Analyzer, LexicalIndex, Segment
 from common.manifest import SearchEntry, read_manifest, require, write_section
 from common.store import Store
 from common.workspace import Workspace
 from search.engine import Ranking, fuse
 
 MAX_PAIRS = 300  # documents measured
+# A larger collection is measured on a seeded sample of this many documents (the measured ones among them):
+# each round scores every vector of the collection measured, and holds them in memory (4 KB each).
+SAMPLE_DOCUMENTS = 100_000
 DRAWS = 8  # pairs (another sentence as the query each) per measured document
 QUERY_BATCH = 64  # queries scored against the stored vectors at once
 DEPTH = 100  # documents taken from each retriever, as in search
@@ -57,13 +60,24 @@ def measure_modes(ws: Workspace, model, seed: int = 0, draws: int = DRAWS) -> di
     rng = random.Random(seed)
     index_entry = require(ws, "index", "run `pipeline index` first")
     with Store(ws.db_path, read_only=True) as store:
-        documents = store.document_texts()
+        documents = store.document_texts(SAMPLE_DOCUMENTS, seed)
         drawn = held_out_pairs(documents, rng, index_entry.language, MAX_PAIRS, draws)
         if not drawn:
             return {}
-        chunk_ids, vectors = store.load_vectors()
-        chunk_docs = [doc_id for _, doc_id in store.chunk_documents()]  # both in chunk id order
-    collection = Collection(ws, index_entry, documents, chunk_ids, vectors, chunk_docs)
+        stored = store.counts()["documents"]
+        analyzer = Analyzer.load(ws.root / index_entry.lexical_path)  # as the index analyses text
+        if len(documents) == stored:  # the whole collection, and BM25's base segment as `pipeline index` built it
+            chunk_ids, vectors = store.load_vectors()
+            chunk_docs = [doc_id for _, doc_id in store.chunk_documents()]  # both in chunk id order
+            base = Segment.load(base_segment_dir(ws, index_entry))
+        else:
+            rows = store.chunk_documents([doc_id for doc_id, _, _ in documents])
+            chunk_ids, chunk_docs = np.array([c for c, _ in rows], dtype=np.int64), [d for _, d in rows]
+            _, vectors = store.load_vectors(chunk_ids)
+            texts = [row for batch in store.iter_chunk_rows(chunk_ids) for row in batch]
+            base = Segment.build(texts, {}, analyzer)
+            info(f"measuring the default search mode on {len(documents):,} of the {stored:,} documents (a sample)")
+    collection = Collection(base, analyzer, documents, chunk_ids, vectors, chunk_docs)
     doc_ids = list(drawn)
     sums: dict = collections.defaultdict(lambda: np.zeros(len(doc_ids)))  # mode or weight -> per-document sum
     counts = np.zeros(len(doc_ids))
@@ -89,12 +103,13 @@ def measure_modes(ws: Workspace, model, seed: int = 0, draws: int = DRAWS) -> di
 
 
 class Collection:
-    """The stored collection, searched with some documents replaced by their shortened texts: dense by exact
-    scores, BM25 as an update of the index `pipeline index` just built in full (its base segment and a
-    delta: index/update.py; statistics of that collection, as a full build's)."""
+    """The stored collection (or a sample of SAMPLE_DOCUMENTS of its documents), searched with some documents
+    replaced by their shortened texts: dense by exact scores, BM25 as an update of a base segment (the one
+    `pipeline index` just built in full, or one built here of the sample) with a delta (index/update.py;
+    statistics of that collection, as a full build's)."""
 
-    def __init__(self, ws: Workspace, index_entry, documents, chunk_ids, vectors, chunk_docs):
-        self.base = Segment.load(base_segment_dir(ws, index_entry))
+    def __init__(self, base: Segment, analyzer: Analyzer, documents, chunk_ids, vectors, chunk_docs):
+        self.base, self.analyzer = base, analyzer
         self.titles = {d[0]: d[1] or "" for d in documents}
         self.chunk_ids, self.vectors, self.chunk_docs = chunk_ids, vectors, chunk_docs
         self.documents = len(documents)
@@ -111,6 +126,7 @@ class Collection:
         shortened_ids = int(self.chunk_ids[-1]) + 1 + np.arange(len(doc_ids), dtype=np.int64)
         lexical = LexicalIndex.with_delta(
             self.base,
+            self.analyzer,
             [(i, titles[d], pairs[d][1]) for i, d in zip(shortened_ids.tolist(), doc_ids)],
             np.concatenate([self.chunk_ids[kept], shortened_ids]),
         )

@@ -413,3 +413,19 @@ def test_eval_bad_input_is_one_line(trained_workspace, judged_titles, tmp_path):
     assert result.returncode == 2 and result.stderr.strip() == (
         "error: --mode: 'fuzzy' is not one of 'dense', 'lexical', 'hybrid'; see `pipeline search --help`"
     )
+
+
+def test_a_large_collection_is_measured_on_a_sample_of_its_documents(trained_workspace, monkeypatch):
+    """Above SAMPLE_DOCUMENTS documents, the default mode is measured on a seeded sample of them (its own BM25
+    segment, its documents' vectors), not on every stored vector held in memory at once."""
+    from common.embedder import load_embedder
+    from common.manifest import read_manifest
+    from search import calibrate
+
+    monkeypatch.setattr(calibrate, "SAMPLE_DOCUMENTS", 60)  # of the 120 stored
+    ws = Workspace(trained_workspace)
+    model = load_embedder(read_manifest(ws).embedder.model_dir(ws))
+    result = calibrate.measure_modes(ws, model)
+    assert result["collection_documents"] == 60 and result["documents_measured"] > 0
+    assert all(0.0 <= v <= 1.0 for v in result["ndcg@10"].values())
+    assert calibrate.measure_modes(ws, model) == result  # the same sample, the same measurement
