@@ -157,7 +157,7 @@ def write_documents(ws: Workspace, engine, upserts: list[Document], deletes: lis
     embedder = require(ws, "embedder", "run `pipeline embed` first")
     with Store(ws.db_path) as store:
         embedder.check_store(store.get_meta("embedder"), ws.db_path)
-        stored = store.document_hashes()
+        stored = store.document_hashes([d.id for d in upserts] + list(deletes))
         missing = [doc_id for doc_id in deletes if doc_id not in stored]
         if missing:
             raise UnknownDocument(f"no document with id '{missing[0]}'")

@@ -17,7 +17,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -48,14 +48,14 @@ class Document:
 @dataclass
 class JsonLinesRead:
     """How far a JSON-lines file has been read: its first `offset` bytes, `lines` lines, the SHA-256 of
-    those bytes, and (for a read resumed from an earlier run's) the ids of their documents. read_documents
-    starts a file there and carries it on to the end, so a caller can keep it and next time read only what
-    was appended (embed/appended.py)."""
+    those bytes, and (for a read resumed from an earlier run's) how many documents those lines gave.
+    located_documents starts a file there and carries it on to the end, so a caller can keep it and next
+    time read only what was appended (embed/appended.py)."""
 
     offset: int = 0
     lines: int = 0
     digest: "hashlib._Hash" = field(default_factory=hashlib.sha256)
-    ids: frozenset[str] = frozenset()
+    documents: int = 0
     ends_with_newline: bool = True  # False: the last line may still be growing
 
     def advance(self, raw: bytes, line_no: int) -> None:
@@ -64,6 +64,10 @@ class JsonLinesRead:
         self.lines = line_no
         self.digest.update(raw)
         self.ends_with_newline = raw.endswith(b"\n")
+
+    def copy(self) -> "JsonLinesRead":
+        """The same point, carried on apart from this one."""
+        return replace(self, digest=self.digest.copy())
 
 
 def list_files(paths: Iterable[Path]) -> list[tuple[Path, str]]:
@@ -91,39 +95,47 @@ def list_files(paths: Iterable[Path]) -> list[tuple[Path, str]]:
     return files
 
 
-def read_documents(
-    paths: Iterable[Path],
-    text_field: str | None = None,
-    json_lines: dict[str, JsonLinesRead] | None = None,
-    unique_ids: bool = True,
-) -> Iterator[Document]:
-    """Yield every non-empty document under `paths`, one at a time. Raises PipelineError if none is found.
+def read_documents(paths: Iterable[Path], text_field: str | None = None, unique_ids: bool = True) -> Iterator[Document]:
+    """Yield every non-empty document under `paths`, one at a time. Raises PipelineError if none is found,
+    or at the first id seen twice. unique_ids False skips that check, whose memory grows with the corpus
+    (pretraining streams gigabytes and keys nothing by id; embed checks in its store: embed/survey.py)."""
+    seen: dict[str, str] = {}
+    for doc, where in located_documents(paths, text_field):
+        if unique_ids:
+            if doc.id in seen:
+                raise duplicate_id_error(doc.id, where, seen[doc.id])
+            seen[doc.id] = where
+        yield doc
+
+
+def duplicate_id_error(doc_id: str, where: str, first_where: str) -> PipelineError:
+    return PipelineError(f"{where}: duplicate document id '{doc_id}' (first seen at {first_where})")
+
+
+def located_documents(
+    paths: Iterable[Path], text_field: str | None = None, json_lines: dict[str, JsonLinesRead] | None = None
+) -> Iterator[tuple[Document, str]]:
+    """Every non-empty document under `paths`, one at a time, with where it is (file:line, file:row, the
+    file). Raises PipelineError if none is found. Ids are not checked for duplicates (read_documents).
 
     json_lines (absolute path -> JsonLinesRead): where to start each JSON-lines file it names (the
-    documents before that point count as read: for duplicate ids and the empty-corpus check); it is
-    filled in for every JSON-lines file as read to its end. unique_ids False skips the duplicate-id check,
-    whose memory grows with the corpus (pretraining streams gigabytes and keys nothing by id)."""
+    documents before that point count as read for the empty-corpus check); it is filled in for every
+    JSON-lines file as read to its end."""
     paths = [Path(p) for p in paths]
     files = list_files(paths)
     if not files:
         raise PipelineError(
             f"no supported files ({', '.join(sorted(SUPPORTED_SUFFIXES))}) under {', '.join(map(str, paths))}"
         )
-    seen: dict[str, str] = {}
     count = 0
     for file, name in files:
         read = None
         if json_lines is not None and file.suffix.lower() == ".jsonl":
             read = json_lines.setdefault(os.path.abspath(file), JsonLinesRead())
-            seen.update(dict.fromkeys(read.ids, f"{file} (before line {read.lines + 1})"))  # read before: counted
-            count += len(read.ids)
-        for doc, where in read_file(file, name, text_field, read):
-            if unique_ids:
-                if doc.id in seen:
-                    raise PipelineError(f"{where}: duplicate document id '{doc.id}' (first seen at {seen[doc.id]})")
-                seen[doc.id] = where
+            count += read.documents  # read before: counted
+        for located in read_file(file, name, text_field, read):
             count += 1
-            yield doc
+            yield located
     if count == 0:
         raise PipelineError(f"empty corpus: no document with text under {', '.join(map(str, paths))}")
 
@@ -132,7 +144,7 @@ def read_file(
     file: Path, name: str, text_field: str | None = None, read: JsonLinesRead | None = None
 ) -> Iterator[tuple[Document, str]]:
     """The documents of one supported file, each with where it is (file:line, file:row); `name` is the file's
-    name as list_files gives it (a text file's id), `read` where a JSON-lines file starts (read_documents)."""
+    name as list_files gives it (a text file's id), `read` where a JSON-lines file starts (located_documents)."""
     suffix = file.suffix.lower()
     if suffix in TEXT_SUFFIXES:
         return _read_text_file(file, name)

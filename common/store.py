@@ -58,7 +58,31 @@ ALTER TABLE documents ADD COLUMN IF NOT EXISTS metadata JSON;
 ALTER TABLE staged_documents ADD COLUMN IF NOT EXISTS metadata JSON;
 """
 INT8, FLOAT32 = "int8", "float32"  # how a vectors table holds its vectors (older stores: float32)
-VECTOR_BATCH = 50_000  # rows of vectors read at once by iter_vectors: 50 MB of int8 codes at 1,024 dimensions
+VECTOR_BATCH = 50_000  # rows of vectors read at once by iter_vector_codes: 50 MB of int8 codes at 1,024 dimensions
+# What one run of a writer works through, kept in DuckDB rather than in Python: temporary tables of its
+# connection, which DuckDB spills to disk past its memory limit. At a million documents the Python dicts and
+# lists of every id and content hash were gigabytes.
+RUN_TABLES = """
+-- every document an embed run read from its source, in reading order (embed/survey.py); `file` numbers
+-- the JSON-lines file it came from
+CREATE TEMP TABLE source_read (position BIGINT, doc_id VARCHAR, content_hash VARCHAR, file INTEGER);
+-- the documents the run stores: the one at `position` in what it read (or in the document API's list), or
+-- a stored one (`stored_rowid`) embedded again from its stored text
+CREATE TEMP TABLE run_documents (position BIGINT, stored_rowid BIGINT, doc_id VARCHAR, content_hash VARCHAR);
+-- the stored documents its publish deletes
+CREATE TEMP TABLE removed_documents (doc_id VARCHAR);
+"""
+# `pipeline embed` (bulk) writes gigabytes: DuckDB keeps what it writes in memory until a checkpoint moves it
+# into the file, and by default may use 80% of the machine's memory (7 GB held at a million documents). Its
+# memory is bounded here: what does not fit (rows written since the last checkpoint, a large join, the run's
+# temporary tables) spills to pipeline.duckdb.tmp beside the store. The log is checkpointed every 4 GB (not
+# every 16 MB: 40% of embed's time on 20,000 documents): a checkpoint writes the last, partly filled row
+# group of each table again, so checkpoints every 256 MB made 300,000 documents' file 2.66 GB against 1.54,
+# and took 10% more CPU. A 2 GB limit took 7% less CPU than 1 GB (peak RSS 2.35 against 1.40 GB).
+BULK_MEMORY_LIMIT = "2GB"
+BULK_CHECKPOINT_THRESHOLD = "4GB"
+# Rows fetched at a time from a long result (Store.stored_documents, the hash lines).
+FETCH_ROWS = 10_000
 
 
 @dataclass
@@ -140,8 +164,8 @@ def damaged_store_error(error: BaseException) -> PipelineError | None:
 
 class Store:
     def __init__(self, path: Path, read_only: bool = False, bulk: bool = False):
-        """bulk: a run writing many rows (`pipeline embed`): DuckDB checkpoints its write-ahead log when the
-        store is closed rather than every 16 MB, which were 40% of embed's time on 20,000 documents."""
+        """bulk: a run writing many rows (`pipeline embed`): DuckDB's memory is bounded (BULK_MEMORY_LIMIT) and
+        it checkpoints its write-ahead log every BULK_CHECKPOINT_THRESHOLD rather than every 16 MB."""
         self.path = path
         if read_only and not path.exists():
             raise PipelineError(f"{path}: no document store yet; run `pipeline embed` first")
@@ -156,8 +180,10 @@ class Store:
             # The vectors' floats are noise to DuckDB's float compression (ALP, ALP-RD): on 100,241 vectors
             # of 1,024-d it made the file larger (419 against 412 MB) and the checkpoint 0.7-1 s slower.
             self.con.execute("SET disabled_compression_methods = 'alp,alprd'")
+            self.con.execute(RUN_TABLES)
         if bulk:
-            self.con.execute("SET checkpoint_threshold = '4GB'")
+            self.con.execute(f"SET memory_limit = '{BULK_MEMORY_LIMIT}'")
+            self.con.execute(f"SET checkpoint_threshold = '{BULK_CHECKPOINT_THRESHOLD}'")
         self.has_metadata = "metadata" in {
             r[0]
             for r in self.con.execute(
@@ -187,17 +213,33 @@ class Store:
         return int(self.get_meta("generation") or 0)
 
     # ---- documents
-    def document_hashes(self) -> dict[str, str]:
-        return dict(self.con.execute("SELECT doc_id, content_hash FROM documents").fetchall())
+    def document_hashes(self, ids: list[str]) -> dict[str, str]:
+        """doc_id -> content hash of those of these documents that are stored."""
+        return dict(
+            self.con.execute(
+                "SELECT doc_id, content_hash FROM documents SEMI JOIN (SELECT unnest(?::VARCHAR[]) AS doc_id) "
+                "USING (doc_id)",
+                [ids],
+            ).fetchall()
+        )
 
-    def stored_documents(self, ids: list[str]) -> list[tuple[str, str, str, str, dict]]:
-        """(doc_id, title, source, text, metadata) of these stored documents, to embed them again."""
-        rows = self.con.execute(
-            "SELECT doc_id, title, source, text, metadata FROM documents "
-            "WHERE list_contains($ids, doc_id) ORDER BY doc_id",
-            {"ids": ids},
-        ).fetchall()
-        return [(*row[:4], json.loads(row[4]) if row[4] else {}) for row in rows]
+    def stored_documents(self, rowids: np.ndarray) -> Iterator[tuple[str, str, str, str, dict, str]]:
+        """(doc_id, title, source, text, metadata, content_hash) of the stored documents at these rowids
+        (ascending), to embed them again: fetched a few thousand at a time (by rowid: a lookup by doc_id
+        scans the table, 35 ms per 1,024 ids at 2M documents against 2.7 ms), through a cursor of their own
+        so that the store can be written meanwhile."""
+        reader = self.con.cursor()
+        try:
+            for start in range(0, len(rowids), FETCH_ROWS):
+                rows = reader.execute(
+                    "SELECT doc_id, title, source, text, metadata, content_hash FROM documents "
+                    "WHERE rowid IN (SELECT unnest(?::BIGINT[])) ORDER BY rowid",
+                    [rowids[start : start + FETCH_ROWS].tolist()],
+                ).fetchall()
+                for row in rows:
+                    yield (*row[:4], json.loads(row[4]) if row[4] else {}, row[5])
+        finally:
+            reader.close()
 
     def next_chunk_id(self) -> int:
         """The first id never given to a chunk (ids are not reused, so an old index never names a new chunk)."""
@@ -206,10 +248,100 @@ class Store:
         ).fetchall()[0][0]
         return max(int(self.get_meta("next_chunk_id") or 0), -1 if highest is None else highest + 1)
 
-    def stage(self, dim: int, embedder: str, wanted: dict[str, str]) -> dict[str, str]:
-        """Prepare the staged tables for a run writing vectors of `embedder` for the documents `wanted`
-        (doc_id -> content hash). Documents a killed run of the same embedder staged already are kept
-        when they are still wanted unchanged; returns them (doc_id -> content hash)."""
+    # ---- what a run read and what it stores (RUN_TABLES)
+    def clear_source_read(self) -> None:
+        self.con.execute("DELETE FROM source_read")
+
+    def add_read(
+        self, first_position: int, doc_ids: list[str], content_hashes: list[str], files: list[int | None]
+    ) -> None:
+        """Record documents read, at the positions from first_position on."""
+        self.con.execute(
+            "INSERT INTO source_read SELECT unnest(range(?::BIGINT, ?::BIGINT)), unnest(?::VARCHAR[]), "
+            "unnest(?::VARCHAR[]), unnest(?::INTEGER[])",
+            [first_position, first_position + len(doc_ids), doc_ids, content_hashes, files],
+        )
+
+    def add_read_before(self, first_position: int, source: str, file: int) -> int:
+        """Record the stored documents of `source` as read, at the positions from first_position on (the
+        lines of a JSON-lines file an earlier run read: embed/appended.py); returns how many."""
+        return self.con.execute(
+            "INSERT INTO source_read SELECT ? + row_number() OVER (ORDER BY doc_id) - 1, doc_id, content_hash, ? "
+            "FROM documents WHERE source = ?",
+            [first_position, file, source],
+        ).fetchall()[0][0]
+
+    def first_repeated_id(self) -> tuple[str, int, int] | None:
+        """Of the ids read more than once, the one read again first: (doc_id, its first position, its second);
+        None when every id was read once."""
+        rows = self.con.execute(
+            """SELECT doc_id, min(position), list(position ORDER BY position)[2] AS again FROM source_read
+               WHERE doc_id IN (SELECT doc_id FROM source_read GROUP BY doc_id HAVING count(*) > 1)
+               GROUP BY doc_id ORDER BY again LIMIT 1"""
+        ).fetchall()
+        return rows[0] if rows else None
+
+    def read_hash_lines(self, file: int | None) -> Iterator[list[str]]:
+        """As stored_hash_lines, for the documents read from the JSON-lines file numbered `file` (none for None)."""
+        return self._batches(
+            "SELECT doc_id || chr(31) || content_hash FROM source_read WHERE file = ? ORDER BY doc_id", [file]
+        )
+
+    def unread_count(self) -> int:
+        """How many stored documents the run did not read."""
+        return self.con.execute("SELECT count(*) FROM documents ANTI JOIN source_read USING (doc_id)").fetchall()[0][0]
+
+    def want_documents(self, rows: list[tuple[str, str]]) -> None:
+        """The documents the run stores: these (doc_id, content hash), at their positions in the list."""
+        self.con.execute("DELETE FROM run_documents")
+        self.con.execute(
+            "INSERT INTO run_documents "
+            "SELECT unnest(range(?::BIGINT)), NULL, unnest(?::VARCHAR[]), unnest(?::VARCHAR[])",
+            [len(rows), *columns(rows, 2)],
+        )
+
+    def want_read_documents(self, changed_only: bool, stored_unread: bool) -> int:
+        """The documents the run stores: those it read (source_read), only the new and changed ones if
+        changed_only, and with stored_unread every stored document it did not read too (from its stored
+        text). Returns how many."""
+        changed = "ANTI JOIN documents USING (doc_id, content_hash)" if changed_only else ""
+        self.con.execute("DELETE FROM run_documents")
+        self.con.execute(
+            f"INSERT INTO run_documents SELECT position, NULL, doc_id, content_hash FROM source_read {changed}"
+        )
+        if stored_unread:
+            self.con.execute(
+                "INSERT INTO run_documents SELECT NULL, d.rowid, d.doc_id, d.content_hash "
+                "FROM documents d ANTI JOIN source_read USING (doc_id)"
+            )
+        return self.con.execute("SELECT count(*) FROM run_documents").fetchall()[0][0]
+
+    def unstaged_documents(self) -> tuple[np.ndarray, np.ndarray]:
+        """The documents the run stores that are not staged yet: their positions, and the rowids of the stored
+        ones embedded again; each ascending (int64: 8 bytes a document)."""
+        unstaged = "FROM run_documents ANTI JOIN staged_documents USING (doc_id, content_hash)"
+        positions = self.con.execute(
+            f"SELECT position {unstaged} WHERE position IS NOT NULL ORDER BY position"
+        ).fetchnumpy()["position"]
+        rowids = self.con.execute(
+            f"SELECT stored_rowid {unstaged} WHERE stored_rowid IS NOT NULL ORDER BY stored_rowid"
+        ).fetchnumpy()["stored_rowid"]
+        return positions.astype(np.int64), rowids.astype(np.int64)
+
+    def staged_otherwise_than_wanted(self) -> str | None:
+        """The id of a document the run wanted that is not staged as it wanted, or of one staged that it did
+        not want; None when the staged documents are exactly the wanted ones."""
+        rows = self.con.execute(
+            """(SELECT doc_id FROM run_documents ANTI JOIN staged_documents USING (doc_id, content_hash) LIMIT 1)
+               UNION ALL
+               (SELECT doc_id FROM staged_documents ANTI JOIN run_documents USING (doc_id, content_hash) LIMIT 1)"""
+        ).fetchall()
+        return rows[0][0] if rows else None
+
+    def stage(self, dim: int, embedder: str) -> int:
+        """Prepare the staged tables for a run writing vectors of `embedder` for the documents it wants
+        (run_documents: want_documents, want_read_documents). Documents a killed run of the same embedder
+        staged already are kept when they are still wanted unchanged; returns how many."""
         self.con.execute("BEGIN TRANSACTION")
         try:
             if self.get_meta("staged_embedder") != embedder or "staged_vectors" not in self._tables():
@@ -225,14 +357,14 @@ class Store:
                 self.con.execute("DELETE FROM staged_documents")
                 self.set_meta("staged_embedder", embedder)
                 self.set_meta("staged_dim", str(int(dim)))
-            staged = dict(self.con.execute("SELECT doc_id, content_hash FROM staged_documents").fetchall())
-            unwanted = [doc_id for doc_id, digest in staged.items() if wanted.get(doc_id) != digest]
-            self._delete(unwanted, "staged_")
+            self._delete(
+                "SELECT doc_id FROM staged_documents ANTI JOIN run_documents USING (doc_id, content_hash)", "staged_"
+            )
             self.con.execute("COMMIT")
         except BaseException:
             self.con.execute("ROLLBACK")
             raise
-        return {doc_id: digest for doc_id, digest in staged.items() if wanted.get(doc_id) == digest}
+        return self.con.execute("SELECT count(*) FROM staged_documents").fetchall()[0][0]
 
     def write_documents(
         self, docs: list[tuple[str, str, str, str, str, dict]], chunks: list[ChunkRow], vectors: np.ndarray
@@ -242,7 +374,9 @@ class Store:
         returns those that are): nothing is deleted here, which cost 13 ms a call over 100,000 documents."""
         metadata = [json.dumps(d[5], ensure_ascii=False) if d[5] else None for d in docs]
         ids = np.array([c.chunk_id for c in chunks], dtype=np.int64)
-        next_id = max([self.next_chunk_id()] + [c.chunk_id + 1 for c in chunks])
+        # The recorded id, not next_chunk_id(): its max() scans the chunks written since the last checkpoint,
+        # which grew with the run. The caller numbered the chunks from next_chunk_id().
+        next_id = max([int(self.get_meta("next_chunk_id") or 0)] + [c.chunk_id + 1 for c in chunks])
         self.con.execute("BEGIN TRANSACTION")
         try:
             # Each column as one list parameter, unnested: one insert per table, not one per row (executemany
@@ -273,9 +407,10 @@ class Store:
         finally:
             self.con.unregister("new_vectors")
 
-    def publish(self, replace_all: bool, remove: list[str]) -> int:
+    def publish(self, replace_all: bool, remove: list[str] = (), remove_unread: bool = False) -> int:
         """Make the staged documents what search sees, in one transaction: with replace_all they become the
-        whole store (a new embedder), else they replace their stored versions and `remove` is deleted.
+        whole store (a new embedder), else they replace their stored versions and `remove` is deleted, and
+        with remove_unread every stored document the run did not read (source_read: `embed --prune`).
         Returns the new generation."""
         self.con.execute("BEGIN TRANSACTION")
         try:
@@ -286,8 +421,14 @@ class Store:
                 self.con.execute(SCHEMA)  # new, empty staged tables
                 self.set_meta("dim", self.get_meta("staged_dim"))
             else:
-                staged = [r[0] for r in self.con.execute("SELECT doc_id FROM staged_documents").fetchall()]
-                self._delete(staged + remove)
+                self.con.execute("DELETE FROM removed_documents")
+                self.con.execute("INSERT INTO removed_documents SELECT unnest(?::VARCHAR[])", [list(remove)])
+                if remove_unread:
+                    self.con.execute(
+                        "INSERT INTO removed_documents "
+                        "SELECT doc_id FROM documents ANTI JOIN source_read USING (doc_id)"
+                    )
+                self._delete("SELECT doc_id FROM staged_documents UNION ALL SELECT doc_id FROM removed_documents")
                 self.con.execute("INSERT INTO documents BY NAME SELECT * FROM staged_documents")
                 self.con.execute("INSERT INTO chunks SELECT * FROM staged_chunks")
                 self.con.execute("INSERT INTO vectors SELECT * FROM staged_vectors")
@@ -304,21 +445,17 @@ class Store:
             raise
         return generation
 
-    def _delete(self, ids: list[str], prefix: str = "") -> None:
-        """Delete these documents with their chunks and vectors from the live tables, or the staged ones
-        (prefix "staged_")."""
-        if not ids:
-            return
-        # The ids unnested in a subquery: a hash join, where `IN ?` compares the list with every row (quadratic
-        # over a run). prefix is one of two constants, not user text.
-        deleted = "(SELECT unnest(?::VARCHAR[]))"
+    def _delete(self, ids_query: str, prefix: str = "") -> None:
+        """Delete the documents whose ids `ids_query` gives with their chunks and vectors from the live tables,
+        or the staged ones (prefix "staged_")."""
+        # The ids in a subquery: a hash join. The query and prefix are constants of this module, not user text.
+        deleted = f"({ids_query})"
         self.con.execute(
             f"DELETE FROM {prefix}vectors "
-            f"WHERE chunk_id IN (SELECT chunk_id FROM {prefix}chunks WHERE doc_id IN {deleted})",
-            [ids],
+            f"WHERE chunk_id IN (SELECT chunk_id FROM {prefix}chunks WHERE doc_id IN {deleted})"
         )
-        self.con.execute(f"DELETE FROM {prefix}chunks WHERE doc_id IN {deleted}", [ids])
-        self.con.execute(f"DELETE FROM {prefix}documents WHERE doc_id IN {deleted}", [ids])
+        self.con.execute(f"DELETE FROM {prefix}chunks WHERE doc_id IN {deleted}")
+        self.con.execute(f"DELETE FROM {prefix}documents WHERE doc_id IN {deleted}")
 
     def vector_format(self, table: str) -> str | None:
         """How `table` (vectors or staged_vectors) holds its vectors: INT8 codes with scales, FLOAT32, or
@@ -391,11 +528,19 @@ class Store:
             self.con.execute("ROLLBACK")
             raise
 
-    def documents_from(self, source: str) -> list[tuple[str, str]]:
-        """(doc_id, content_hash) of the stored documents whose source is `source`, by doc_id."""
-        return self.con.execute(
-            "SELECT doc_id, content_hash FROM documents WHERE source = ? ORDER BY doc_id", [source]
-        ).fetchall()
+    def stored_hash_lines(self, source: str) -> Iterator[list[str]]:
+        """`doc_id<US>content_hash` of each stored document whose source is `source`, by doc_id, a batch of
+        lines at a time (embed/appended.py hashes them)."""
+        return self._batches(
+            "SELECT doc_id || chr(31) || content_hash FROM documents WHERE source = ? ORDER BY doc_id", [source]
+        )
+
+    def _batches(self, query: str, parameters: list) -> Iterator[list[str]]:
+        """The one column of a query's rows, FETCH_ROWS at a time (nothing else runs on the connection
+        until they are all read)."""
+        result = self.con.execute(query, parameters)
+        while rows := result.fetchmany(FETCH_ROWS):
+            yield [row[0] for row in rows]
 
     def chunk_documents(self, doc_ids: list[str] | None = None) -> list[tuple[int, str]]:
         """(chunk_id, doc_id) of every chunk, or of the chunks of the documents `doc_ids`, in chunk_id order."""

@@ -19,25 +19,33 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterable
 
-from common.readers import Document, JsonLinesRead
+from common.readers import JsonLinesRead
 from common.store import Store
+
+if TYPE_CHECKING:
+    from embed.survey import Survey
 
 BLOCK = 1 << 20
 
 
-def documents_digest(pairs: list[tuple[str, str]]) -> str:
-    """SHA-256 of (doc_id, content hash) pairs, whatever their order."""
-    return hashlib.sha256("\n".join(f"{doc_id}\x1f{digest}" for doc_id, digest in sorted(pairs)).encode()).hexdigest()
+def documents_digest(line_batches: Iterable[list[str]]) -> tuple[str, int]:
+    """SHA-256 of documents' `doc_id<US>content_hash` lines (Store.stored_hash_lines, read_hash_lines: by
+    doc_id) joined by newlines, and how many there are: hashed a batch at a time, never all held (a file's
+    pairs and their joined text grew with the file)."""
+    digest, count = hashlib.sha256(), 0
+    for lines in line_batches:
+        digest.update((("\n" if count else "") + "\n".join(lines)).encode())
+        count += len(lines)
+    return digest.hexdigest(), count
 
 
-def resume_points(
-    store: Store, files: list[Path], text_field: str | None
-) -> tuple[dict[str, JsonLinesRead], dict[str, str]]:
+def resume_points(store: Store, files: list[Path], text_field: str | None) -> dict[str, JsonLinesRead]:
     """Where to start reading each of these JSON-lines files (absolute path -> JsonLinesRead, for
-    read_documents) and the stored documents before those points (doc_id -> content hash)."""
+    located_documents, counting the stored documents before that point)."""
     recorded = store.source_files()
-    starts, before = {}, {}
+    starts = {}
     for file in files:
         source = str(file)
         if source not in recorded:
@@ -48,13 +56,11 @@ def resume_points(
         read = JsonLinesRead(offset=size, lines=lines)
         if not _begins_with(file, size, sha256, read.digest):
             continue
-        stored = store.documents_from(source)
-        if documents_digest(stored) != documents_sha256:
+        digest, read.documents = documents_digest(store.stored_hash_lines(source))
+        if digest != documents_sha256:
             continue
-        read.ids = frozenset(doc_id for doc_id, _ in stored)
         starts[source] = read
-        before.update(stored)
-    return starts, before
+    return starts
 
 
 def _begins_with(file: Path, size: int, sha256: str, digest) -> bool:
@@ -73,28 +79,23 @@ def _begins_with(file: Path, size: int, sha256: str, digest) -> bool:
     return digest.hexdigest() == sha256
 
 
-def record(
-    store: Store,
-    reads: dict[str, JsonLinesRead],
-    text_field: str | None,
-    documents: list[Document],
-    digests: dict[str, str],
-    before: dict[str, str],
-) -> None:
-    """After a run that stored `documents` (with these content hashes) and kept `before`: record how far
-    each JSON-lines file was read. A file whose last line has no line ending yet is not recorded (the line
-    may still be growing): the next run reads it whole."""
-    pairs: dict[str, list[tuple[str, str]]] = {
-        source: [(doc_id, before[doc_id]) for doc_id in read.ids] for source, read in reads.items()
-    }
-    for doc in documents:
-        if doc.source in pairs:
-            pairs[doc.source].append((doc.id, digests[doc.id]))
+def record(store: Store, survey: Survey) -> None:
+    """After a run that stored what `survey` read: record how far each JSON-lines file was read, and the
+    digest of the documents it gave (all of them, read before or not). A file whose last line has no line
+    ending yet is not recorded (the line may still be growing): the next run reads it whole."""
     store.record_source_files(
-        list(reads),
+        list(survey.reads),
         [
-            (source, text_field, read.offset, read.lines, read.digest.hexdigest(), documents_digest(pairs[source]))
-            for source, read in reads.items()
+            (
+                source,
+                survey.text_field,
+                read.offset,
+                read.lines,
+                read.digest.hexdigest(),
+                # a file that gave no document has no number and no lines
+                documents_digest(store.read_hash_lines(survey.files.get(source)))[0],
+            )
+            for source, read in survey.reads.items()
             if read.ends_with_newline
         ],
     )

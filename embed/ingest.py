@@ -1,24 +1,27 @@
-"""Documents into the store: `upsert_documents`, the one write path, and what it is made of (the content
-hash, chunks and their vectors).
+"""Documents into the store: `store_wanted_documents`, the one write path, and what it is made of (the
+content hash, chunks and their vectors).
 
 `pipeline embed` (embed/run.py, which decides what changed in the source), the server's document API
-(search/serve/, through workflows.py) and embed on Ray all store documents through `upsert_documents`, so a
-document stored any way is chunked, embedded, hashed, staged, published and recorded alike.
+(search/serve/, through workflows.py and `upsert_documents`) and embed on Ray all store documents through
+`store_wanted_documents`, so a document stored any way is chunked, embedded, hashed, staged, published and
+recorded alike.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
 from common.console import info
 from common.embedder import embed_token_ids, embedding_text, encode, fed_token_ids, model_token_ids
+from common.errors import PipelineError
 from common.manifest import EmbedderEntry, embedder_key, write_section
 from common.readers import Document
 from common.store import ChunkRow, Store
@@ -52,52 +55,72 @@ def upsert_documents(
     documents: list[Document],
     digests: dict[str, str],
     remove: list[str] = (),
+) -> EmbedderEntry:
+    """Store `documents` (doc_id -> content_hash in `digests`) and delete `remove`, in one publish: the
+    document API's write (store_wanted_documents)."""
+    store.want_documents([(d.id, digests[d.id]) for d in documents])
+    return store_wanted_documents(
+        ws, store, embedding, lambda positions: ((documents[p], digests[documents[p].id]) for p in positions), remove
+    )
+
+
+def store_wanted_documents(
+    ws: Workspace,
+    store: Store,
+    embedding: Embedding,
+    documents_at: Callable[[np.ndarray], Iterable[tuple[Document, str]]],
+    remove: list[str] = (),
+    remove_unread: bool = False,
     replace_all: bool = False,
     group_size: int = 1024,
     on_progress: Callable[[float], None] | None = None,
 ) -> EmbedderEntry:
-    """Store `documents` (doc_id -> content_hash in `digests`) and delete `remove`, in one publish: what
-    search sees changes at once (common/store.py). `replace_all`: these documents are the whole store
-    (a new model or chunking embeds everything again). Documents an interrupted run of the same embedder
-    staged already are not embedded again. Each group of `group_size` documents is written while the next
-    is embedded (DuckDB lets go of the GIL as it inserts). on_progress(documents done, of `documents`)
-    follows each batch. The manifest's "embedder" section (this is its one writer) records the result."""
-    staged = store.stage(
-        embedding.dim,
-        embedder_key(embedding.fingerprint, embedding.chunk_tokens, embedding.overlap),
-        {d.id: digests[d.id] for d in documents},
+    """Store the documents the store's run wants (Store.want_documents, want_read_documents) and delete
+    `remove` (with remove_unread, every stored document the run did not read too), in one publish: what
+    search sees changes at once (common/store.py). documents_at(positions): the wanted documents at these
+    positions (ascending) with their content hashes; the stored ones wanted again are read from the store.
+    `replace_all`: these documents are the whole store (a new model or chunking embeds everything again).
+    Documents an interrupted run of the same embedder staged already are not embedded again. Each group of
+    `group_size` documents is written while the next is embedded (DuckDB lets go of the GIL as it inserts).
+    on_progress(documents done, of those wanted) follows each batch. The manifest's "embedder" section (this
+    is its one writer) records the result."""
+    done = store.stage(embedding.dim, embedder_key(embedding.fingerprint, embedding.chunk_tokens, embedding.overlap))
+    if done:  # staged already: progress counts them as done
+        info(f"{done} of them were embedded by an interrupted run: resuming after them")
+    positions, rowids = store.unstaged_documents()
+    to_embed = itertools.chain(
+        documents_at(positions), ((Document(*row[:5]), row[5]) for row in store.stored_documents(rowids))
     )
-    if staged:
-        info(f"{len(staged)} of them were embedded by an interrupted run: resuming after them")
-    to_embed = [d for d in documents if staged.get(d.id) != digests[d.id]]
-    done = len(documents) - len(to_embed)  # staged already: progress counts them as done
-    next_id, chunks = store.next_chunk_id(), 0
+    next_id, embedded, chunks = store.next_chunk_id(), 0, 0
     with ThreadPoolExecutor(1) as writer:
         written = None
-        for g in range(0, len(to_embed), group_size):
-            group = to_embed[g : g + group_size]
+        while group := list(itertools.islice(to_embed, group_size)):
             rows, vectors = chunk_and_embed(
-                group,
+                [doc for doc, _ in group],
                 embedding.model,
                 embedding.tokenizer,
                 embedding.chunk_tokens,
                 embedding.overlap,
                 next_id,
                 embedding.embed_inputs,
-                on_progress and (lambda share, g=g, group=group: on_progress(done + g + len(group) * share)),
+                on_progress and (lambda share, before=done + embedded, n=len(group): on_progress(before + n * share)),
                 embedding.batch_size,
             )
             next_id += len(rows)
             if written is not None:
                 written.result()  # one group in writing at a time; its error is raised here
-            written = writer.submit(store.write_documents, document_rows(group, digests), rows, vectors)
+            written = writer.submit(store.write_documents, document_rows(group), rows, vectors)
+            embedded += len(group)
             chunks += len(rows)
             if on_progress is not None:
-                on_progress(done + g + len(group))
+                on_progress(done + embedded)
         if written is not None:
             written.result()
-    if replace_all or documents or remove:
-        store.publish(replace_all=replace_all, remove=list(remove))
+    changed = store.staged_otherwise_than_wanted()
+    if changed is not None:  # embed reads its source twice (embed/survey.py): it changed in between
+        raise PipelineError(f"document '{changed}' changed while `pipeline embed` read its source: run it again")
+    if replace_all or done or embedded or remove or remove_unread:
+        store.publish(replace_all, list(remove), remove_unread)
     counts = store.counts()
     entry = EmbedderEntry(
         model_path=ws.recorded_path(embedding.model_dir),
@@ -108,7 +131,7 @@ def upsert_documents(
         documents=counts["documents"],
         chunks=counts["chunks"],
         store_generation=store.generation(),
-        report={"embedded_documents": len(to_embed), "embedded_chunks": chunks},
+        report={"embedded_documents": embedded, "embedded_chunks": chunks},
     )
     write_section(ws, entry)
     return entry
@@ -124,11 +147,9 @@ def content_hash(doc: Document) -> str:
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
 
 
-def document_rows(
-    docs: list[Document], digests: dict[str, str] | None = None
-) -> list[tuple[str, str, str, str, str, dict]]:
-    """The rows Store.write_documents takes; digests: each document's content_hash, when known already."""
-    return [(d.id, d.title, d.source, d.text, digests[d.id] if digests else content_hash(d), d.metadata) for d in docs]
+def document_rows(documents: list[tuple[Document, str]]) -> list[tuple[str, str, str, str, str, dict]]:
+    """The rows Store.write_documents takes, of (document, its content_hash) pairs."""
+    return [(d.id, d.title, d.source, d.text, digest, d.metadata) for d, digest in documents]
 
 
 def chunk_and_embed(

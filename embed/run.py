@@ -1,14 +1,15 @@
 """`pipeline embed`: ingest documents, chunk them, embed the chunks, store everything in DuckDB.
 
 Only new or changed documents (by content hash) are embedded, unless the model or the chunking changed:
-then every document is, the stored ones from their stored text. Documents are staged in groups, each
-group in one transaction, so an interrupted run resumes where it stopped; search sees the run's
-documents once they are all written, in one transaction (common/store.py).
+then every document is, the stored ones from their stored text. The source is read twice, and held by
+neither pass: once to list every document's id and hash in the store, where DuckDB finds what changed,
+then again for the documents to embed (embed/survey.py). Documents are staged in groups, each group in one
+transaction, so an interrupted run resumes where it stopped; search sees the run's documents once they
+are all written, in one transaction (common/store.py).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +22,12 @@ from common.default_corpus import DEFAULT_CORPUS_SOURCE, stdlib_documents
 from common.embedder import fed_token_ids, is_static, load_embedder, text_tokenizer, token_limit
 from common.errors import PipelineError
 from common.manifest import embedder_key, read_manifest
-from common.readers import Document, JsonLinesRead, list_files, read_documents
+from common.readers import Document, read_documents
 from common.store import Store
 from common.workspace import Workspace, model_fingerprint
 from embed import appended
-from embed.ingest import Embedding, content_hash, upsert_documents
+from embed.ingest import Embedding, store_wanted_documents
+from embed.survey import documents_at, survey
 from embed.tune import default_model_dir
 
 
@@ -72,23 +74,6 @@ def source_documents(ws: Workspace, data: list[Path], text_field: str | None) ->
     return stdlib_documents() if paths is None else read_documents(paths, text_field)
 
 
-def read_source(
-    ws: Workspace, paths: list[Path] | None, text_field: str | None, resume: bool = True
-) -> tuple[list[Document], dict[str, JsonLinesRead], dict[str, str]]:
-    """The documents to look at: (those read, how far each JSON-lines file was read, the stored documents
-    (doc_id -> content hash) of the lines of JSON-lines files read by earlier runs (embed/appended.py),
-    which are read again only without `resume`)."""
-    if paths is None:
-        return list(stdlib_documents()), {}, {}
-    starts, before = {}, {}
-    if resume and ws.db_path.exists():
-        with Store(ws.db_path, read_only=True) as store:
-            json_lines = [Path(os.path.abspath(f)) for f, _ in list_files(paths) if f.suffix.lower() == ".jsonl"]
-            starts, before = appended.resume_points(store, json_lines, text_field)
-    documents = list(read_documents(paths, text_field, starts))
-    return documents, starts, before
-
-
 def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings: EmbedSettings) -> dict:
     model_dir = settings.model_dir or default_model_dir(ws)  # the tuned model if `pipeline tune` made one
     if settings.model_dir is None and not any((model_dir / f).exists() for f in ("config.json", "modules.json")):
@@ -96,62 +81,58 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
     if not model_dir.exists():
         raise PipelineError(f"--model {model_dir}: no such directory")
     paths = source_paths(ws, data)
-    documents, json_lines, read_before = read_source(ws, paths, text_field)  # bad input fails before the model loads
-    model = load_embedder(model_dir)
-    if settings.chunk_tokens is None:
-        settings.chunk_tokens = max(32, token_limit(model) - TITLE_TOKENS)
-    if settings.chunk_tokens < MIN_CHUNK_TOKENS or not 0 <= settings.overlap < settings.chunk_tokens:
-        raise PipelineError(
-            f"--chunk-tokens {settings.chunk_tokens} / --overlap {settings.overlap}: "
-            f"need chunk-tokens >= {MIN_CHUNK_TOKENS} and 0 <= overlap < chunk-tokens"
-        )
-    tokenizer = text_tokenizer(model)
-    fingerprint = model_fingerprint(model_dir)
-    key = embedder_key(fingerprint, settings.chunk_tokens, settings.overlap)
-    embed_inputs = None  # here, unless on Ray
-    if settings.ray:
-        if not fed_token_ids(model, tokenizer):
-            raise PipelineError(
-                f"--ray: the model's tokenizer ({model_dir}) adds special tokens in a way the Ray path "
-                "cannot reproduce from token ids; embed without --ray"
-            )
-        from embed.ray_encode import RayEncoder
-
-        ray_encoder = RayEncoder(settings.ray, model_dir, settings.batch_size)
-        info(f"embedding on Ray ({settings.ray}) with {ray_encoder.workers} model actors")
-        embed_inputs = ray_encoder  # the actors take a group's chunks at once
-
     with Store(ws.db_path, bulk=True) as store:
+        source = survey(store, paths, text_field)  # bad input fails before the model loads
+        model = load_embedder(model_dir)
+        if settings.chunk_tokens is None:
+            settings.chunk_tokens = max(32, token_limit(model) - TITLE_TOKENS)
+        if settings.chunk_tokens < MIN_CHUNK_TOKENS or not 0 <= settings.overlap < settings.chunk_tokens:
+            raise PipelineError(
+                f"--chunk-tokens {settings.chunk_tokens} / --overlap {settings.overlap}: "
+                f"need chunk-tokens >= {MIN_CHUNK_TOKENS} and 0 <= overlap < chunk-tokens"
+            )
+        tokenizer = text_tokenizer(model)
+        fingerprint = model_fingerprint(model_dir)
+        key = embedder_key(fingerprint, settings.chunk_tokens, settings.overlap)
+        embed_inputs = None  # here, unless on Ray
+        if settings.ray:
+            if not fed_token_ids(model, tokenizer):
+                raise PipelineError(
+                    f"--ray: the model's tokenizer ({model_dir}) adds special tokens in a way the Ray path "
+                    "cannot reproduce from token ids; embed without --ray"
+                )
+            from embed.ray_encode import RayEncoder
+
+            ray_encoder = RayEncoder(settings.ray, model_dir, settings.batch_size)
+            info(f"embedding on Ray ({settings.ray}) with {ray_encoder.workers} model actors")
+            embed_inputs = ray_encoder  # the actors take a group's chunks at once
+
         rebuild = store.get_meta("embedder") != key
-        if rebuild and read_before:  # every document is embedded again: the lines read before too
-            documents, json_lines, read_before = read_source(ws, paths, text_field, resume=False)
-        stored = store.document_hashes()
-        gone = sorted(set(stored) - {d.id for d in documents} - set(read_before))
-        if rebuild:  # new vectors for every document: the source's and, unless pruned, the stored ones
-            kept = [] if settings.prune else [Document(*row) for row in store.stored_documents(gone)]
-            todo = documents + kept
-            digests = {d.id: content_hash(d) for d in todo}
+        if rebuild and source.read_before:  # every document is embedded again: the lines read before too
+            source = survey(store, paths, text_field, resume=False)
+        stored = store.counts()["documents"]
+        gone = store.unread_count()
+        # new vectors for every document on a rebuild: the source's and, unless pruned, the stored ones
+        todo = store.want_read_documents(changed_only=not rebuild, stored_unread=rebuild and not settings.prune)
+        if rebuild:
             if stored:
                 info(
-                    f"the embedding model or chunking changed: all {len(todo)} documents are embedded again "
-                    f"({len(kept)} stored ones that are not in the source from their stored text)"
+                    f"the embedding model or chunking changed: all {todo} documents are embedded again "
+                    f"({todo - source.documents} stored ones that are not in the source from their stored text)"
                 )
         else:
-            digests = {d.id: content_hash(d) for d in documents}
-            todo = [d for d in documents if stored.get(d.id) != digests[d.id]]
-            unchanged = len(documents) - len(todo) + len(read_before)
             info(
-                f"{len(documents) + len(read_before)} documents: {len(todo)} new or changed, {unchanged} unchanged"
-                + (f" ({len(read_before)} of them in lines read before)" if read_before else "")
+                f"{source.documents} documents: {todo} new or changed, {source.documents - todo} unchanged"
+                + (f" ({source.read_before} of them in lines read before)" if source.read_before else "")
             )
         if gone:
             info(
-                f"pruning {len(gone)} stored documents no longer in the source"
+                f"pruning {gone} stored documents no longer in the source"
                 if settings.prune
-                else f"{len(gone)} stored documents are not in the source (kept; --prune removes them)"
+                else f"{gone} stored documents are not in the source (kept; --prune removes them)"
             )
         if is_static(model):
-            model.mean_with_torch = len(todo) >= TORCH_MEAN_DOCUMENTS
+            model.mean_with_torch = todo >= TORCH_MEAN_DOCUMENTS
         embedding = Embedding(
             model,
             tokenizer,
@@ -172,7 +153,7 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
             transient=True,
             disable=not err.is_terminal,
         ) as bar:
-            task = bar.add_task("embed", total=len(todo), rate="")
+            task = bar.add_task("embed", total=todo, rate="")
             start = time.perf_counter()
 
             def advance(documents_done: float) -> None:  # with every encoded batch
@@ -180,24 +161,23 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
                     task, completed=documents_done, rate=f"{documents_done / (time.perf_counter() - start):.1f} docs/s"
                 )
 
-            entry = upsert_documents(
+            entry = store_wanted_documents(
                 ws,
                 store,
                 embedding,
-                todo,
-                digests,
-                remove=gone if settings.prune else [],
+                lambda positions: documents_at(source, positions),
+                remove_unread=settings.prune and gone > 0,
                 replace_all=rebuild,
                 on_progress=advance,
                 group_size=max(settings.group_size, RAY_GROUP_SIZE) if settings.ray else settings.group_size,
             )
-        appended.record(store, json_lines, text_field, documents, digests, read_before)
+        appended.record(store, source)
         elapsed = time.perf_counter() - start
 
     embedded = entry.report["embedded_documents"]
     summary = {
         **entry.to_json(),
-        "documents_read_before": len(read_before),
+        "documents_read_before": source.read_before,
         "seconds": elapsed,
         "docs_per_s": embedded / elapsed if elapsed else None,
     }

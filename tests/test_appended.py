@@ -26,7 +26,7 @@ def lines(rows: list[dict]) -> str:
 
 def stored(ws: Workspace) -> dict[str, str]:
     with Store(ws.db_path, read_only=True) as store:
-        return store.document_hashes()
+        return dict(store.con.execute("SELECT doc_id, content_hash FROM documents").fetchall())
 
 
 @pytest.fixture()
@@ -131,7 +131,7 @@ def test_a_document_deleted_outside_embed_makes_the_whole_file_read(workspace, t
     embedder = read_json(workspace)["embedder"]
     with Store(workspace.db_path) as store:
         store.stage(
-            embedder["dim"], embedder_key(embedder["fingerprint"], embedder["chunk_tokens"], embedder["overlap"]), {}
+            embedder["dim"], embedder_key(embedder["fingerprint"], embedder["chunk_tokens"], embedder["overlap"])
         )
         store.publish(replace_all=False, remove=[docs[4]["_id"]])
     assert docs[4]["_id"] not in stored(workspace)
