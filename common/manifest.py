@@ -171,6 +171,7 @@ class IndexEntry(Section):
     recall_at_10: float | None = None  # the base's, against exact search; None for exact search
     recall_target: float | None = None
     recall_short: bool = False  # tuning could not reach recall_target
+    corpus_path: str | None = None  # the corpus snapshot search reads (index/corpus.py); None before snapshots
 
     @property
     def language(self) -> str:
@@ -184,8 +185,8 @@ class IndexEntry(Section):
     @property
     def all_paths(self) -> list[str]:
         """Every file and directory of the index the workspace holds (the FAISS indexes, the base's on-disk
-        lists and rescoring vectors, the BM25 directory)."""
-        return [p for p in [*self.files, self.lists_path, self.rescore_path, self.lexical_path] if p]
+        lists and rescoring vectors, the BM25 directory, the corpus snapshot)."""
+        return [p for p in [*self.files, self.lists_path, self.rescore_path, self.lexical_path, self.corpus_path] if p]
 
     def built_by(self, embedder: EmbedderEntry) -> bool:
         """Whether its vectors are the embedder's: the same model and the same chunking."""

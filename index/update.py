@@ -14,7 +14,8 @@ as before, without its deleted chunks. More than REBUILD_SHARE of the base added
 deleted chunks still cost search time in the base.
 
 The base segment's files in a new lexical directory are hard links to the previous version's: an
-update does not copy the base.
+update does not copy the base. The corpus snapshot search reads (index/corpus.py) is written whole by an
+update as by a full build: it holds the live chunks, which an update changes.
 """
 
 from __future__ import annotations
