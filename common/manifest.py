@@ -194,6 +194,8 @@ class IndexEntry(Section):
 
     def stale_reason(self, store_generation: int | None) -> str | None:
         """Why it cannot answer for the store at `store_generation`, or None when it holds that generation."""
+        if self.corpus_path is None:
+            return "the index was built before search read a corpus snapshot: run `pipeline index`"
         if self.store_generation == store_generation:
             return None
         built_from = self.store_generation if self.store_generation is not None else "an older version"

@@ -263,8 +263,6 @@ class SearchEngine:
                 f"the index was built with model {self.index_entry.embedder_fingerprint} "
                 f"but {self.model_dir} now holds model {current}: run `pipeline embed` and `pipeline index` again"
             )
-        if self.index_entry.corpus_path is None:
-            raise PipelineError("the index was built before search read a corpus snapshot: run `pipeline index`")
         # The store's generation only, then the file is let go (`pipeline embed` may write to it meanwhile).
         with Store(ws.db_path, read_only=True) as store:
             store_generation = store.generation()

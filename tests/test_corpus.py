@@ -156,6 +156,7 @@ def test_an_index_from_before_snapshots_asks_for_pipeline_index(trained_workspac
     assert failed.returncode == 2 and failed.stderr.strip().splitlines() == [
         "error: the index was built before search read a corpus snapshot: run `pipeline index`"
     ]
+    assert "built before search read a corpus snapshot" in run_cli("status", "-w", str(ws), check=False).stdout
     run_cli("index", "-w", str(ws))
     assert read_manifest(Workspace(ws)).index.corpus_path is not None
     assert run_cli("search", "-w", str(ws), "cells").returncode == 0
