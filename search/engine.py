@@ -273,8 +273,7 @@ class SearchEngine:
         if self.corpus.generation != self.index_entry.store_generation:  # the manifest names them together
             raise PipelineError("the corpus snapshot does not match the index: run `pipeline index`")
         # The base index, and the delta of chunks added since it was built (index/update.py).
-        chunk_ids = self.corpus.chunk_ids
-        self.dense = [DenseIndex(load_index(ws.root / path), chunk_ids) for path in self.index_entry.files]
+        self.dense = [DenseIndex(load_index(ws.root / path), self.corpus.chunk_ids) for path in self.index_entry.files]
         if self.index_entry.rescore_path:  # an IVF base re-scores its candidates (index/ivf.py)
             base = self.dense[0]
             base.rescore_rows = read_rescore(ws.root / self.index_entry.rescore_path, base.inner.d)
