@@ -7,7 +7,7 @@ reads only what it touches: arrays by chunk position (chunk-id order, the order 
 indexes) and by document position (doc-id order), and the texts of the hits it returns. Nothing is read
 into memory when it is opened; the operating system pages in what is used.
 
-    corpus.json                 the store generation it was written from; its counts
+    corpus.json                 the store generation it was written from
     chunk_ids.npy               int64 [chunks], ascending
     chunk_docs.npy              int32 [chunks]: the position of each chunk's document
     chunk_starts_mid_text.npy   bool [chunks]: the chunk is not its document's first

@@ -78,7 +78,7 @@ def write_corpus(index_dir: Path, store: Store, live: np.ndarray, generation: in
     try:
         fields = write_documents_and_chunks(staging, store, live)
         write_filter_table(read_arrow(staging / DOCUMENTS), fields.column_types(), staging / FILTERS)
-        (staging / META).write_text(json.dumps({"generation": generation, "chunks": len(live)}) + "\n")
+        (staging / META).write_text(json.dumps({"generation": generation}) + "\n")
         final = index_dir / f"corpus-{uuid.uuid4().hex[:12]}"
         staging.rename(final)
     except BaseException:
@@ -126,28 +126,35 @@ def write_documents_and_chunks(directory: Path, store: Store, live: np.ndarray) 
             chunk_docs[at] = position + rows
             starts_mid_text[at] = chunks.column("chunk_index").to_numpy() > 0
             document_chunks[position:end] = np.bincount(rows, minlength=len(texts))
-            batch_spans, not_slices = [], []
-            for row, first, last, text in zip(
-                rows.tolist(),
-                chunks.column("start_char").to_pylist(),
-                chunks.column("end_char").to_pylist(),
-                chunks.column("text").to_pylist(),
-            ):
-                # The chunker cuts a chunk from its document's text; a chunk stored otherwise keeps its text.
-                if first is not None and last is not None and 0 <= first <= last and texts[row][first:last] == text:
-                    batch_spans.append((first, last))
-                else:
-                    batch_spans.append((NOT_A_SLICE, own_texts + len(not_slices)))
-                    not_slices.append(text or "")
-            spans[at] = np.array(batch_spans, np.int32).reshape(-1, 2)
-            chunk_texts_file.write_table(pa.table({"text": pa.array(not_slices, pa.string())}))
-            own_texts += len(not_slices)
+            spans[at], kept_whole = chunk_spans(chunks, [texts[row] for row in rows.tolist()], own_texts)
+            chunk_texts_file.write_table(pa.table({"text": pa.array(kept_whole, pa.string())}))
+            own_texts += len(kept_whole)
             position = end
         if start is None:  # no documents
             (directory / TEXT_DICTIONARY).write_bytes(b"")
     for array in (chunk_docs, starts_mid_text, spans, document_chunks, text_offsets):
         array.flush()
     return fields
+
+
+def chunk_spans(chunks: pa.Table, document_texts: list[str], next_row: int) -> tuple[np.ndarray, list[str]]:
+    """Each chunk's span [start, end) in its document's text (`document_texts`: each chunk's document's), and the
+    texts of the chunks whose text is not that slice: their span is (NOT_A_SLICE, their row of chunk_texts.arrow,
+    counting from `next_row`). The chunker cuts chunks from their document's text (embed/chunking.py); a chunk
+    stored otherwise keeps its text."""
+    spans, kept_whole = [], []
+    for document_text, first, last, text in zip(
+        document_texts,
+        chunks.column("start_char").to_pylist(),
+        chunks.column("end_char").to_pylist(),
+        chunks.column("text").to_pylist(),
+    ):
+        if first is not None and last is not None and 0 <= first <= last and document_text[first:last] == text:
+            spans.append((first, last))
+        else:
+            spans.append((NOT_A_SLICE, next_row + len(kept_whole)))
+            kept_whole.append(text or "")
+    return np.array(spans, np.int32).reshape(-1, 2), kept_whole
 
 
 def text_dictionary(texts: list[str]) -> bytes:
