@@ -96,7 +96,7 @@ def step_costs(ws: Path, queries: list[str]) -> dict:
     return {
         "vectors": len(engine.corpus.chunk_ids),
         "index_type": engine.dense[0].kind,
-        "documents": len(engine.corpus.doc_ids),
+        "documents": engine.corpus.n_documents,
         "steps": {name: percentiles(values) for name, values in costs.items()},
     }
 

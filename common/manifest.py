@@ -174,6 +174,7 @@ class IndexEntry(Section):
     recall_at_10: float | None = None  # the base's, against exact search; None for exact search
     recall_target: float | None = None
     recall_short: bool = False  # tuning could not reach recall_target
+    corpus_path: str | None = None  # the corpus snapshot search reads (index/corpus.py); None before snapshots
 
     @property
     def language(self) -> str:
@@ -187,9 +188,9 @@ class IndexEntry(Section):
     @property
     def all_paths(self) -> list[str]:
         """Every file and directory of the index the workspace holds (the FAISS indexes, the base's on-disk
-        lists and rescoring vectors, the BM25 directory)."""
-        extra = [self.lists_path, self.rescore_path, self.trained_path, self.delta_rescore_path, self.lexical_path]
-        return [p for p in [*self.files, *extra] if p]
+        lists and rescoring vectors, the BM25 directory, the corpus snapshot)."""
+        extra = [self.lists_path, self.rescore_path, self.trained_path, self.delta_rescore_path]
+        return [p for p in [*self.files, *extra, self.lexical_path, self.corpus_path] if p]
 
     def built_by(self, embedder: EmbedderEntry) -> bool:
         """Whether its vectors are the embedder's: the same model and the same chunking."""
@@ -197,6 +198,8 @@ class IndexEntry(Section):
 
     def stale_reason(self, store_generation: int | None) -> str | None:
         """Why it cannot answer for the store at `store_generation`, or None when it holds that generation."""
+        if self.corpus_path is None:
+            return "the index was built before search read a corpus snapshot: run `pipeline index`"
         if self.store_generation == store_generation:
             return None
         built_from = self.store_generation if self.store_generation is not None else "an older version"

@@ -18,15 +18,17 @@ store_meta and survives every change.
 
 A document's metadata (every field of its input row beyond id, title and text) is one JSON object:
 documents from different files carry different fields, and a JSON column takes them all without a
-schema change in the middle of an embed run. Filtering does not read it from here per query: search
-loads the store once (`load_corpus`) and types each field into a column of its own in memory
-(search/filters.py).
+schema change in the middle of an embed run. Search does not read the store per query: `pipeline index`
+writes what search shows of the documents and chunks, with each metadata field typed into a column of
+its own for filters, into a snapshot beside the indexes (index/corpus.py, read by common/corpus.py),
+streaming them from here in doc_id order (`iter_documents`).
 
 All SQL against the store is in this module, and it takes bound parameters.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -83,6 +85,9 @@ BULK_MEMORY_LIMIT = "2GB"
 BULK_CHECKPOINT_THRESHOLD = "4GB"
 # Rows fetched at a time from a long result (Store.stored_documents, the hash lines).
 FETCH_ROWS = 10_000
+# What DuckDB may hold while it sorts the documents and chunks for iter_documents: 1M documents of 1 KB were
+# sorted in 10.6 s with 1 GB (peak RSS 1.2 GB), in 5.4 s without a limit (2.2 GB): the difference is spilled to disk.
+SORT_MEMORY = "1GB"
 
 
 @dataclass
@@ -94,27 +99,6 @@ class ChunkRow:
     start_char: int
     end_char: int
     n_tokens: int
-
-
-@dataclass
-class Corpus:
-    """What search reads, loaded once: documents by position, and chunks by position in chunk-id order
-    (the order of the vectors in the FAISS index and of the BM25 corpus)."""
-
-    generation: int
-    doc_ids: list[str]
-    titles: list[str]
-    sources: list[str]
-    texts: list[str]
-    metadata: list[dict]
-    chunk_ids: np.ndarray  # int64, ascending
-    chunk_docs: np.ndarray  # int32: the position of each chunk's document
-    chunk_starts_mid_text: np.ndarray  # bool: the chunk is not its document's first
-    chunk_texts: list[str]
-
-    def __post_init__(self):
-        self.doc_position = {doc_id: i for i, doc_id in enumerate(self.doc_ids)}
-        self.chunks_per_doc = np.bincount(self.chunk_docs, minlength=len(self.doc_ids))
 
 
 def columns(rows: list[tuple], width: int) -> list[list]:
@@ -572,36 +556,46 @@ class Store:
             f"SELECT * FROM (SELECT doc_id, title, text FROM documents {sample}) ORDER BY doc_id"
         ).fetchall()
 
-    def load_corpus(self) -> Corpus:
-        """Documents and chunks as search reads them, from one snapshot of the store."""
-        metadata = "metadata" if self.has_metadata else "NULL"
-        self.con.execute("BEGIN TRANSACTION")
+    def iter_documents(self, batch_rows: int) -> Iterator[tuple[pa.Table, pa.Table]]:
+        """Every document with its chunks, in doc_id order, batch_rows documents at a time: (the documents
+        (doc_id, title, source, text, metadata as JSON text), their chunks (doc_id, chunk_id, chunk_index,
+        start_char, end_char, text) by doc_id, then chunk_id). DuckDB sorts both tables within SORT_MEMORY,
+        on disk beyond it (in its temporary directory beside the store)."""
+        metadata = "metadata::VARCHAR" if self.has_metadata else "NULL::VARCHAR"
+        self.con.execute(f"SET memory_limit = '{SORT_MEMORY}'")
         try:
-            generation = self.generation()
-            docs = self.con.execute(
-                f"SELECT doc_id, title, source, text, {metadata} FROM documents ORDER BY doc_id"
-            ).fetchall()
-            chunks = self.con.execute(
-                """SELECT c.chunk_id, d.position, c.chunk_index > 0 AS starts_mid_text, c.text
-                   FROM chunks c JOIN (
-                       SELECT doc_id, row_number() OVER (ORDER BY doc_id) - 1 AS position FROM documents
-                   ) d USING (doc_id)
-                   ORDER BY c.chunk_id"""
-            ).fetchnumpy()
+            # Two result sets read side by side: each on a cursor of its own.
+            documents = (
+                self.con.cursor()
+                .sql(f"SELECT doc_id, title, source, text, {metadata} AS metadata FROM documents ORDER BY doc_id")
+                .to_arrow_reader(batch_rows)
+            )
+            chunks = (
+                self.con.cursor()
+                .sql(
+                    "SELECT doc_id, chunk_id, chunk_index, start_char, end_char, text FROM chunks "
+                    "ORDER BY doc_id, chunk_id"
+                )
+                .to_arrow_reader(batch_rows)
+            )
+            unread = (batch for batch in chunks if batch.num_rows)
+            ahead: list[pa.RecordBatch] = []  # chunks read, not yet given with their documents
+            for batch in documents:
+                if batch.num_rows == 0:
+                    continue
+                last = batch.column(0)[-1].as_py()
+                while not ahead or ahead[-1].column(0)[-1].as_py() <= last:  # Python orders str as DuckDB does
+                    following = next(unread, None)
+                    if following is None:
+                        break
+                    ahead.append(following)
+                read = pa.Table.from_batches(ahead, chunks.schema)
+                ids = read.column(0)
+                theirs = bisect.bisect_right(range(len(read)), last, key=lambda row: ids[row].as_py())
+                yield pa.Table.from_batches([batch]), read.slice(0, theirs)
+                ahead = read.slice(theirs).to_batches()
         finally:
-            self.con.execute("COMMIT")
-        return Corpus(
-            generation=generation,
-            doc_ids=[d[0] for d in docs],
-            titles=[d[1] or "" for d in docs],
-            sources=[d[2] or "" for d in docs],
-            texts=[d[3] or "" for d in docs],
-            metadata=[json.loads(d[4]) if d[4] else {} for d in docs],
-            chunk_ids=chunks["chunk_id"].astype(np.int64),
-            chunk_docs=chunks["position"].astype(np.int32),
-            chunk_starts_mid_text=chunks["starts_mid_text"].astype(bool),
-            chunk_texts=[t or "" for t in chunks["text"].tolist()],
-        )
+            self.con.execute("RESET memory_limit")
 
     def load_vectors(self, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """All (chunk_ids int64, vectors float32 [n, dim]), or those of the chunks `ids`, in chunk_id order.

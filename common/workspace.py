@@ -9,7 +9,8 @@ Layout (all paths relative to the workspace root):
     model/               the exported Hugging Face + sentence-transformers model
     metrics.jsonl        one JSON object per logged training step / validation
     pipeline.duckdb      documents, chunks and vectors (common/store.py)
-    index/               the FAISS index (faiss-<build>.index) and the BM25 index (lexical-<id>/)
+    index/               the FAISS index (faiss-<build>.index), the BM25 index (lexical-<id>/) and the corpus
+                         snapshot search reads (corpus-<id>/: common/corpus.py)
 """
 
 from __future__ import annotations

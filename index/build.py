@@ -4,8 +4,9 @@
 alike: it updates the last build when little changed since it (index/update.py: the base kept, its
 deleted chunks skipped, the chunks added since in a delta), and builds in full otherwise: the first time,
 with --rebuild, for another index type or embedder, or when more than REBUILD_SHARE (10%) of the base was
-added or deleted since. Either is recorded in the manifest last (index/files.py), so a crash mid-build
-leaves the previous index in use.
+added or deleted since. Either writes a new corpus snapshot beside the indexes, the documents and chunks as
+search shows them (index/corpus.py), and is recorded in the manifest last (index/files.py), so a crash
+mid-build leaves the previous index in use.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from common.lexical import LANGUAGE_SAMPLE_CHUNKS, LexicalIndex, Segment, check_
 from common.manifest import read_manifest
 from common.store import Store
 from common.workspace import Workspace
+from index.corpus import write_corpus
 from index.faiss_index import (
     INDEX_TYPES,
     TARGET_RECALL,
@@ -92,6 +94,10 @@ def refresh_indexes(
         if summary is None:
             sample = [text for batch in store.iter_chunk_rows(language_sample(live)) for _, _, text in batch]
             summary = full_build(ws, kind, store, live, sample, reason, language, memory_budget)
+        start = time.perf_counter()
+        corpus_dir = write_corpus(ws.index_dir, store, live, generation)
+        summary.update(corpus_path=str(corpus_dir.relative_to(ws.root)), corpus_seconds=time.perf_counter() - start)
+        info(f"corpus snapshot for search written in {summary['corpus_seconds']:.2f}s to {corpus_dir}")
     return record(ws, summary, embedder, live, generation)
 
 

@@ -9,11 +9,16 @@ that is confident about one document outweighs one that barely prefers another: 
 queries, with the static embedder, it lifted hybrid above BM25 (0.704 vs 0.696 nDCG@10) where RRF fell
 below it (0.693); Bruch et al. (2023) found the same across BEIR.
 
-The engine loads the indexes, the model and the documents and chunks once (common/store.py's Corpus:
-arrays by chunk position, in chunk-id order), so a request does no SQL and no file read: a hit's row is an
-array lookup. An updated index is a base and a delta (index/build.py): both FAISS indexes are searched
-and their hits merged by score, the base's deleted chunks never among them; BM25 reads both segments.
-`search` can be called from several threads (FAISS and BM25 searches only read).
+The engine loads the indexes and the model once, and opens the corpus snapshot `pipeline index` wrote beside
+them (common/corpus.py): arrays by chunk position (chunk-id order) and by document position (doc-id order),
+memory-mapped, and each document's fields and compressed text. Nothing of the collection is read into memory
+at load: a hit's document is an array lookup, and only the hits' texts and metadata are read, when they are
+shown (a one-off search over 1M documents used to load the whole store first: 43 s and 11.7 GB). The store
+itself is only asked its generation: an index, and the snapshot written with it, answer only for the store
+generation they were built from. A request does no SQL unless it filters. An updated index is a base and a
+delta (index/build.py): both FAISS indexes are searched and their hits merged by score, the base's deleted
+chunks never among them; BM25 reads both segments. `search` can be called from several threads (FAISS and
+BM25 searches only read).
 
 Filters (search/filters.py) are applied during retrieval, never after it, so k documents come back
 whenever k allowed documents match: the allowed chunks become a bitmap (FAISS) and a weight mask
@@ -34,12 +39,13 @@ import faiss
 import numpy as np
 
 from common.console import warn
+from common.corpus import Corpus
 from common.embedder import encode, is_static, load_embedder, text_tokenizer, token_limit, truncate_to_model
 from common.errors import PipelineError
 from common.index_files import load_index, read_rescore, rescored
 from common.lexical import Analyzer, LexicalIndex
 from common.manifest import SearchEntry, read_manifest
-from common.store import Corpus, Store
+from common.store import Store
 from common.workspace import Workspace, model_fingerprint
 from search.filters import DocumentFilter, DocumentFilters
 from search.snippets import make_snippet, snippet_terms
@@ -124,12 +130,14 @@ class DenseIndex:
     deleted since it was built are never returned: every search then goes through a selector of the
     live slots. Unfiltered or restricted to allowed chunks (see the module docstring)."""
 
-    def __init__(self, index: faiss.Index, corpus: Corpus, rescore_rows: np.ndarray | None = None, rescore: int = 1):
-        """rescore_rows: an IVF index's rescoring rows by slot (common/index_files.py); its best rescore x n
-        candidates are then scored exactly from them."""
+    def __init__(
+        self, index: faiss.Index, chunk_ids: np.ndarray, rescore_rows: np.ndarray | None = None, rescore: int = 1
+    ):
+        """chunk_ids: the live chunks' ids by position (ascending). rescore_rows: an IVF index's rescoring rows
+        by slot (common/index_files.py); its best rescore x n candidates are then scored exactly from them."""
         ids = faiss.vector_to_array(faiss.downcast_index(index).id_map)
-        at = np.minimum(np.searchsorted(corpus.chunk_ids, ids), max(len(corpus.chunk_ids) - 1, 0))
-        live = corpus.chunk_ids[at] == ids if len(corpus.chunk_ids) else np.zeros(len(ids), bool)
+        at = np.minimum(np.searchsorted(chunk_ids, ids), max(len(chunk_ids) - 1, 0))
+        live = chunk_ids[at] == ids if len(chunk_ids) else np.zeros(len(ids), bool)
         self.positions = np.where(live, at, -1)  # slot -> chunk position, -1 for a deleted chunk
         self.live_positions = at[live]
         self.index = index  # owns the inner index: kept alive with it
@@ -220,10 +228,11 @@ class AllowedChunks:
     """The chunks of the documents a filter keeps: a mask by chunk position, as BM25 weights, and the
     slots of each FAISS index that hold them (made on first use, once per request)."""
 
-    def __init__(self, document_positions: np.ndarray, corpus: Corpus):
-        documents = np.zeros(len(corpus.doc_ids), dtype=bool)
+    def __init__(self, document_positions: np.ndarray, chunk_docs: np.ndarray, n_documents: int):
+        """chunk_docs: each chunk's document position, by chunk position."""
+        documents = np.zeros(n_documents, dtype=bool)
         documents[document_positions] = True
-        self.mask = documents[corpus.chunk_docs]
+        self.mask = documents[chunk_docs]
         self.count = int(self.mask.sum())
         self.weights = self.mask.astype(np.float32)
         self._slots: dict[int, Slots] = {}
@@ -254,12 +263,15 @@ class SearchEngine:
                 f"the index was built with model {self.index_entry.embedder_fingerprint} "
                 f"but {self.model_dir} now holds model {current}: run `pipeline embed` and `pipeline index` again"
             )
-        # One snapshot of the store, then the file is let go (`pipeline embed` may write to it meanwhile).
+        # The store's generation only, then the file is let go (`pipeline embed` may write to it meanwhile).
         with Store(ws.db_path, read_only=True) as store:
-            self.corpus = store.load_corpus()
-        # The indexes hold chunk ids of the store generation they were built from: any other is refused.
-        if self.index_entry.stale_reason(self.corpus.generation):
-            raise PipelineError(self.index_entry.stale_reason(self.corpus.generation))
+            store_generation = store.generation()
+        # The indexes and the snapshot hold the store generation they were built from: any other is refused.
+        if self.index_entry.stale_reason(store_generation):
+            raise PipelineError(self.index_entry.stale_reason(store_generation))
+        self.corpus = Corpus(ws.root / self.index_entry.corpus_path)
+        if self.corpus.generation != self.index_entry.store_generation:  # the manifest names them together
+            raise PipelineError("the corpus snapshot does not match the index: run `pipeline index`")
         # The base index, and the delta of chunks added since it was built (index/update.py).
         # An IVF base and its delta re-score their candidates from int8 copies of the vectors (index/ivf.py).
         entry = self.index_entry
@@ -268,7 +280,7 @@ class SearchEngine:
         for path, rescore_path in zip(entry.files, [entry.rescore_path, entry.delta_rescore_path]):
             index = load_index(ws.root / path)
             rows = read_rescore(ws.root / rescore_path, index.d) if rescore_path else None
-            self.dense.append(DenseIndex(index, self.corpus, rows, rescore))
+            self.dense.append(DenseIndex(index, self.corpus.chunk_ids, rows, rescore))
         held = np.concatenate([part.live_positions for part in self.dense])
         if len(held) != len(self.corpus.chunk_ids) or len(np.unique(held)) != len(
             held
@@ -278,7 +290,7 @@ class SearchEngine:
         self.lexical = LexicalIndex.load(ws.root / lexical_path) if lexical_path else None
         if self.lexical is not None and not np.array_equal(self.lexical.chunk_ids, self.corpus.chunk_ids):  # same check
             raise PipelineError("the BM25 index does not hold the stored chunks: run `pipeline index`")
-        self.filters = DocumentFilters(self.corpus)
+        self.filters = DocumentFilters(self.corpus.filters_path)
         self._model = reuse_model
         self._default_mode, self._default_dense_weight = self.measured_defaults(manifest.search)
         self._model_lock = threading.Lock()
@@ -348,7 +360,11 @@ class SearchEngine:
         dense_weight = self.resolve_dense_weight(dense_weight)
         if not 0.0 <= dense_weight <= 1.0:
             raise PipelineError(f"dense weight must be between 0 and 1, got {dense_weight}")
-        allowed = AllowedChunks(self.filters.allowed_documents(filters), self.corpus) if filters else None
+        allowed = None
+        if filters:
+            allowed = AllowedChunks(
+                self.filters.allowed_documents(filters), self.corpus.chunk_docs, self.corpus.n_documents
+            )
         if allowed is not None and allowed.count == 0:
             return [[] for _ in queries]
         depth = k if mode != "hybrid" else max(k, FUSION_DEPTH)
@@ -438,42 +454,41 @@ class SearchEngine:
             n = min(total, n * 4)
 
     def hits(self, query: str, ranking: Ranking) -> list[Hit]:
-        corpus, terms = (
-            self.corpus,
-            snippet_terms(query, self.lexical.analyzer if self.lexical is not None else Analyzer()),
-        )
+        """The ranked documents as hits: each with its fields and a snippet of its best chunk, read now."""
+        corpus = self.corpus
+        terms = snippet_terms(query, self.lexical.analyzer if self.lexical is not None else Analyzer())
         hits = []
         for rank, (doc, chunk, score) in enumerate(
             zip(ranking.docs.tolist(), ranking.chunks.tolist(), ranking.scores.tolist()), start=1
         ):
-            text, marks = make_snippet(corpus.chunk_texts[chunk], terms, bool(corpus.chunk_starts_mid_text[chunk]))
+            text, marks = make_snippet(corpus.chunk_text(chunk), terms, bool(corpus.chunk_starts_mid_text[chunk]))
             hits.append(
                 Hit(
                     rank,
                     score,
-                    corpus.doc_ids[doc],
-                    corpus.titles[doc],
-                    corpus.sources[doc],
+                    corpus.doc_id(doc),
+                    corpus.title(doc),
+                    corpus.source(doc),
                     text,
                     marks,
                     int(corpus.chunk_ids[chunk]),
-                    corpus.metadata[doc],
+                    corpus.metadata(doc),
                 )
             )
         return hits
 
     def document(self, doc_id: str) -> dict | None:
-        position = self.corpus.doc_position.get(doc_id)
+        corpus = self.corpus
+        position = corpus.position_of(doc_id)
         if position is None:
             return None
-        c = self.corpus
         return {
             "doc_id": doc_id,
-            "title": c.titles[position],
-            "source": c.sources[position],
-            "text": c.texts[position],
-            "metadata": c.metadata[position],
-            "chunks": int(c.chunks_per_doc[position]),
+            "title": corpus.title(position),
+            "source": corpus.source(position),
+            "text": corpus.text(position),
+            "metadata": corpus.metadata(position),
+            "chunks": int(corpus.document_chunks[position]),
         }
 
 

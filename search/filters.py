@@ -1,14 +1,15 @@
 """Which documents a search may return: filters over the documents' metadata, source, title and id.
 
-The documents' fields are loaded once per index generation into an in-memory DuckDB table, `documents`,
-one typed column per field (BIGINT, DOUBLE, BOOLEAN, DATE, TIMESTAMP, VARCHAR or a list of them; a
-field whose values disagree on a type is VARCHAR holding their JSON), plus `doc_id`, `title` and
-`source`. A metadata field named like one of those three (DuckDB's names ignore case) stays in the
-document's metadata but is not a column. Two ways to filter:
+The documents' fields are a table of the corpus snapshot `pipeline index` writes (index/corpus.py; the
+snapshot: common/corpus.py), `documents`, one typed column per metadata field (BIGINT, DOUBLE, BOOLEAN,
+DATE, TIMESTAMP, VARCHAR or a list of them; a field whose values disagree on a type is VARCHAR holding
+their JSON), plus `doc_id`, `title` and `source`, and each document's `position`. It is a DuckDB file,
+opened read-only: a filter reads its columns from disk, and no more than the pages it scans stay in memory.
+Two ways to filter:
 
 - `where`: the CLI's DuckDB SQL over those columns (`year >= 2015 AND journal = 'Nature'`). It is the
-  user's own shell, but it still cannot change anything: it runs against the in-memory copy (the store
-  is not attached), as one SELECT statement, with external access (files, ATTACH) switched off.
+  user's own shell, but it still cannot change anything: it runs against the read-only filter table (the
+  store is not attached), as one SELECT statement, with external access (files, ATTACH) switched off.
 - `structured`: the API's {"field": {"operator": value}} (Qdrant/Chroma style), compiled to SQL in which
   every value is a bound parameter and every column name is one of the table's own; an unknown field,
   operator or a value of the wrong type is a FilterError naming it.
@@ -24,16 +25,14 @@ import json
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from threading import Lock
 
 import duckdb
 import numpy as np
-import pyarrow as pa
 
 from common.errors import PipelineError
-from common.store import Corpus
 
-BUILT_IN = ("doc_id", "title", "source")
 OPERATORS = ("eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "glob", "contains")
 COMPARISONS = {"eq": "=", "ne": "<>", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
 CACHED_FILTERS = 256
@@ -55,70 +54,18 @@ class DocumentFilter:
         return cls(json.dumps(structured, sort_keys=True) if structured else None, (where or "").strip() or None)
 
 
-def _typed_column(values: list) -> tuple[pa.Array, str]:
-    """One metadata field's values (None where a document lacks it) as a typed Arrow array and its DuckDB type."""
-    present = [v for v in values if v is not None]
-    kinds = {type(v) for v in present}
-    if kinds <= {bool}:
-        return pa.array(values, pa.bool_()), "BOOLEAN"
-    if kinds <= {int}:
-        if all(-(2**63) <= v < 2**63 for v in present):
-            return pa.array(values, pa.int64()), "BIGINT"
-    if kinds <= {int, float}:
-        return pa.array([None if v is None else float(v) for v in values], pa.float64()), "DOUBLE"
-    if kinds <= {str}:
-        for parse, arrow_type, name in (
-            (datetime.date.fromisoformat, pa.date32(), "DATE"),
-            (datetime.datetime.fromisoformat, pa.timestamp("us"), "TIMESTAMP"),
-        ):
-            try:  # ISO dates and timestamps (what the readers make of typed dates) compare as such
-                if name == "DATE" and any(len(v) != 10 for v in present):
-                    continue
-                return pa.array([None if v is None else parse(v) for v in values], arrow_type), name
-            except (ValueError, TypeError, pa.ArrowException):
-                pass
-        return pa.array(values, pa.string()), "VARCHAR"
-    if kinds <= {list} and present:
-        inner = {type(x) for v in present for x in v}
-        for allowed, arrow_type, name in (
-            ({str}, pa.string(), "VARCHAR[]"),
-            ({int}, pa.int64(), "BIGINT[]"),
-            ({int, float}, pa.float64(), "DOUBLE[]"),
-        ):
-            if inner and inner <= allowed:
-                try:
-                    return pa.array(values, pa.list_(arrow_type)), name
-                except (pa.ArrowException, OverflowError):
-                    break
-    return pa.array([None if v is None else json.dumps(v, ensure_ascii=False) for v in values], pa.string()), "VARCHAR"
-
-
 class DocumentFilters:
-    """The filter table of one loaded corpus, and the cache of filters already run on it."""
+    """The filter table of one corpus snapshot, and the cache of filters already run on it."""
 
-    def __init__(self, corpus: Corpus):
-        self.n_documents = len(corpus.doc_ids)
-        columns = {
-            "position": pa.array(np.arange(self.n_documents, dtype=np.int32)),
-            "doc_id": pa.array(corpus.doc_ids, pa.string()),
-            "title": pa.array(corpus.titles, pa.string()),
-            "source": pa.array(corpus.sources, pa.string()),
-        }
-        self.fields = {"doc_id": "VARCHAR", "title": "VARCHAR", "source": "VARCHAR"}
-        taken = {"position", *BUILT_IN}
-        names = list(dict.fromkeys(name for metadata in corpus.metadata for name in metadata))
-        for name in names:
-            if name.lower() in taken:
-                continue  # DuckDB's column names ignore case: the first of Year/year, and never a built-in
-            taken.add(name.lower())
-            columns[name], self.fields[name] = _typed_column([metadata.get(name) for metadata in corpus.metadata])
-        self.con = duckdb.connect(":memory:")
-        self.con.register("loaded", pa.table(columns))
-        self.con.execute("CREATE TABLE documents AS SELECT * FROM loaded")
-        self.con.unregister("loaded")
+    def __init__(self, path: Path):
         # The CLI's SQL may read nothing but this table, and cannot switch that back on.
-        self.con.execute("SET enable_external_access = false")
-        self.con.execute("SET lock_configuration = true")
+        self.con = duckdb.connect(
+            str(path), read_only=True, config={"enable_external_access": False, "lock_configuration": True}
+        )
+        columns = self.con.execute(
+            "SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = 'documents' ORDER BY column_index"
+        ).fetchall()
+        self.fields = {name: kind for name, kind in columns if name != "position"}
         self._lowered = {name.lower(): name for name in self.fields}
         self._cache: OrderedDict[DocumentFilter, np.ndarray] = OrderedDict()
         self._lock = Lock()

@@ -195,3 +195,29 @@ def ivfpq_with_rescoring(vectors: np.ndarray, ids: np.ndarray, lists: int) -> tu
     rows = np.empty(len(vectors), rescore_dtype(vectors.shape[1]))
     rows["codes"], rows["scale"] = quantize(vectors)
     return index, rows
+
+
+def assert_corpus_matches_store(corpus, store) -> None:
+    """The corpus snapshot (common/corpus.py) holds what the store holds: every document's fields, text and
+    number of chunks, by doc_id, and every chunk's id, document, place in it and text, by chunk id."""
+    documents = store.con.execute(
+        "SELECT doc_id, title, source, text, metadata FROM documents ORDER BY doc_id"
+    ).fetchall()
+    chunks = store.con.execute("SELECT chunk_id, doc_id, chunk_index, text FROM chunks ORDER BY chunk_id").fetchall()
+    assert corpus.generation == store.generation()
+    assert [
+        (corpus.doc_id(i), corpus.title(i), corpus.source(i), corpus.text(i), corpus.metadata(i))
+        for i in range(corpus.n_documents)
+    ] == [(d, t or "", s or "", x or "", json.loads(m) if m else {}) for d, t, s, x, m in documents]
+    assert [corpus.position_of(d[0]) for d in documents] == list(range(len(documents)))
+    assert corpus.chunk_ids.tolist() == [c[0] for c in chunks]
+    assert [
+        (corpus.doc_id(doc), starts_mid_text, corpus.chunk_text(i))
+        for i, (doc, starts_mid_text) in enumerate(
+            zip(corpus.chunk_docs.tolist(), corpus.chunk_starts_mid_text.tolist())
+        )
+    ] == [(doc_id, index > 0, text or "") for _, doc_id, index, text in chunks]
+    per_document = {d[0]: 0 for d in documents}
+    for _, doc_id, _, _ in chunks:
+        per_document[doc_id] += 1
+    assert corpus.document_chunks.tolist() == list(per_document.values())

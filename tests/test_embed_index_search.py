@@ -178,7 +178,7 @@ def test_index_failure_leaves_the_previous_index(trained_workspace, tmp_path, mo
     ws = copy_workspace(trained_workspace, tmp_path / "ws")
     recorded = ws.root / read_json(ws)["index"]["path"]
     before = recorded.read_bytes()
-    files_before = sorted(p.name for p in ws.index_dir.iterdir())  # the FAISS file and the lexical index's directory
+    files_before = sorted(p.name for p in ws.index_dir.iterdir())  # the FAISS file, the lexical and corpus directories
 
     def crash(*args):  # the process dies while serialising the new index
         raise KeyboardInterrupt

@@ -6,13 +6,15 @@ import shutil
 
 import faiss
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from common.readers import read_documents
-from common.store import Corpus, Store
+from common.store import Store
 from common.workspace import Workspace
 from conftest import corpus_metadata, ivfpq_with_rescoring, run_cli
 from index.build import refresh_indexes
+from index.corpus import MetadataFields, write_filter_table
 from index.faiss_index import make_index
 from search.engine import AllowedChunks, DenseIndex, SearchEngine
 from search.filters import DocumentFilter, DocumentFilters, FilterError
@@ -65,19 +67,18 @@ def test_csv_and_parquet_columns_become_typed_metadata(tmp_path):
     docs = {d.id: d for d in read_documents([tmp_path])}
     assert docs["p1"].metadata == {"year": 2015, "score": 0.5, "journal": "Nature"}
     assert docs["q1"].metadata == {"published": "2020-02-29", "counts": [1, 2], "origin": {"lab": "x"}}
-    corpus = Corpus(
-        0,
-        list(docs),
-        ["", "", ""],
-        ["", "", ""],
-        ["", "", ""],
-        [d.metadata for d in docs.values()],
-        np.zeros(0, np.int64),
-        np.zeros(0, np.int32),
-        np.zeros(0, bool),
-        [],
+    metadata = MetadataFields()
+    metadata.add([d.metadata for d in docs.values()])
+    documents = pa.table(
+        {
+            "doc_id": list(docs),
+            "title": [""] * 3,
+            "source": [""] * 3,
+            "metadata": [json.dumps(d.metadata) for d in docs.values()],
+        }
     )
-    filters = DocumentFilters(corpus)
+    write_filter_table(documents, metadata.column_types(), tmp_path / "filters.duckdb")
+    filters = DocumentFilters(tmp_path / "filters.duckdb")
     assert {k: filters.fields[k] for k in ("year", "score", "published", "counts")} == {
         "year": "BIGINT",
         "score": "DOUBLE",
@@ -104,11 +105,8 @@ def test_filters_keep_k_hits_in_every_mode_and_index_type(copied_workspace, kind
     query = "cells in tumour growth and immune response"
     everything = {mode: engine.search(query, k=1000, mode=mode) for mode in ("dense", "lexical")}
     for share, n in SHARES.items():
-        allowed = {
-            engine.corpus.doc_ids[i]
-            for i in range(len(engine.corpus.doc_ids))
-            if engine.corpus.metadata[i]["year"] < 1900 + n
-        }
+        corpus = engine.corpus
+        allowed = {corpus.doc_id(i) for i in range(corpus.n_documents) if corpus.metadata(i)["year"] < 1900 + n}
         assert len(allowed) == n
         for mode in ("dense", "lexical", "hybrid"):
             hits = engine.search(query, k=10, mode=mode, filters=years_below(n))
@@ -138,29 +136,18 @@ def test_dense_filters_return_k_hits_on_a_large_approximate_index():
     vectors = rng.standard_normal((n, dim)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     ids = np.arange(n, dtype=np.int64) * 3  # chunk ids are not positions
-    corpus = Corpus(
-        0,
-        [str(i) for i in range(n)],
-        [""] * n,
-        [""] * n,
-        [""] * n,
-        [{}] * n,
-        ids,
-        np.arange(n, dtype=np.int32),
-        np.zeros(n, bool),
-        [""] * n,
-    )
+    chunk_docs = np.arange(n, dtype=np.int32)  # a document a chunk
     queries = vectors[:5] + 0.2 * rng.standard_normal((5, dim)).astype(np.float32)
     for kind in ("hnsw", "ivfpq"):
         if kind == "hnsw":
-            dense = DenseIndex(make_index(kind, vectors, ids), corpus)
+            dense = DenseIndex(make_index(kind, vectors, ids), ids)
         else:
             index, rows = ivfpq_with_rescoring(vectors, ids, 224)
             faiss.downcast_index(faiss.downcast_index(index).index).nprobe = 16
-            dense = DenseIndex(index, corpus, rows, rescore=10)
+            dense = DenseIndex(index, ids, rows, rescore=10)
         for share in (0.01, 0.1, 0.9):
             kept = np.sort(rng.choice(n, int(share * n), replace=False))
-            allowed = AllowedChunks(kept, corpus)
+            allowed = AllowedChunks(kept, chunk_docs, n)
             for query in queries:
                 ((positions, scores),) = dense.search(query[None, :], 40, allowed)
                 assert len(positions) == 40 and np.isin(positions, kept).all(), (kind, share)

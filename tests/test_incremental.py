@@ -10,7 +10,7 @@ import pytest
 
 from common.store import Store
 from common.workspace import Workspace
-from conftest import SCIFACT, run_cli
+from conftest import SCIFACT, assert_corpus_matches_store, run_cli
 from embed.run import EmbedSettings, run_embed
 from index.build import refresh_indexes
 from search.engine import SearchEngine
@@ -27,6 +27,10 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
 
 def scifact_rows(start: int, n: int) -> list[dict]:
     return [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()[start : start + n]]
+
+
+def document_ids(engine: SearchEngine) -> list[str]:
+    return [engine.corpus.doc_id(i) for i in range(engine.corpus.n_documents)]
 
 
 def answers(engine: SearchEngine, queries: list[str], mode: str, k: int = 10) -> list[list[tuple[str, float]]]:
@@ -106,12 +110,12 @@ def test_small_changes_update_the_index_instead_of_rebuilding_it(updated):
     assert first["delta_vectors"] > 0 and second["delta_vectors"] > 0
     assert second["deleted_in_base"] >= first["deleted_in_base"] > 0
     index_files = sorted(p.name for p in updated["ws"].index_dir.iterdir())
-    assert len(index_files) == 3  # the base, the delta and the lexical directory; older versions removed
+    assert len(index_files) == 4  # the base, the delta, the lexical and corpus directories; older versions removed
 
 
 def test_an_updated_index_answers_as_a_full_build_of_the_same_documents(updated):
     incremental, scratch = SearchEngine(updated["ws"]), SearchEngine(updated["scratch"])
-    assert sorted(incremental.corpus.doc_ids) == sorted(scratch.corpus.doc_ids)
+    assert document_ids(incremental) == document_ids(scratch)
     for mode in MODES:
         # A hybrid score divides by the deviation of the top 100 scores: cosines that differ by float rounding
         # (~1e-6: a base and a delta are two matrix products, a full build one) differ by up to ~1e-3 there.
@@ -135,8 +139,22 @@ def test_deleted_and_replaced_documents_never_come_back(updated):
     assert (
         hits and hits[0].doc_id == updated["rows"][5]["_id"] and "Zebrafish" in engine.document(hits[0].doc_id)["text"]
     )
-    chunk_docs = [engine.corpus.doc_ids[d] for d in engine.corpus.chunk_docs]
+    chunk_docs = [engine.corpus.doc_id(d) for d in engine.corpus.chunk_docs.tolist()]
     assert deleted.isdisjoint(chunk_docs)
+
+
+def test_an_update_writes_the_snapshot_of_the_changed_store(updated):
+    """The corpus snapshot search reads is the store's after the update: documents added, changed, deleted."""
+    assert updated["second"]["update"] == "incremental"
+    corpus = SearchEngine(updated["ws"]).corpus
+    with Store(updated["ws"].db_path, read_only=True) as store:
+        assert_corpus_matches_store(corpus, store)
+    rows = updated["rows"]
+    assert all(corpus.position_of(doc_id) is None for doc_id in updated["deleted"])
+    assert corpus.text(corpus.position_of(rows[5]["_id"])).endswith("Zebrafish regeneration was also observed.")
+    assert corpus.title(corpus.position_of(rows[6]["_id"])) == "A retitled study of telomerase"
+    assert corpus.text(corpus.position_of(rows[-3]["_id"])).startswith("Mitochondrial fission in cardiomyocytes.")
+    assert corpus.n_documents == len(rows)
 
 
 def test_deletes_from_an_hnsw_base_never_come_back_and_large_changes_rebuild(updated, tmp_path):

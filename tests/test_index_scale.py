@@ -49,7 +49,7 @@ def exact_and_widest(ws: Workspace, n_queries: int = 25):
     engine = SearchEngine(ws, load_model=False)
     with Store(ws.db_path, read_only=True) as store:
         ids, vectors = store.load_vectors()
-    exact = DenseIndex(make_index("flat", vectors, ids), engine.corpus)
+    exact = DenseIndex(make_index("flat", vectors, ids), engine.corpus.chunk_ids)
     base = engine.dense[0]
     base.inner.nprobe = base.inner.nlist
     base.rescore = len(ids)

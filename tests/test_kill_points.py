@@ -107,6 +107,7 @@ def test_killed_index_keeps_the_previous_index_in_use_and_a_rerun_cleans_up(kill
     for point in (
         "os:replace:.index",  # the FAISS file written to its temporary name, not renamed
         "common.lexical:np.save:chunk_ids.npy",  # in the middle of writing the BM25 index
+        "index.corpus:write_filter_table",  # in the middle of writing the corpus snapshot
         "common.manifest:replace_section:index",
     ):  # both written, not recorded
         killer.run(point, 1, *args)
@@ -115,7 +116,7 @@ def test_killed_index_keeps_the_previous_index_in_use_and_a_rerun_cleans_up(kill
     assert read_json(Workspace(ws))["index"]["build_id"] != entry["build_id"] and answers(ws) == before
     summary = refresh_indexes(Workspace(ws), "flat")
     assert sorted(p.name for p in (ws / "index").iterdir()) == sorted(
-        [summary["path"].split("/")[-1], summary["lexical_path"].split("/")[-1]]
+        path.split("/")[-1] for path in (summary["path"], summary["lexical_path"], summary["corpus_path"])
     )
     assert answers(ws) == before
 

@@ -54,6 +54,8 @@ def test_the_staleness_checks():
     assert index.built_by(embedder)
     assert not index.built_by(EmbedderEntry(model_path="tuned", fingerprint="abc", dim=16, chunk_tokens=32, overlap=8))
     assert not index.built_by(EmbedderEntry(model_path="tuned", fingerprint="xyz", dim=16, chunk_tokens=64, overlap=8))
+    assert "run `pipeline index`" in index.stale_reason(3)  # built before the corpus snapshot search reads
+    index = IndexEntry.from_json({**OLD_INDEX, "corpus_path": "index/corpus-1"})
     assert index.stale_reason(3) is None
     assert "store generation 4, index built from 3" in index.stale_reason(4)
     assert SearchEntry(default_mode="hybrid", embedder_fingerprint="abc").measured_for(index)

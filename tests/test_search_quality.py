@@ -51,7 +51,7 @@ def test_rebuilding_replaces_the_lexical_index_and_removes_the_old_one(trained_w
     )
     assert first["path"] != second["path"]
     assert sorted(p.name for p in (ws / "index").iterdir()) == sorted(
-        [second["path"].split("/")[-1], second["lexical_path"].split("/")[-1]]
+        path.split("/")[-1] for path in (second["path"], second["lexical_path"], second["corpus_path"])
     )
 
 

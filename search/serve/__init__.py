@@ -13,13 +13,15 @@
     GET  /docs, /openapi.json   the OpenAPI description (Swagger UI served from the swagger-ui-py package:
                             works offline)
 
-The model, indexes, documents and chunks are loaded once (search/engine.py): a request reads arrays, no
-SQL, no file. A watcher thread notices when `pipeline index` has rebuilt the index (the manifest's
-"index" section changed), loads the new generation beside the old one and swaps it in under a lock:
-requests in flight finish on the generation they started with, none fails. The store is read once per
-generation and let go, so `pipeline embed` can write to it meanwhile. An index is loaded only with the
-store generation it was built from; when the documents change, the server keeps answering from the
-generation it has and /health says so until `pipeline index` has run.
+The model and indexes are loaded once, and the documents and chunks are read from the corpus snapshot
+`pipeline index` wrote beside them, memory-mapped (search/engine.py): nothing of the collection is loaded
+at start-up, and a request does no SQL unless it filters. A watcher thread notices when `pipeline index`
+has rebuilt the index (the manifest's "index" section changed), loads the new generation beside the old
+one and swaps it in under a lock: requests in flight finish on the generation they started with, none
+fails. The store is asked its generation once per generation and let go, so `pipeline embed` can write to
+it meanwhile. An index is loaded only with the store generation it was built from; when the documents
+change, the server keeps answering from the generation it has and /health says so until `pipeline index`
+has run.
 
 Writes (POST/DELETE /documents) go through the write path every command uses (workflows.write_documents,
 given to create_app): new and changed documents embedded with the served model, staged and published with
@@ -30,8 +32,8 @@ server takes the workspace's writer lock, as `pipeline embed` and `pipeline inde
 WRITE_WAIT_SECONDS for it, then answers 503; a write never leaves a half-written store (a failure before
 the publish leaves only staged rows, which the next write or embed clears).
 
-Filters are structured (search/filters.py): compiled to SQL with bound values over the loaded
-documents' fields; an unknown field or operator, or a value of the wrong type, is a 422 naming it.
+Filters are structured (search/filters.py): compiled to SQL with bound values over the snapshot's
+filter table; an unknown field or operator, or a value of the wrong type, is a 422 naming it.
 Requests are bounded and the bounds are declared in the OpenAPI description (query length, k, filter
 length; a body over MAX_BODY_BYTES gets 413). Errors are {"error": "..."}, declared per route.
 

@@ -1,0 +1,163 @@
+"""The corpus snapshot `pipeline index` writes for search (index/corpus.py, common/corpus.py): it reads back
+what the store holds, search answers from it without loading the collection, and an index from before
+snapshots asks for `pipeline index`."""
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import index.corpus
+from common.corpus import NOT_A_SLICE, Corpus
+from common.manifest import read_manifest
+from common.store import ChunkRow, Store
+from common.workspace import Workspace
+from conftest import assert_corpus_matches_store, run_cli
+from index.corpus import write_corpus
+from search.engine import SearchEngine
+from search.filters import DocumentFilter, DocumentFilters
+from search.snippets import make_snippet, snippet_terms
+
+MIXED = "Größe, café — naïve 日本語のテキスト 😀 and then a few more plain words"
+# (doc_id, title, text, metadata, chunks as (chunk_index, text, start_char, end_char)); ids out of order, some
+# beyond ASCII (the snapshot orders them as DuckDB does, by UTF-8 bytes: Python's order of str)
+DOCUMENTS = [
+    ("b", "Bee", "Chunked otherwise.", {"year": 2001}, [(0, "Bee\nChunked otherwise.", 0, 18)]),
+    ("😀", None, MIXED, {"year": 2.5, "when": "2020-01-02"}, [(0, MIXED[:20], 0, 20), (1, MIXED[15:], 15, len(MIXED))]),
+    ("A", "First", "Plain text in one chunk.", {}, [(0, "Plain text in one chunk.", 0, 24)]),
+    ("é", "Empty", "", {"mixed": 1, "when": "2020-01-03"}, [(0, "", 0, 0)]),
+    ("z", "No offsets", "Offsets were not kept.", {"mixed": "one"}, [(0, "Offsets were not kept.", None, None)]),
+    ("日本", "Three", "one two three four five", {"year": 1999}, [(0, "one two", 0, 7), (1, "three", 8, 13)]),
+    ("a/2", "Last", "Its chunk ids come first.", {"tags": ["x"]}, [(0, "Its chunk ids come first.", 0, 25)]),
+]
+
+
+def small_store(path) -> Store:
+    """A store of DOCUMENTS, written as `pipeline embed` writes one (stage, write, publish), with vectors of 4
+    dimensions; the last document's chunk is numbered first."""
+    rows = [(doc_id, title, "docs.jsonl", text, f"hash-{doc_id}", meta) for doc_id, title, text, meta, _ in DOCUMENTS]
+    numbered = [(doc_id, part) for doc_id, *_, parts in DOCUMENTS for part in parts]
+    numbered = numbered[-1:] + numbered[:-1]
+    chunks = [
+        ChunkRow(i, doc_id, index, text, start, end, 3)
+        for i, (doc_id, (index, text, start, end)) in enumerate(numbered)
+    ]
+    store = Store(path)
+    store.want_documents([(row[0], row[4]) for row in rows])
+    store.stage(4, "test-embedder")
+    store.write_documents(rows, chunks, np.random.default_rng(0).standard_normal((len(chunks), 4)).astype(np.float32))
+    store.publish(replace_all=True, remove=[])
+    return store
+
+
+@pytest.fixture
+def snapshot(tmp_path, monkeypatch) -> tuple[Corpus, Store]:
+    """The small store's snapshot, written two documents at a time (so chunks and field types span batches)."""
+    monkeypatch.setattr(index.corpus, "DOCUMENT_BATCH", 2)
+    store = small_store(tmp_path / "store.duckdb")
+    directory = write_corpus(tmp_path / "index", store, store.chunk_ids(), store.generation())
+    yield Corpus(directory), store
+    store.close()
+
+
+def test_the_snapshot_reads_back_what_the_store_holds(snapshot):
+    corpus, store = snapshot
+    assert_corpus_matches_store(corpus, store)
+    ids = [corpus.doc_id(i) for i in range(corpus.n_documents)]
+    assert ids == sorted(doc_id for doc_id, *_ in DOCUMENTS) == ["A", "a/2", "b", "z", "é", "日本", "😀"]
+    assert corpus.position_of("日本") == 5 and corpus.position_of("zz") is None and corpus.position_of("") is None
+    assert corpus.text(corpus.position_of("😀")) == MIXED
+
+
+def test_a_chunk_that_is_not_a_slice_of_its_document_keeps_its_text(snapshot):
+    corpus, _ = snapshot
+    kept_whole = {corpus.chunk_text(i) for i in range(len(corpus.chunk_ids)) if corpus.chunk_spans[i][0] == NOT_A_SLICE}
+    assert kept_whole == {"Bee\nChunked otherwise.", "Offsets were not kept."}  # the title joined; no offsets
+    assert (corpus.chunk_spans[:, 0] != NOT_A_SLICE).sum() == len(corpus.chunk_ids) - 2
+
+
+def test_field_types_over_batches_are_those_of_all_the_values(snapshot):
+    """Typed two documents at a time: `year` is whole in the first batches that have it, `mixed` text in its
+    first, and both take the type all their values give (the documents in id order: A, a/2 | b, z | é, 日本 | 😀)."""
+    corpus, _ = snapshot
+    filters = DocumentFilters(corpus.filters_path)
+    assert filters.fields == {
+        "doc_id": "VARCHAR",
+        "title": "VARCHAR",
+        "source": "VARCHAR",
+        "tags": "VARCHAR[]",
+        "year": "DOUBLE",
+        "mixed": "VARCHAR",  # holding each value's JSON
+        "when": "DATE",
+    }
+    assert list(filters.fields)[3:] == ["tags", "year", "mixed", "when"]  # in the order first seen
+    allowed = filters.allowed_documents(DocumentFilter.of({"year": {"gte": 2000}, "title": {"ne": "x"}}))
+    assert [corpus.doc_id(i) for i in allowed] == ["b"]
+    assert list(filters.allowed_documents(DocumentFilter.of(where="mixed = '1'"))) == [corpus.position_of("é")]
+
+
+def test_search_answers_from_the_snapshot_as_from_the_store(trained_workspace):
+    """Every hit's fields, and its snippet, are the store's."""
+    engine = SearchEngine(Workspace(trained_workspace))
+    with Store(Workspace(trained_workspace).db_path, read_only=True) as store:
+        assert_corpus_matches_store(engine.corpus, store)
+        documents = {
+            row[0]: row[1:]
+            for row in store.con.execute("SELECT doc_id, title, source, text, metadata FROM documents").fetchall()
+        }
+        chunks = {
+            row[0]: row[1:] for row in store.con.execute("SELECT chunk_id, text, chunk_index FROM chunks").fetchall()
+        }
+    for query in ("tumour cells immune response", "vitamin D", "protein folding in bacteria"):
+        terms = snippet_terms(query, engine.lexical.analyzer)
+        for mode in ("dense", "lexical", "hybrid"):
+            hits = engine.search(query, k=20, mode=mode)
+            assert hits, (query, mode)
+            for hit in hits:
+                title, source, _, metadata = documents[hit.doc_id]
+                assert (hit.title, hit.source, hit.metadata) == (title, source, json.loads(metadata))
+                text, index = chunks[hit.chunk_id]
+                assert (hit.snippet, hit.highlights) == make_snippet(text, terms, index > 0)
+    for doc_id, (title, source, text, metadata) in documents.items():
+        document = engine.document(doc_id)
+        assert (document["title"], document["source"], document["text"], document["metadata"]) == (
+            title,
+            source,
+            text,
+            json.loads(metadata),
+        )
+
+
+def test_the_loaded_engine_holds_no_texts(trained_workspace):
+    """The arrays are memory-mapped, the Arrow files read in place (no Arrow memory allocated by opening them),
+    and nothing holds a Python list of the documents or chunks."""
+    before = pa.total_allocated_bytes()
+    engine = SearchEngine(Workspace(trained_workspace), load_model=False)
+    corpus = engine.corpus
+    assert pa.total_allocated_bytes() - before < 64 * 1024
+    arrays = [value for value in vars(corpus).values() if isinstance(value, np.ndarray)]
+    assert len(arrays) == 6 and all(isinstance(array, np.memmap) for array in arrays)
+    for owner in (engine, corpus, engine.filters):
+        assert not [
+            name
+            for name, value in vars(owner).items()
+            if isinstance(value, (list, tuple, dict)) and len(value) >= corpus.n_documents
+        ]
+
+
+def test_an_index_from_before_snapshots_asks_for_pipeline_index(trained_workspace, tmp_path):
+    ws = tmp_path / "ws"
+    shutil.copytree(trained_workspace, ws)
+    manifest = json.loads((ws / "manifest.json").read_text())
+    shutil.rmtree(ws / manifest["index"].pop("corpus_path"))
+    (ws / "manifest.json").write_text(json.dumps(manifest))
+    failed = run_cli("search", "-w", str(ws), "cells", check=False)
+    assert failed.returncode == 2 and failed.stderr.strip().splitlines() == [
+        "error: the index was built before search read a corpus snapshot: run `pipeline index`"
+    ]
+    assert "built before search read a corpus snapshot" in run_cli("status", "-w", str(ws), check=False).stdout
+    run_cli("index", "-w", str(ws))
+    assert read_manifest(Workspace(ws)).index.corpus_path is not None
+    assert run_cli("search", "-w", str(ws), "cells").returncode == 0
