@@ -10,6 +10,7 @@ leaves the previous index in use.
 
 from __future__ import annotations
 
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
@@ -96,9 +97,13 @@ def full_build(
             lambda directory: LexicalIndex.write_built(directory, chunk_batches, analyzer), ws.index_dir
         )
         lexical_seconds = time.perf_counter() - start
-        faiss_index = building.result()
-    index, build_seconds = faiss_index["index"], faiss_index["build_seconds"]
-    path = write_faiss(index, ws.index_dir, "faiss")
+        try:
+            faiss_index = building.result()
+            index, build_seconds = faiss_index["index"], faiss_index["build_seconds"]
+            path = write_faiss(index, ws.index_dir, "faiss")
+        except BaseException:  # BM25 was written as it was built: a failed build leaves none of its files
+            shutil.rmtree(lexical_dir, ignore_errors=True)
+            raise
     info(f"built in {build_seconds:.2f}s; written to {path}")
     info(f"BM25 index over {len(ids):,} chunks built in {lexical_seconds:.2f}s; written to {lexical_dir}")
     return {
