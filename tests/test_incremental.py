@@ -213,7 +213,7 @@ def test_an_ivf_base_takes_added_chunks_in_its_trained_lists_and_rebuilds_when_t
     for part in engine.dense:  # searched at their widest, the base and the delta answer as exact search
         part.inner.nprobe, part.rescore = part.inner.nlist, part.ntotal
     added = {r["_id"] for r in new}
-    added_chunks = [i for i, d in enumerate(engine.corpus.chunk_docs) if engine.corpus.doc_ids[d] in added]
+    added_chunks = [i for i, d in enumerate(engine.corpus.chunk_docs) if engine.corpus.doc_id(d) in added]
     with Store(ws.db_path, read_only=True) as store:
         _, vectors = store.load_vectors(engine.corpus.chunk_ids[added_chunks])
     for position, (found, scores) in zip(added_chunks, engine.dense_chunks(vectors, 3, None)):
