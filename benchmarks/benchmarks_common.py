@@ -23,8 +23,11 @@ REPO = Path(__file__).resolve().parents[1]
 SCIFACT = REPO.parent / "shared" / "data" / "scifact"
 RESULTS = REPO / "benchmarks" / "results"
 
-if str(REPO / "tests") not in sys.path:  # the benchmarks run as scripts, with benchmarks/ on the path
-    sys.path.insert(0, str(REPO / "tests"))
+# The benchmarks run as scripts, with benchmarks/ on the path: the project's own code is this checkout's (not
+# another one an editable install points to: a benchmark runs from a clone while the main one changes).
+for path in (REPO / "tests", REPO):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 from server import running_server  # noqa: E402,F401  (re-exported for the benchmarks that serve)
 
 
