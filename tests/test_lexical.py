@@ -223,7 +223,8 @@ def test_the_store_gives_chunk_rows_in_id_order_in_batches(tmp_path):
 
     chunks = scifact_chunks(0, 30, first_id=100)
     with Store(tmp_path / "store.duckdb") as store:
-        store.stage(1, "test", {})
+        store.want_documents([])
+        store.stage(1, "test")
         documents = {(title, f"doc-{i // 2}") for i, (_, title, _) in enumerate(chunks)}
         store.write_documents(
             [(doc_id, title, "test", "", doc_id, {}) for title, doc_id in sorted(documents, key=lambda d: d[1])],
