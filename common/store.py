@@ -610,10 +610,12 @@ class Store:
         )
 
     def iter_vector_codes(
-        self, ids: np.ndarray | None = None, batch_rows: int = VECTOR_BATCH
+        self, ids: np.ndarray | None = None, batch_rows: int = VECTOR_BATCH, ordered: bool = True
     ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """(chunk ids int64, int8 codes [m, dim], scales float32 [m]) of every stored vector, or of the chunks
-        `ids`, in chunk_id order, batch_rows at a time (an older store's float32 vectors coded as read)."""
+        `ids`, batch_rows at a time (an older store's float32 vectors coded as read): in chunk_id order, or
+        without `ordered` in the table's own order, streamed without DuckDB sorting every vector first (2 GB
+        at two million chunks, more than the memory DuckDB is given while BM25 reads the texts beside it)."""
         dim = int(self.get_meta("dim") or 0)
         vector_format = self.vector_format("vectors")
         if not dim or vector_format is None:
@@ -621,7 +623,8 @@ class Store:
         only, parameters = self._only(ids)
         scale = "scale" if vector_format == INT8 else "NULL AS scale"
         reader = self.con.sql(
-            f"SELECT chunk_id, vector, {scale} FROM vectors {only} ORDER BY chunk_id", params=parameters
+            f"SELECT chunk_id, vector, {scale} FROM vectors {only} {'ORDER BY chunk_id' if ordered else ''}",
+            params=parameters,
         ).to_arrow_reader(batch_rows)
         for batch in reader:
             if batch.num_rows == 0:

@@ -156,7 +156,9 @@ def build_ivf(
     nearest = ExactNeighbours(queries, query_ids)
     parts, added, started = [], 0, time.perf_counter()
     rescore_path = staging / "rescore.npy"
-    slices = store.iter_vector_codes(ids if delta else None, batch_rows=max(1, SLICE_BYTES // (4 * dim)))
+    # In the store's own order (no sort of every vector first): each slot's chunk id is kept as it comes.
+    slices = store.iter_vector_codes(ids if delta else None, batch_rows=max(1, SLICE_BYTES // (4 * dim)), ordered=False)
+    slot_ids = []
     with RescoreWriter(rescore_path, n, dim) as rescore:
         for chunk_ids, codes, scales in slices:
             vectors = dequantize(codes, scales)
@@ -170,6 +172,7 @@ def build_ivf(
             else:
                 ivf.add_with_ids(vectors, slots)
             rescore.write(codes, scales)
+            slot_ids.append(chunk_ids)
             nearest.update(vectors, chunk_ids)
             added += len(chunk_ids)
             rate = added / (time.perf_counter() - started)
@@ -181,7 +184,10 @@ def build_ivf(
             merge_ondisk(ivf, [str(p) for p in parts], str(lists_path))
         for part in parts:
             part.unlink()
-    faiss.copy_array_to_vector(np.ascontiguousarray(ids, dtype=np.int64), index.id_map)
+    slot_ids = np.concatenate(slot_ids) if slot_ids else np.zeros(0, np.int64)
+    if len(slot_ids) != n or not np.array_equal(np.sort(slot_ids), ids):  # the store changed under the build
+        raise RuntimeError(f"the store's vectors are not the {n:,} chunks the index was to hold")
+    faiss.copy_array_to_vector(np.ascontiguousarray(slot_ids, dtype=np.int64), index.id_map)
     index.ntotal = n
     return IvfBuild(
         index,
