@@ -31,18 +31,20 @@ for path in (REPO / "tests", REPO):
 from server import running_server  # noqa: E402,F401  (re-exported for the benchmarks that serve)
 
 
-def synthetic_documents(n: int | None, seed: int, first_id: int = 0) -> Iterator[dict]:
+def synthetic_documents(
+    n: int | None, seed: int, first_id: int = 0, sentences: tuple[int, int] = (4, 9)
+) -> Iterator[dict]:
     """Abstract-like documents made from SciFact with a seed (n of them; without end for None): a title
-    and 4 to 9 sentences drawn from the whole corpus's abstracts, and a `year`."""
+    and 4 to 9 (`sentences`) sentences drawn from the whole corpus's abstracts, and a `year`."""
     rows = [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()]
-    sentences = [s for r in rows for s in re.split(r"(?<=[.!?])\s+", r["text"]) if len(s) > 20]
+    corpus_sentences = [s for r in rows for s in re.split(r"(?<=[.!?])\s+", r["text"]) if len(s) > 20]
     titles = [r["title"] for r in rows]
     rng = random.Random(seed)
     for i in itertools.count() if n is None else range(n):
         yield {
             "_id": f"synthetic-{first_id + i}",
             "title": rng.choice(titles),
-            "text": " ".join(rng.choices(sentences, k=rng.randint(4, 9))),
+            "text": " ".join(rng.choices(corpus_sentences, k=rng.randint(*sentences))),
             "year": rng.randint(1990, 2025),
         }
 

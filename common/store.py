@@ -6,6 +6,7 @@
                                                -- embedder recorded in store_meta; FLOAT[dim] in older stores
     store_meta(key, value)
     staged_documents, staged_chunks, staged_vectors   -- the next generation, while `pipeline embed` runs
+    source_read, run_documents, removed_documents     -- a writer's temporary tables: one run's bookkeeping
 
 What search sees (documents, chunks, vectors) changes only when an embed run publishes: the run writes
 its documents into the staged tables, a transaction per group (so a killed run resumes where it
