@@ -35,7 +35,7 @@ from index.faiss_index import (
     recall_sample,
     tune_search,
 )
-from index.files import new_index_path, record, save_lexical, write_faiss
+from index.files import new_index_path, record, write_directory, write_faiss
 from index.ivf import build_ivf, new_staging, remove_staging
 from index.update import Drifted, update, update_plan
 
@@ -123,8 +123,10 @@ def full_build(
     with ThreadPoolExecutor(1) as pool:
         building = pool.submit(build_faiss, ws, kind, live, update_reason, memory_budget)
         start = time.perf_counter()
-        lexical_dir = save_lexical(
-            lambda directory: LexicalIndex.write_built(directory, store.iter_chunk_rows(), analyzer), ws.index_dir
+        lexical_dir = write_directory(
+            lambda directory: LexicalIndex.write_built(directory, store.iter_chunk_rows(), analyzer),
+            ws.index_dir,
+            "lexical",
         )
         lexical_seconds = time.perf_counter() - start
         try:

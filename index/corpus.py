@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import shutil
-import tempfile
-import uuid
 from pathlib import Path
 
 import duckdb
@@ -52,6 +49,7 @@ from common.corpus import (
     read_arrow,
 )
 from common.store import Store
+from index.files import write_directory
 
 DOCUMENT_BATCH = 20_000  # documents read from the store at once, with their chunks: ~50 MB of 1 KB texts
 DICTIONARY_BYTES = 32 * 1024  # zlib's window: the most of a preset dictionary it can use
@@ -73,18 +71,13 @@ COLUMN_TYPES = {  # a metadata field's column type -> its Arrow type ("JSON": VA
 def write_corpus(index_dir: Path, store: Store, live: np.ndarray, generation: int) -> Path:
     """Write the snapshot of the store at `generation` (`live`: its chunk ids, ascending) into a new directory
     under index_dir and return it: the manifest then names it, so a reader never sees half of one."""
-    index_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=index_dir, prefix=".corpus.staging."))
-    try:
-        fields = write_documents_and_chunks(staging, store, live)
-        write_filter_table(read_arrow(staging / DOCUMENTS), fields.column_types(), staging / FILTERS)
-        (staging / META).write_text(json.dumps({"generation": generation}) + "\n")
-        final = index_dir / f"corpus-{uuid.uuid4().hex[:12]}"
-        staging.rename(final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return final
+
+    def write(directory: Path) -> None:
+        fields = write_documents_and_chunks(directory, store, live)
+        write_filter_table(read_arrow(directory / DOCUMENTS), fields.column_types(), directory / FILTERS)
+        (directory / META).write_text(json.dumps({"generation": generation}) + "\n")
+
+    return write_directory(write, index_dir, "corpus")
 
 
 def write_documents_and_chunks(directory: Path, store: Store, live: np.ndarray) -> "MetadataFields":

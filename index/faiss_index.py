@@ -106,13 +106,36 @@ def exact_neighbours(
     ids: np.ndarray, vectors: np.ndarray, sample: int = RECALL_SAMPLE, seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(query vectors, ids of their exact 10 nearest stored vectors, the queries' own ids) for a sample of
-    stored vectors as queries; each query's own vector is left out of its neighbours (a new query is not
-    in the index)."""
+    stored vectors in memory as queries; each query's own vector is left out of its neighbours."""
     rng = np.random.default_rng(seed)
     rows = np.sort(rng.choice(len(vectors), size=min(sample, len(vectors)), replace=False))
-    # faiss.knn reads the vectors where they are (an IndexFlat would copy them: 4 GB at a million)
-    _, found = faiss.knn(vectors[rows], vectors, min(11, len(vectors)), metric=faiss.METRIC_INNER_PRODUCT)
-    return vectors[rows], np.array([[ids[r] for r in row if r != own][:10] for row, own in zip(found, rows)]), ids[rows]
+    nearest = ExactNeighbours(vectors[rows], ids[rows])
+    nearest.update(vectors, ids)  # faiss.knn reads the vectors where they are (an IndexFlat would copy them)
+    return nearest.queries, nearest.truth(), nearest.query_ids
+
+
+class ExactNeighbours:
+    """The exact 10 nearest stored chunks of sampled stored vectors, found slice by slice as the vectors
+    stream past (each query's own chunk left out: a new query is not in the index)."""
+
+    def __init__(self, queries: np.ndarray, query_ids: np.ndarray):
+        self.queries, self.query_ids = np.ascontiguousarray(queries), query_ids
+        self.best_scores = np.full((len(queries), 11), -np.inf, np.float32)
+        self.best_ids = np.full((len(queries), 11), -1, np.int64)
+
+    def update(self, vectors: np.ndarray, chunk_ids: np.ndarray) -> None:
+        k = min(11, len(vectors))
+        found_scores, found = faiss.knn(self.queries, vectors, k, metric=faiss.METRIC_INNER_PRODUCT)
+        both_scores = np.concatenate([self.best_scores, found_scores], axis=1)
+        both_ids = np.concatenate([self.best_ids, chunk_ids[found]], axis=1)
+        keep = np.argsort(-both_scores, axis=1, kind="stable")[:, :11]
+        self.best_scores = np.take_along_axis(both_scores, keep, axis=1)
+        self.best_ids = np.take_along_axis(both_ids, keep, axis=1)
+
+    def truth(self) -> np.ndarray:
+        return np.array(
+            [[i for i in row if i != own and i >= 0][:10] for row, own in zip(self.best_ids, self.query_ids)]
+        )
 
 
 def recall_at_10(search, queries: np.ndarray, truth: np.ndarray, own_ids: np.ndarray) -> float:

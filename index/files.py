@@ -52,15 +52,15 @@ def write_faiss(index: faiss.Index, index_dir: Path, prefix: str, path: Path | N
     return path
 
 
-def save_lexical(write: Callable[[Path], None], index_dir: Path) -> Path:
-    """Have `write` write a BM25 index (common/lexical.py LexicalIndex.write_built or write_updated) into a
-    fresh versioned directory under index_dir and return it (the manifest then names it), so a reader
-    always finds a complete index."""
+def write_directory(write: Callable[[Path], None], index_dir: Path, kind: str) -> Path:
+    """Have `write` fill a staging directory under index_dir (a BM25 index: common/lexical.py write_built or
+    write_updated; the corpus snapshot: index/corpus.py), then rename it to a fresh `kind`-<id> name and
+    return that (the manifest then names it), so a reader always finds a complete directory."""
     index_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=index_dir, prefix=".lexical.staging."))
+    staging = Path(tempfile.mkdtemp(dir=index_dir, prefix=f".{kind}.staging."))
     try:
         write(staging)
-        final = index_dir / f"lexical-{uuid.uuid4().hex[:12]}"
+        final = index_dir / f"{kind}-{uuid.uuid4().hex[:12]}"
         staging.rename(final)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

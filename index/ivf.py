@@ -41,6 +41,7 @@ from common.durations import format_eta
 from common.index_files import read_rescore, rescore_dtype
 from common.store import Store
 from common.vectors import dequantize
+from index.faiss_index import ExactNeighbours
 
 SLICE_BYTES = 256 * 2**20  # float32 vectors read from the store and added at once
 TRAINING_POINTS_PER_LIST = 40  # k-means wants >= 39 points a centroid (FAISS warns below)
@@ -220,30 +221,6 @@ class RescoreWriter:
 
     def __exit__(self, *exc) -> None:
         self.file.close()
-
-
-class ExactNeighbours:
-    """The exact 10 nearest stored chunks of sampled stored vectors, found slice by slice as the vectors
-    stream past (each query's own chunk left out: a new query is not in the index)."""
-
-    def __init__(self, queries: np.ndarray, query_ids: np.ndarray):
-        self.queries, self.query_ids = np.ascontiguousarray(queries), query_ids
-        self.best_scores = np.full((len(queries), 11), -np.inf, np.float32)
-        self.best_ids = np.full((len(queries), 11), -1, np.int64)
-
-    def update(self, vectors: np.ndarray, chunk_ids: np.ndarray) -> None:
-        k = min(11, len(vectors))
-        found_scores, found = faiss.knn(self.queries, vectors, k, metric=faiss.METRIC_INNER_PRODUCT)
-        both_scores = np.concatenate([self.best_scores, found_scores], axis=1)
-        both_ids = np.concatenate([self.best_ids, chunk_ids[found]], axis=1)
-        keep = np.argsort(-both_scores, axis=1, kind="stable")[:, :11]
-        self.best_scores = np.take_along_axis(both_scores, keep, axis=1)
-        self.best_ids = np.take_along_axis(both_ids, keep, axis=1)
-
-    def truth(self) -> np.ndarray:
-        return np.array(
-            [[i for i in row if i != own and i >= 0][:10] for row, own in zip(self.best_ids, self.query_ids)]
-        )
 
 
 def new_staging(index_dir: Path) -> Path:

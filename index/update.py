@@ -36,7 +36,7 @@ from common.manifest import EmbedderEntry, IndexEntry
 from common.store import Store
 from common.workspace import Workspace
 from index.faiss_index import choose_type, make_index, recall_sample
-from index.files import new_index_path, save_lexical, write_faiss
+from index.files import new_index_path, write_directory, write_faiss
 from index.ivf import build_ivf, new_staging, remove_staging
 
 DRIFT_RATIO = 1.2  # added vectors this much further from an IVF base's centroids than its own: build in full
@@ -116,8 +116,8 @@ def update(
         delta_path = write_faiss(delta, ws.index_dir, "faiss-delta")
     build_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    lexical_dir = save_lexical(
-        lambda directory: LexicalIndex.write_updated(directory, base, chunk_batches, live), ws.index_dir
+    lexical_dir = write_directory(
+        lambda directory: LexicalIndex.write_updated(directory, base, chunk_batches, live), ws.index_dir, "lexical"
     )
     lexical_seconds = time.perf_counter() - start
     info(f"delta of {len(ids):,} chunks: FAISS {build_seconds:.2f}s, BM25 {lexical_seconds:.2f}s")
