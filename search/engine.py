@@ -170,6 +170,8 @@ class DenseIndex:
 
     def _rescored(self, vector: np.ndarray, n: int, slots: "Slots | None") -> tuple[np.ndarray, np.ndarray]:
         """IVF: the best rescore x n candidates by their codes, the best n of them by exact scores."""
+        if slots is not None and slots.count == 0:  # a filter that keeps none of this index's chunks
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
         if slots is None:
             _, labels = self.inner.search(vector, min(self.rescore * n, self.ntotal))
         else:

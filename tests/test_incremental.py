@@ -221,6 +221,9 @@ def test_an_ivf_base_takes_added_chunks_in_its_trained_lists_and_rebuilds_when_t
     for mode in MODES:
         for hits in engine.search_many([r["title"] for r in rows[:2]], 100, mode):
             assert {r["_id"] for r in rows[:2]}.isdisjoint(h.doc_id for h in hits)
+    # A filter keeping a base document only: the delta has no allowed chunk, the base answers alone.
+    only_base = DocumentFilter.of({"doc_id": rows[5]["_id"]})
+    assert [h.doc_id for h in engine.search(rows[5]["title"], 5, "dense", only_base)] == [rows[5]["_id"]]
 
     monkeypatch.setattr(index_update, "DRIFT_RATIO", 0.0)  # any added vector counts as drifted
     monkeypatch.setattr(index_update, "MIN_DRIFT_VECTORS", 1)
