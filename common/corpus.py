@@ -21,6 +21,8 @@ into memory when it is opened; the operating system pages in what is used.
     text_offsets.npy            int64 [documents + 1]
     text_dictionary.bin         the preset dictionary every text is compressed with
     filters.duckdb              the documents' fields typed for filters (search/filters.py)
+    document_hashes.npy         uint64 [documents]: 64 bits of each document's content hash, so that the
+                                next snapshot copies what did not change (index/corpus.py)
 
 The Arrow files are uncompressed IPC files: memory-mapped, a column is read in place. A document's position
 is found from its id by binary search over doc_id (DuckDB sorts text by its UTF-8 bytes, which is the order
@@ -56,6 +58,7 @@ TEXTS = "texts.bin"
 TEXT_OFFSETS = "text_offsets.npy"
 TEXT_DICTIONARY = "text_dictionary.bin"
 FILTERS = "filters.duckdb"
+DOCUMENT_HASHES = "document_hashes.npy"
 DOCUMENT_COLUMNS = ("doc_id", "title", "source", "metadata")
 NOT_A_SLICE = -1  # chunk_spans' start for a chunk whose text is in chunk_texts.arrow
 
@@ -91,7 +94,7 @@ class Corpus:
             self.chunk_spans = np.load(directory / CHUNK_SPANS, mmap_mode="r")
             self.document_chunks = np.load(directory / DOCUMENT_CHUNKS, mmap_mode="r")
             self.text_offsets = np.load(directory / TEXT_OFFSETS, mmap_mode="r")
-            self._chunk_texts = read_arrow(directory / CHUNK_TEXTS).column("text")
+            self.chunk_texts = read_arrow(directory / CHUNK_TEXTS).column("text")  # of chunks that are not slices
             documents = read_arrow(directory / DOCUMENTS)
             self._texts = pa.memory_map(str(directory / TEXTS))
             self._dictionary = (directory / TEXT_DICTIONARY).read_bytes()
@@ -126,7 +129,7 @@ class Corpus:
     def chunk_text(self, position: int) -> str:
         start, end = (int(x) for x in self.chunk_spans[position])
         if start == NOT_A_SLICE:
-            return self._chunk_texts[end].as_py()
+            return self.chunk_texts[end].as_py()
         return self.text(int(self.chunk_docs[position]))[start:end]
 
     def position_of(self, doc_id: str) -> int | None:

@@ -89,6 +89,9 @@ FETCH_ROWS = 10_000
 # What DuckDB may hold while it sorts the documents and chunks for iter_documents: 1M documents of 1 KB were
 # sorted in 10.6 s with 1 GB (peak RSS 1.2 GB), in 5.4 s without a limit (2.2 GB): the difference is spilled to disk.
 SORT_MEMORY = "1GB"
+# What the corpus snapshot keeps of a document's content_hash to tell whether it changed since: 64 bits of its MD5
+# (a standard function, so the same in every DuckDB version).
+SHORT_HASH = "md5_number_lower({column})"
 
 
 @dataclass
@@ -557,25 +560,34 @@ class Store:
             f"SELECT * FROM (SELECT doc_id, title, text FROM documents {sample}) ORDER BY doc_id"
         ).fetchall()
 
-    def iter_documents(self, batch_rows: int) -> Iterator[tuple[pa.Table, pa.Table]]:
-        """Every document with its chunks, in doc_id order, batch_rows documents at a time: (the documents
-        (doc_id, title, source, text, metadata as JSON text), their chunks (doc_id, chunk_id, chunk_index,
-        start_char, end_char, text) by doc_id, then chunk_id). DuckDB sorts both tables within SORT_MEMORY,
-        on disk beyond it (in its temporary directory beside the store)."""
+    def iter_documents(self, batch_rows: int, doc_ids: list[str] | None = None) -> Iterator[tuple[pa.Table, pa.Table]]:
+        """Every document with its chunks, or the documents `doc_ids`, in doc_id order, batch_rows documents at
+        a time: (the documents (doc_id, title, source, text, metadata as JSON text, hash: SHORT_HASH), their chunks
+        (doc_id, chunk_id, chunk_index, start_char, end_char, text) by doc_id, then chunk_id). DuckDB sorts both
+        tables within SORT_MEMORY, on disk beyond it (in its temporary directory beside the store)."""
         metadata = "metadata::VARCHAR" if self.has_metadata else "NULL::VARCHAR"
+        short_hash = SHORT_HASH.format(column="content_hash")
+        # One bound list of ids, joined: a constant clause, not user text.
+        only = "" if doc_ids is None else "SEMI JOIN (SELECT unnest(?::VARCHAR[]) AS doc_id) USING (doc_id)"
+        parameters = [] if doc_ids is None else [list(doc_ids)]
         self.con.execute(f"SET memory_limit = '{SORT_MEMORY}'")
         try:
             # Two result sets read side by side: each on a cursor of its own.
             documents = (
                 self.con.cursor()
-                .sql(f"SELECT doc_id, title, source, text, {metadata} AS metadata FROM documents ORDER BY doc_id")
+                .sql(
+                    f"SELECT doc_id, title, source, text, {metadata} AS metadata, {short_hash} AS hash "
+                    f"FROM documents {only} ORDER BY doc_id",
+                    params=parameters or None,
+                )
                 .to_arrow_reader(batch_rows)
             )
             chunks = (
                 self.con.cursor()
                 .sql(
-                    "SELECT doc_id, chunk_id, chunk_index, start_char, end_char, text FROM chunks "
-                    "ORDER BY doc_id, chunk_id"
+                    f"SELECT doc_id, chunk_id, chunk_index, start_char, end_char, text FROM chunks {only} "
+                    "ORDER BY doc_id, chunk_id",
+                    params=parameters or None,
                 )
                 .to_arrow_reader(batch_rows)
             )
@@ -597,6 +609,28 @@ class Store:
                 ahead = read.slice(theirs).to_batches()
         finally:
             self.con.execute("RESET memory_limit")
+
+    def documents_since(self, doc_ids: pa.Array, hashes: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        """Which stored documents an earlier snapshot holds as they are now, given its `doc_ids` (by position) and
+        `hashes` (SHORT_HASH of each): (for every stored document in doc_id order, its position
+        there, or -1 when it is new or changed since; the doc_ids of those, in doc_id order)."""
+        previous = pa.table(
+            {"doc_id": doc_ids, "hash": pa.array(hashes, pa.uint64()), "position": np.arange(len(hashes))}
+        )
+        short_hash = SHORT_HASH.format(column="d.content_hash")
+        cursor = self.con.cursor()
+        try:
+            cursor.execute(f"SET memory_limit = '{SORT_MEMORY}'")
+            cursor.register("previous", previous)
+            found = cursor.sql(
+                "SELECT coalesce(p.position, -1) AS position, CASE WHEN p.position IS NULL THEN d.doc_id END AS doc_id "
+                f"FROM documents d LEFT JOIN previous p ON d.doc_id = p.doc_id AND {short_hash} = p.hash "
+                "ORDER BY d.doc_id"
+            ).to_arrow_table()
+        finally:
+            cursor.execute("RESET memory_limit")
+            cursor.close()
+        return found.column("position").to_numpy().astype(np.int64), found.column("doc_id").drop_null().to_pylist()
 
     def load_vectors(self, ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """All (chunk_ids int64, vectors float32 [n, dim]), or those of the chunks `ids`, in chunk_id order.

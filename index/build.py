@@ -95,7 +95,9 @@ def refresh_indexes(
             sample = [text for batch in store.iter_chunk_rows(language_sample(live)) for _, _, text in batch]
             summary = full_build(ws, kind, store, live, sample, reason, language, memory_budget)
         start = time.perf_counter()
-        corpus_dir = write_corpus(ws.index_dir, store, live, generation)
+        # An update copies the last snapshot's unchanged documents; a full build reads them all again.
+        previous_corpus = ws.root / previous.corpus_path if base is not None and previous.corpus_path else None
+        corpus_dir = write_corpus(ws.index_dir, store, live, generation, previous_corpus)
         summary.update(corpus_path=str(corpus_dir.relative_to(ws.root)), corpus_seconds=time.perf_counter() - start)
         info(f"corpus snapshot for search written in {summary['corpus_seconds']:.2f}s to {corpus_dir}")
     return record(ws, summary, embedder, live, generation)

@@ -2,25 +2,36 @@
 and the filter table, written by every full build and every update (an update changes the live chunks) into
 a new directory under index/ that the manifest's "index" section then names (index/files.py `record`).
 
-The store is read once, in doc_id order, a batch of documents with their chunks at a time
+A full build reads the store once, in doc_id order, a batch of documents with their chunks at a time
 (Store.iter_documents): each document's text is compressed as it comes, and a chunk whose text is the slice
 of its document's text its offsets say is recorded as that slice, not as text. What is kept per chunk (21
-bytes: its document, whether it starts mid-text, its span) and per document (12 bytes) is written through
-memory maps; nothing else grows with the collection.
+bytes: its document, whether it starts mid-text, its span) and per document (20 bytes, with 64 bits of its
+content hash) is written through memory maps; nothing else grows with the collection.
+
+An update reads only the documents added or changed since the last snapshot (their content hashes tell),
+writes them as a snapshot of their own and merges it with the last one: positions are arrays, texts are
+copied compressed (by the kernel, a run of unchanged documents at a time) and the filter rows by DuckDB.
+Rewriting 2M documents whole took 146 s; an update's cost grows with what changed, plus array work and
+copies over the collection.
 
 The filter table (search/filters.py queries it) is a DuckDB file: one row per document, `position`,
 `doc_id`, `title`, `source` and one typed column per metadata field (BIGINT, DOUBLE, BOOLEAN, DATE,
 TIMESTAMP, VARCHAR or a list of them; a field whose values disagree on a type is VARCHAR holding their
 JSON). A field's type depends on all its values, so it is decided over the first pass (MetadataFields),
-and the columns are made by a second pass over the documents written in the first. A metadata field named
-like one of the built-in columns (DuckDB's names ignore case) stays in the document's metadata but is not a
-column; of two fields whose names differ only in case, the first seen is.
+and the columns are made by a second pass over the documents written in the first. What decided each type
+is kept in corpus.json: an update whose values still fit the columns merges the rows, one whose values do
+not (or a new field) makes the table anew with the wider types. Types only widen over updates (a deleted
+document's values still count) until a full build. A metadata field named like one of the built-in columns
+(DuckDB's names ignore case) stays in the document's metadata but is not a column; of two fields whose names
+differ only in case, the first seen is.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import os
+import shutil
 from pathlib import Path
 
 import duckdb
@@ -37,6 +48,7 @@ from common.corpus import (
     CHUNK_TEXTS,
     DOCUMENT_CHUNKS,
     DOCUMENT_COLUMNS,
+    DOCUMENT_HASHES,
     DOCUMENTS,
     FILTERS,
     META,
@@ -44,6 +56,7 @@ from common.corpus import (
     TEXT_DICTIONARY,
     TEXT_OFFSETS,
     TEXTS,
+    Corpus,
     compress_text,
     compressor,
     read_arrow,
@@ -52,6 +65,7 @@ from common.store import Store
 from index.files import write_directory
 
 DOCUMENT_BATCH = 20_000  # documents read from the store at once, with their chunks: ~50 MB of 1 KB texts
+FILTER_MEMORY = "1GB"  # DuckDB's while it merges filter tables (it spills beyond)
 DICTIONARY_BYTES = 32 * 1024  # zlib's window: the most of a preset dictionary it can use
 BUILT_IN = ("position", "doc_id", "title", "source")  # the filter table's own columns
 COLUMN_TYPES = {  # a metadata field's column type -> its Arrow type ("JSON": VARCHAR holding each value's JSON)
@@ -66,33 +80,59 @@ COLUMN_TYPES = {  # a metadata field's column type -> its Arrow type ("JSON": VA
     "DOUBLE[]": pa.list_(pa.float64()),
     "JSON": pa.string(),
 }
+JSON_TYPES = {kind.__name__: kind for kind in (bool, int, float, str, list, dict, type(None))}  # what json.loads makes
 
 
-def write_corpus(index_dir: Path, store: Store, live: np.ndarray, generation: int) -> Path:
+def write_corpus(
+    index_dir: Path, store: Store, live: np.ndarray, generation: int, previous: Path | None = None
+) -> Path:
     """Write the snapshot of the store at `generation` (`live`: its chunk ids, ascending) into a new directory
-    under index_dir and return it: the manifest then names it, so a reader never sees half of one."""
+    under index_dir and return it: the manifest then names it, so a reader never sees half of one. With
+    `previous` (the snapshot of an earlier generation) only the documents added or changed since are read from
+    the store, and the rest is copied from it (update_documents_and_chunks)."""
 
     def write(directory: Path) -> None:
-        fields = write_documents_and_chunks(directory, store, live)
-        write_filter_table(read_arrow(directory / DOCUMENTS), fields.column_types(), directory / FILTERS)
-        (directory / META).write_text(json.dumps({"generation": generation}) + "\n")
+        fields = None
+        if previous is not None and can_update(previous):
+            fields = update_documents_and_chunks(directory, previous, store, live)
+        if fields is None:
+            fields = write_documents_and_chunks(directory, store, live)
+            write_filter_table(read_arrow(directory / DOCUMENTS), fields.column_types(), directory / FILTERS)
+        meta = {"generation": generation, "fields": fields.to_json()}
+        (directory / META).write_text(json.dumps(meta) + "\n")
 
     return write_directory(write, index_dir, "corpus")
 
 
-def write_documents_and_chunks(directory: Path, store: Store, live: np.ndarray) -> "MetadataFields":
-    """Every file of the snapshot but the filter table and corpus.json; returns what the metadata fields hold."""
-    n_documents = store.counts()["documents"]
+def can_update(previous: Path) -> bool:
+    """Whether a snapshot can be the base of the next: one with documents, of this layout (it keeps their
+    content hashes and what its metadata fields hold)."""
+    try:
+        meta = json.loads((previous / META).read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        "fields" in meta and (previous / DOCUMENT_HASHES).exists() and (previous / TEXT_DICTIONARY).stat().st_size > 0
+    )
+
+
+def write_documents_and_chunks(
+    directory: Path, store: Store, live: np.ndarray, doc_ids: list[str] | None = None, dictionary: bytes | None = None
+) -> "MetadataFields":
+    """Every file of the snapshot but the filter table and corpus.json; returns what the metadata fields hold.
+    With `doc_ids`, of those documents only (`live`: their chunks), their texts compressed with `dictionary`."""
+    n_documents = store.counts()["documents"] if doc_ids is None else len(doc_ids)
     np.save(directory / CHUNK_IDS, live)
     chunk_docs = open_memmap(directory / CHUNK_DOCS, "w+", np.int32, (len(live),))
     starts_mid_text = open_memmap(directory / CHUNK_STARTS_MID_TEXT, "w+", np.bool_, (len(live),))
     spans = open_memmap(directory / CHUNK_SPANS, "w+", np.int32, (len(live), 2))
     document_chunks = open_memmap(directory / DOCUMENT_CHUNKS, "w+", np.int32, (n_documents,))
     text_offsets = open_memmap(directory / TEXT_OFFSETS, "w+", np.int64, (n_documents + 1,))
+    hashes = open_memmap(directory / DOCUMENT_HASHES, "w+", np.uint64, (n_documents,))
     document_schema = pa.schema([(name, pa.string()) for name in DOCUMENT_COLUMNS])
     chunk_text_schema = pa.schema([("text", pa.string())])
     fields = MetadataFields()
-    start = None  # the compressor every text starts from, once the dictionary is made from the first batch
+    start = None if dictionary is None else compressor(dictionary)  # the compressor every text starts from
     position = 0  # of the batch's first document
     own_texts = 0  # chunk texts written to chunk_texts.arrow
     with (
@@ -100,16 +140,16 @@ def write_documents_and_chunks(directory: Path, store: Store, live: np.ndarray) 
         pa.ipc.new_file(str(directory / DOCUMENTS), document_schema) as documents_file,
         pa.ipc.new_file(str(directory / CHUNK_TEXTS), chunk_text_schema) as chunk_texts_file,
     ):
-        for documents, chunks in store.iter_documents(DOCUMENT_BATCH):
+        for documents, chunks in store.iter_documents(DOCUMENT_BATCH, doc_ids):
             texts = [text or "" for text in documents.column("text").to_pylist()]
-            if start is None:
+            if start is None:  # the dictionary is made from the first batch
                 dictionary = text_dictionary(texts)
-                (directory / TEXT_DICTIONARY).write_bytes(dictionary)
                 start = compressor(dictionary)
             compressed = [compress_text(text, start) for text in texts]
             texts_file.write(b"".join(compressed))
             end = position + len(texts)
             text_offsets[position + 1 : end + 1] = text_offsets[position] + np.cumsum([len(c) for c in compressed])
+            hashes[position:end] = documents.column("hash").to_numpy()
             documents_file.write_table(documents.select(DOCUMENT_COLUMNS).cast(document_schema))
             fields.add([json.loads(m) if m else {} for m in documents.column("metadata").to_pylist()])
 
@@ -123,11 +163,156 @@ def write_documents_and_chunks(directory: Path, store: Store, live: np.ndarray) 
             chunk_texts_file.write_table(pa.table({"text": pa.array(kept_whole, pa.string())}))
             own_texts += len(kept_whole)
             position = end
-        if start is None:  # no documents
-            (directory / TEXT_DICTIONARY).write_bytes(b"")
-    for array in (chunk_docs, starts_mid_text, spans, document_chunks, text_offsets):
+    (directory / TEXT_DICTIONARY).write_bytes(dictionary or b"")
+    for array in (chunk_docs, starts_mid_text, spans, document_chunks, text_offsets, hashes):
         array.flush()
     return fields
+
+
+def update_documents_and_chunks(
+    directory: Path, previous: Path, store: Store, live: np.ndarray
+) -> "MetadataFields | None":
+    """The snapshot's files, as write_documents_and_chunks and write_filter_table write them, from the
+    `previous` snapshot and the documents added or changed since (a document changed when its content hash
+    did; a changed document's chunks are new ones: ids are never reused): those are written as a snapshot of
+    their own (by write_documents_and_chunks, with the previous dictionary) and merged with the previous one's
+    documents still stored, by position. Texts are copied compressed, and the filter table's rows by DuckDB.
+    Returns what the metadata fields hold, or None when the previous snapshot does not match the store (a
+    chunk of an unchanged document is gone): the caller then writes the snapshot whole."""
+    old = Corpus(previous)
+    old_documents = read_arrow(previous / DOCUMENTS)
+    source, changed_ids = store.documents_since(old_documents.column("doc_id"), np.load(previous / DOCUMENT_HASHES))
+    from_old = source >= 0
+    old_kept = np.isin(old.chunk_ids, live, assume_unique=True)
+    new_position_of_old = np.full(old.n_documents, -1, np.int64)
+    new_position_of_old[source[from_old]] = np.flatnonzero(from_old)
+    if (new_position_of_old[old.chunk_docs[old_kept]] < 0).any() or old_kept.sum() != old.document_chunks[
+        source[from_old]
+    ].sum(dtype=np.int64):
+        return None
+
+    changed = directory / "changed"  # the documents added or changed, as a snapshot of their own
+    changed.mkdir()
+    added = live[~np.isin(live, old.chunk_ids[old_kept], assume_unique=True)]
+    dictionary = (previous / TEXT_DICTIONARY).read_bytes()
+    fields = write_documents_and_chunks(changed, store, added, changed_ids, dictionary)
+    (changed / META).write_text(json.dumps({"generation": None}) + "\n")
+    new = Corpus(changed)
+
+    merge_documents(directory, (previous, old), (changed, new), source)
+    merge_chunks(directory, old, new, live, old_kept, new_position_of_old, np.flatnonzero(~from_old))
+    (directory / TEXT_DICTIONARY).write_bytes(dictionary)
+    hashes = np.empty(len(source), np.uint64)
+    hashes[from_old] = np.load(previous / DOCUMENT_HASHES, mmap_mode="r")[source[from_old]]
+    hashes[~from_old] = np.load(changed / DOCUMENT_HASHES)
+    np.save(directory / DOCUMENT_HASHES, hashes)
+
+    old_fields = MetadataFields.from_json(json.loads((previous / META).read_text())["fields"])
+    types = old_fields.column_types()
+    old_fields.merge(fields)
+    if old_fields.column_types() == types:
+        write_filter_table(read_arrow(changed / DOCUMENTS), types, changed / FILTERS)
+        merge_filter_tables(directory / FILTERS, previous / FILTERS, changed / FILTERS, source)
+    else:  # a field's values no longer fit its column: the table is made anew
+        write_filter_table(read_arrow(directory / DOCUMENTS), old_fields.column_types(), directory / FILTERS)
+    del new
+    shutil.rmtree(changed)
+    return old_fields
+
+
+def merge_documents(directory: Path, old: tuple[Path, Corpus], new: tuple[Path, Corpus], source: np.ndarray) -> None:
+    """The files by document position (documents.arrow, texts.bin, text_offsets.npy, document_chunks.npy) of
+    the documents at `source` (>= 0) of the `old` snapshot and, where source is -1, the next of the `new` one."""
+    (old_dir, old_corpus), (new_dir, new_corpus) = old, new
+    n = len(source)
+    from_old = source >= 0
+    new_rows = np.cumsum(~from_old) - 1  # where source is -1: the document's row in `new`
+
+    document_chunks = open_memmap(directory / DOCUMENT_CHUNKS, "w+", np.int32, (n,))
+    document_chunks[from_old] = old_corpus.document_chunks[source[from_old]]
+    document_chunks[~from_old] = new_corpus.document_chunks
+    document_chunks.flush()
+
+    # Texts are copied compressed, a run of documents lying one after the other in one file at a time.
+    starts, ends = np.empty(n, np.int64), np.empty(n, np.int64)
+    starts[from_old], ends[from_old] = (
+        old_corpus.text_offsets[source[from_old]],
+        old_corpus.text_offsets[source[from_old] + 1],
+    )
+    starts[~from_old], ends[~from_old] = new_corpus.text_offsets[:-1], new_corpus.text_offsets[1:]
+    text_offsets = open_memmap(directory / TEXT_OFFSETS, "w+", np.int64, (n + 1,))
+    text_offsets[0] = 0
+    text_offsets[1:] = np.cumsum(ends - starts)
+    text_offsets.flush()
+    breaks = np.flatnonzero((from_old[1:] != from_old[:-1]) | (starts[1:] != ends[:-1])) + 1
+    with (
+        (directory / TEXTS).open("wb") as out,
+        (old_dir / TEXTS).open("rb") as old_texts,
+        (new_dir / TEXTS).open("rb") as new_texts,
+    ):
+        for first, last in zip([0, *breaks.tolist()], [*breaks.tolist(), n]):
+            copy_range(old_texts if from_old[first] else new_texts, out, int(starts[first]), int(ends[last - 1]))
+
+    old_documents, new_documents = read_arrow(old_dir / DOCUMENTS), read_arrow(new_dir / DOCUMENTS)
+    with pa.ipc.new_file(str(directory / DOCUMENTS), old_documents.schema) as out:
+        for start in range(0, n, DOCUMENT_BATCH):
+            end = min(n, start + DOCUMENT_BATCH)
+            kept = from_old[start:end]
+            part = pa.concat_tables(
+                [old_documents.take(source[start:end][kept]), new_documents.take(new_rows[start:end][~kept])]
+            )
+            order = np.empty(end - start, np.int64)
+            order[kept] = np.arange(kept.sum())
+            order[~kept] = kept.sum() + np.arange((~kept).sum())
+            out.write_table(part.take(order))
+
+
+def copy_range(source, target, start: int, end: int) -> None:
+    """Append bytes [start, end) of the file `source` to the file `target`, in the kernel."""
+    target.flush()
+    while start < end:
+        copied = os.copy_file_range(source.fileno(), target.fileno(), end - start, start)
+        if copied == 0:
+            raise OSError(f"{source.name}: ends before byte {end}")
+        start += copied
+
+
+def merge_chunks(
+    directory: Path,
+    old: Corpus,
+    new: Corpus,
+    live: np.ndarray,
+    old_kept: np.ndarray,
+    new_position_of_old: np.ndarray,
+    new_position_of_new: np.ndarray,
+) -> None:
+    """The files by chunk position (chunk_ids.npy, chunk_docs.npy, chunk_starts_mid_text.npy, chunk_spans.npy,
+    chunk_texts.arrow) of the `live` chunks: the `old` snapshot's chunks where old_kept, and all of `new`'s;
+    new_position_of_*: each snapshot's document positions in the merged one."""
+    np.save(directory / CHUNK_IDS, live)
+    at_old = np.searchsorted(live, old.chunk_ids[old_kept])
+    at_new = np.searchsorted(live, new.chunk_ids)
+    chunk_docs = open_memmap(directory / CHUNK_DOCS, "w+", np.int32, (len(live),))
+    chunk_docs[at_old] = new_position_of_old[old.chunk_docs[old_kept]]
+    chunk_docs[at_new] = new_position_of_new[new.chunk_docs]
+    starts_mid_text = open_memmap(directory / CHUNK_STARTS_MID_TEXT, "w+", np.bool_, (len(live),))
+    starts_mid_text[at_old] = old.chunk_starts_mid_text[old_kept]
+    starts_mid_text[at_new] = new.chunk_starts_mid_text
+    # A chunk kept as text of its own has its row of chunk_texts.arrow in its span: the old snapshot's kept
+    # ones come first, in chunk order, then the new one's.
+    old_spans, new_spans = np.array(old.chunk_spans[old_kept]), np.array(new.chunk_spans)
+    old_whole, new_whole = old_spans[:, 0] == NOT_A_SLICE, new_spans[:, 0] == NOT_A_SLICE
+    old_rows = old_spans[old_whole, 1]
+    old_spans[old_whole, 1] = np.arange(len(old_rows))
+    new_spans[new_whole, 1] += len(old_rows)
+    spans = open_memmap(directory / CHUNK_SPANS, "w+", np.int32, (len(live), 2))
+    spans[at_old], spans[at_new] = old_spans, new_spans
+    for array in (chunk_docs, starts_mid_text, spans):
+        array.flush()
+    with pa.ipc.new_file(str(directory / CHUNK_TEXTS), pa.schema([("text", pa.string())])) as out:
+        for start in range(0, len(old_rows), DOCUMENT_BATCH):
+            out.write_table(pa.table({"text": old.chunk_texts.take(old_rows[start : start + DOCUMENT_BATCH])}))
+        out.write_table(pa.table({"text": new.chunk_texts}))
 
 
 def chunk_spans(chunks: pa.Table, document_texts: list[str], next_row: int) -> tuple[np.ndarray, list[str]]:
@@ -181,6 +366,27 @@ class FieldValues:
                 except (ValueError, TypeError, OverflowError, pa.ArrowException):
                     self.converts[kind] = False
 
+    def merge(self, other: "FieldValues") -> None:
+        """Take in what `other` learnt of more values of the same field."""
+        self.kinds |= other.kinds
+        self.items |= other.items
+        self.converts = {kind: self.converts[kind] and other.converts[kind] for kind in self.CHECKED}
+
+    def to_json(self) -> dict:
+        return {
+            "kinds": sorted(kind.__name__ for kind in self.kinds),
+            "items": sorted(kind.__name__ for kind in self.items),
+            "converts": self.converts,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "FieldValues":
+        values = cls()
+        values.kinds = {JSON_TYPES[name] for name in data["kinds"]}
+        values.items = {JSON_TYPES[name] for name in data["items"]}
+        values.converts = {kind: bool(data["converts"][kind]) for kind in cls.CHECKED}
+        return values
+
     def column_type(self) -> str:
         """The field's column type: the first of these its values all fit."""
         kinds, items = self.kinds, self.items
@@ -217,6 +423,28 @@ class MetadataFields:
 
     def column_types(self) -> dict[str, str]:
         return {name: values.column_type() for name, values in self.fields.items()}
+
+    def merge(self, other: "MetadataFields") -> None:
+        """Take in the fields of more documents, as `add` would have."""
+        for name, values in other.fields.items():
+            if name in self.fields:
+                self.fields[name].merge(values)
+            elif name.lower() not in self._taken:
+                self._taken.add(name.lower())
+                self.fields[name] = values
+
+    def to_json(self) -> list:
+        """The fields in the order they were first seen, with what each holds (the snapshot's corpus.json
+        keeps it, for the next snapshot to tell whether new values still fit their columns)."""
+        return [[name, values.to_json()] for name, values in self.fields.items()]
+
+    @classmethod
+    def from_json(cls, data: list) -> "MetadataFields":
+        fields = cls()
+        for name, values in data:
+            fields._taken.add(name.lower())
+            fields.fields[name] = FieldValues.from_json(values)
+        return fields
 
 
 def typed_column(values: list, kind: str) -> pa.Array:
@@ -264,5 +492,40 @@ def write_filter_table(documents: pa.Table, column_types: dict[str, str], path: 
             con.execute("INSERT INTO documents SELECT * FROM batch")
             position += batch.num_rows
         con.unregister("batch")
+    finally:
+        con.close()
+
+
+def merge_filter_tables(path: Path, old: Path, new: Path, source: np.ndarray) -> None:
+    """The filter table at `path` of the rows of the `old` one at `source` (>= 0, their positions there) and,
+    where source is -1, the next rows of the `new` one (both with the same columns), by position."""
+    from_old = source >= 0
+    moves = {
+        "old_rows": pa.table(
+            {"row": source[from_old].astype(np.int32), "position": np.flatnonzero(from_old).astype(np.int32)}
+        ),
+        "new_rows": pa.table(
+            {
+                "row": np.arange((~from_old).sum(), dtype=np.int32),
+                "position": np.flatnonzero(~from_old).astype(np.int32),
+            }
+        ),
+    }
+    con = duckdb.connect(str(path))
+    try:
+        con.execute(f"SET memory_limit = '{FILTER_MEMORY}'")
+        con.execute("ATTACH ? AS old (READ_ONLY)", [str(old)])
+        con.execute("ATTACH ? AS new (READ_ONLY)", [str(new)])
+        for name, table in moves.items():
+            con.register(name, table)
+        con.execute(
+            "CREATE TABLE documents AS SELECT * FROM ("
+            "SELECT m.position, d.* EXCLUDE (position) FROM old.documents d JOIN old_rows m ON d.position = m.row "
+            "UNION ALL BY NAME "
+            "SELECT m.position, d.* EXCLUDE (position) FROM new.documents d JOIN new_rows m ON d.position = m.row"
+            ") ORDER BY position"
+        )
+        con.execute("DETACH old")
+        con.execute("DETACH new")
     finally:
         con.close()

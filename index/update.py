@@ -16,8 +16,8 @@ search time in the base.
 
 The base segment's files in a new lexical directory are hard links to the previous version's: an
 update does not copy the base. Its deleted chunks' terms are found by a pass over its postings (a range
-at a time), the one cost of an update that grows with the base besides the corpus snapshot search reads
-(index/corpus.py), which an update writes whole as a full build does: it holds the live chunks.
+at a time). The corpus snapshot search reads (index/corpus.py) is written anew from the last one and the
+documents added or changed since.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ snapshots asks for `pipeline index`."""
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -96,6 +97,83 @@ def test_field_types_over_batches_are_those_of_all_the_values(snapshot):
     allowed = filters.allowed_documents(DocumentFilter.of({"year": {"gte": 2000}, "title": {"ne": "x"}}))
     assert [corpus.doc_id(i) for i in allowed] == ["b"]
     assert list(filters.allowed_documents(DocumentFilter.of(where="mixed = '1'"))) == [corpus.position_of("é")]
+
+
+def change_store(store: Store, documents: list[tuple], remove: list[str]) -> None:
+    """Store `documents` (doc_id, title, text, metadata), new or changed, each one chunk of its whole text, and
+    delete the documents `remove`, as an incremental `pipeline embed` does."""
+    first = store.next_chunk_id()
+    rows = [
+        (doc_id, title, "docs.jsonl", text, f"hash-{doc_id}-{text}", meta) for doc_id, title, text, meta in documents
+    ]
+    chunks = [ChunkRow(first + i, row[0], 0, row[3], 0, len(row[3]), 3) for i, row in enumerate(rows)]
+    store.want_documents([(row[0], row[4]) for row in rows])
+    store.stage(4, "test-embedder")
+    store.write_documents(rows, chunks, np.ones((len(chunks), 4), np.float32))
+    store.publish(replace_all=False, remove=remove)
+
+
+def filter_rows(corpus: Corpus) -> tuple[dict, list[dict]]:
+    """The filter table's columns and types, and its rows by position (each row by column name: an update
+    adds new fields' columns after the others)."""
+    filters = DocumentFilters(corpus.filters_path)
+    rows = filters.con.execute("SELECT * FROM documents ORDER BY position")
+    names = [column[0] for column in rows.description]
+    return filters.fields, [dict(zip(names, row)) for row in rows.fetchall()]
+
+
+@pytest.mark.parametrize("new_year", [2003, "unknown"])  # fits the year column (DOUBLE) / does not
+def test_an_updated_snapshot_reads_only_what_changed_and_equals_one_written_whole(
+    snapshot, tmp_path, monkeypatch, new_year
+):
+    """After documents are added (one between stored ids, one sorting last), changed and deleted (one whose
+    fields decided no column's type: a column's type only widens over updates, a full build makes them anew),
+    the snapshot written from the last one reads only the added and changed documents from the store, and
+    holds what one written whole holds: the same documents, chunks, texts and filter rows."""
+    previous, store = snapshot
+    change_store(
+        store,
+        [
+            ("b", "Bee again", "Changed text of b.", {"year": 2002}),
+            ("c", "Sea", "A new document between b and z.", {"year": new_year, "new field": True}),
+            ("🙂", "Last", "Sorts after every other id.", {}),
+        ],
+        remove=["A"],
+    )
+    read = []
+    iter_documents = Store.iter_documents
+    monkeypatch.setattr(
+        Store, "iter_documents", lambda self, n, ids=None: read.append(ids) or iter_documents(self, n, ids)
+    )
+    previous_dir = tmp_path / "index" / Path(previous.filters_path).parent.name
+    updated = Corpus(write_corpus(tmp_path / "index", store, store.chunk_ids(), store.generation(), previous_dir))
+    assert read == [["b", "c", "🙂"]]
+    whole = Corpus(write_corpus(tmp_path / "whole", store, store.chunk_ids(), store.generation()))
+    assert_corpus_matches_store(updated, store)
+    assert_corpus_matches_store(whole, store)
+    assert filter_rows(updated) == filter_rows(whole)
+    assert filter_rows(updated)[0]["year"] == (
+        "DOUBLE" if new_year == 2003 else "VARCHAR"
+    )  # VARCHAR: each value's JSON
+    allowed = DocumentFilters(updated.filters_path).allowed_documents(DocumentFilter.of(where='"new field"'))
+    assert [updated.doc_id(i) for i in allowed] == ["c"]
+
+
+def test_a_snapshot_that_no_longer_matches_the_store_is_written_whole(snapshot, tmp_path, monkeypatch):
+    """A new embedder re-chunks every document under new chunk ids while their texts stay: nothing of the
+    last snapshot's chunks can be copied, and the snapshot is written from the store."""
+    previous, store = snapshot
+    ids = store.chunk_ids()
+    store.con.execute("UPDATE chunks SET chunk_id = chunk_id + 100")
+    read = []
+    iter_documents = Store.iter_documents
+    monkeypatch.setattr(
+        Store, "iter_documents", lambda self, n, ids=None: read.append(ids) or iter_documents(self, n, ids)
+    )
+    previous_dir = tmp_path / "index" / Path(previous.filters_path).parent.name
+    corpus = Corpus(write_corpus(tmp_path / "index", store, ids + 100, store.generation(), previous_dir))
+    assert read == [None]
+    assert_corpus_matches_store(corpus, store)
 
 
 def test_search_answers_from_the_snapshot_as_from_the_store(trained_workspace):
