@@ -15,7 +15,8 @@ peak RSS (the process and its children, sampled by psutil every 50 ms) are measu
 - 1% more documents embedded and indexed (an update), its cost against the full embed + index.
 
 JSON to benchmarks/results/scale-<documents>.json, written after every step (an interrupted run keeps
-what it measured). `--compare` a smaller run's JSON to report how each figure grew.
+what it measured; with --keep and --resume a later run goes on from the first step not measured). `--compare`
+a smaller run's JSON to report how each figure grew.
 
     .venv/bin/python benchmarks/bench_scale.py --model WORKSPACE/tuned --documents 2000000 [--compare JSON]
 
@@ -108,6 +109,11 @@ def main() -> None:
     parser.add_argument("--recall-queries", type=int, default=200)
     parser.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "scale-work")
     parser.add_argument("--keep", action="store_true", help="keep the data and workspace afterwards")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with a kept run of the same size (its JSON and --workdir): steps it measured are not run again",
+    )
     parser.add_argument("--compare", type=Path, help="a smaller run's JSON: how each figure grew since")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -121,17 +127,22 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "load_average_before": os.getloadavg(),
     }
+    if args.resume:  # the steps measured before keep their figures; the rest are measured now
+        result = {**json.loads(out.read_text()), "resumed_with_load_average": os.getloadavg()}
+        if result["documents"] != args.documents or not (args.workdir / "ws").is_dir():
+            parser.error(f"--resume: {out} is not a kept run of {args.documents:,} documents in {args.workdir}")
 
     def save():
         out.write_text(json.dumps(result, indent=2) + "\n")
 
-    shutil.rmtree(args.workdir, ignore_errors=True)
-    args.workdir.mkdir(parents=True)
     data, ws = args.workdir / "docs.jsonl", args.workdir / "ws"
-    start = time.perf_counter()
-    write_documents(data, args.documents, args.seed)
-    result["data"] = {"bytes": data.stat().st_size, "seconds": round(time.perf_counter() - start, 1)}
-    print(f"{args.documents:,} documents, {data.stat().st_size / 1e9:.2f} GB", flush=True)
+    if "data" not in result:
+        shutil.rmtree(args.workdir, ignore_errors=True)
+        args.workdir.mkdir(parents=True)
+        start = time.perf_counter()
+        write_documents(data, args.documents, args.seed)
+        result["data"] = {"bytes": data.stat().st_size, "seconds": round(time.perf_counter() - start, 1)}
+    print(f"{args.documents:,} documents, {result['data']['bytes'] / 1e9:.2f} GB", flush=True)
     queries = [json.loads(line)["text"] for line in (SCIFACT / "queries.jsonl").read_text().splitlines()]
     train = {line.split("\t")[0] for line in (SCIFACT / "qrels" / "train.tsv").read_text().splitlines()[1:]}
     train_queries = [
@@ -141,6 +152,8 @@ def main() -> None:
     ]
 
     def step(name: str, command: list[str], json_output: bool = True) -> dict:
+        if name in result:  # measured before (--resume)
+            return result[name]["summary"]
         measured = run_measured([*command, "-w", str(ws)] + (["--json"] if json_output else []))
         stdout = measured.pop("stdout")
         summary = json.loads(stdout) if json_output else {}
@@ -156,27 +169,30 @@ def main() -> None:
     indexed = step("index", ["index"])
     result["chunks"] = embedded["chunks"]
     result["embed_docs_per_s"] = round(args.documents / result["embed"]["seconds"], 1)
-    result["index"]["faiss"] = {
-        key: indexed.get(key) for key in ("type", "reason", "recall_at_10", "search_setting", "lists_path")
-    }
+    result["index"].setdefault(
+        "faiss", {key: indexed.get(key) for key in ("type", "reason", "recall_at_10", "search_setting", "lists_path")}
+    )
     result["disk"] = disk_use(ws)
     result["store_bytes_per_chunk"] = round(result["disk"]["store_gb"] * 1e9 / embedded["chunks"])
     save()
 
-    start = time.perf_counter()
-    with running_server(ws, timeout_s=1800) as base:
-        result["serve_startup_s"] = round(time.perf_counter() - start, 2)
-        print(f"serve started in {result['serve_startup_s']}s", flush=True)
-        result["serve"] = served(base, server_process(base), "hybrid", queries, args.requests, args.concurrency)
+    if "serve" not in result:
+        start = time.perf_counter()
+        with running_server(ws, timeout_s=1800) as base:
+            result["serve_startup_s"] = round(time.perf_counter() - start, 2)
+            print(f"serve started in {result['serve_startup_s']}s", flush=True)
+            result["serve"] = served(base, server_process(base), "hybrid", queries, args.requests, args.concurrency)
+        save()
     print(f"hybrid at {args.concurrency}: p50 {result['serve']['p50_ms']:.1f} ms, p99 {result['serve']['p99_ms']:.1f}")
-    save()
     step("search_once", ["search", "cancer stem cells"], json_output=False)
-    result["dense_recall"] = dense_recall(ws, train_queries[: args.recall_queries])
+    if "dense_recall" not in result:
+        result["dense_recall"] = dense_recall(ws, train_queries[: args.recall_queries])
+        save()
     print(f"dense recall@10 against exact: {result['dense_recall']['recall_at_10']}", flush=True)
-    save()
 
     added = max(1, int(args.documents * args.update_share))
-    write_documents(data, added, args.seed + 1, first_id=args.documents, mode="a")
+    if data.stat().st_size == result["data"]["bytes"]:  # not appended yet (--resume)
+        write_documents(data, added, args.seed + 1, first_id=args.documents, mode="a")
     step("update_embed", ["embed", "--data", str(data), "--model", str(args.model.resolve())])
     step("update_index", ["index"])
     full = result["embed"]["seconds"] + result["index"]["seconds"]
