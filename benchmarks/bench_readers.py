@@ -16,6 +16,7 @@ over the word sequences); for HTML, how many boilerplate phrases leaked and whet
 for DOCX, how many headings come out as headings. Speed: best of 3, files or pages a second, and each
 library's import time in a new process.
 
+    .venv/bin/pip install pypdf pdfminer.six mammoth selectolax   # the candidates not chosen
     .venv/bin/python benchmarks/bench_readers.py            # -> benchmarks/results/readers.json
 """
 
