@@ -194,7 +194,10 @@ WorkspaceOption = Annotated[
 DataOption = Annotated[
     Optional[list[Path]],
     typer.Option(
-        "--data", "-d", metavar="PATH", help="File or directory (.txt .md .jsonl .json .csv .parquet); repeatable."
+        "--data",
+        "-d",
+        metavar="PATH",
+        help="File or directory (.txt .md .jsonl .json .csv .parquet .pdf .html .htm .docx); repeatable.",
     ),
 ]
 TextFieldOption = Annotated[

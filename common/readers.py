@@ -1,4 +1,5 @@
-"""Read user documents from files and directories: .txt/.md, .jsonl, .json, .csv, .parquet.
+"""Read user documents from files and directories: .txt/.md, .jsonl, .json, .csv, .parquet, .pdf,
+.html/.htm, .docx.
 
 Every document keeps an id, a title, the path it came from (absolute), its text and its metadata: every
 other field of a structured row (JSONL keys, CSV/Parquet/JSON columns), with the type the reader gave it
@@ -6,6 +7,25 @@ other field of a structured row (JSONL keys, CSV/Parquet/JSON columns), with the
 id is its path relative to the --data directory given (its name when the file itself is given), so the
 same file gets the same id however the directory is typed. Structured formats (.json, .csv, .parquet)
 go through DuckDB's readers; .jsonl is parsed line by line so that a broken line is reported as file:line.
+
+Documents people have (benchmarks/bench_readers.py chose the libraries by speed and text quality on files it
+makes; each is imported only when a folder holds such a file):
+- .pdf (pypdfium2, Google's PDFium): one document per page with text, id `NAME#page=N` (how PDF viewers
+  open a page), metadata {"page": N, "pages": total}, title the PDF's own or the file name. A page per
+  document is what makes the page number true of every hit with no other machinery: its chunks, snippet
+  and highlights are that page's text, the page is in its metadata (shown with every hit, filterable:
+  --where "page <= 3"), and the store, the index and search stay as they are. Ligatures (ﬁ, ﬀ) are
+  written out as letters, so "find" matches "ﬁnd".
+- .html/.htm (trafilatura, favouring precision): the page's main text, boilerplate (navigation, sidebars,
+  footers, cookie banners, scripts) removed; the title is the page's own (its <title>, without a site
+  name), else the file name. A page trafilatura finds no main text in gives all its visible text.
+- .docx (python-docx): body paragraphs and tables in document order; headings kept as structure, written
+  as Markdown headings as in a .md file (Title and Heading 1 `# ...`, Heading 2 `## ...`), list items as
+  `- ...`, table rows as cells joined by ` | `. The title is the document's own (its properties, else its
+  Title paragraph, else its first heading), else the file name.
+A file such a reader cannot read (a PDF without a text layer, an encrypted or corrupt file) is skipped with
+a one-line warning naming it, and the rest of the folder is read; what is stored of it is kept (embed keeps
+stored documents it did not read). The libraries' own warnings and log lines never reach the user.
 """
 
 from __future__ import annotations
@@ -15,8 +35,12 @@ import decimal
 import functools
 import hashlib
 import json
+import logging
 import math
 import os
+import re
+import warnings
+import zipfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -28,7 +52,8 @@ from common.errors import PipelineError
 
 TEXT_SUFFIXES = {".txt", ".md"}
 STRUCTURED_SUFFIXES = {".jsonl", ".json", ".csv", ".parquet"}
-SUPPORTED_SUFFIXES = TEXT_SUFFIXES | STRUCTURED_SUFFIXES
+DOCUMENT_SUFFIXES = {".pdf", ".html", ".htm", ".docx"}  # one document per file (per page for a PDF)
+SUPPORTED_SUFFIXES = TEXT_SUFFIXES | STRUCTURED_SUFFIXES | DOCUMENT_SUFFIXES
 
 # Field names tried in order when the user gives none.
 TEXT_FIELDS = ("text", "content", "body", "contents", "abstract", "passage", "document")
@@ -148,6 +173,8 @@ def read_file(
     suffix = file.suffix.lower()
     if suffix in TEXT_SUFFIXES:
         return _read_text_file(file, name)
+    if suffix in DOCUMENT_SUFFIXES:
+        return _read_document_file(file, name)
     if suffix == ".jsonl":
         return _read_jsonl(file, text_field, read)
     return _read_with_duckdb(file, text_field)
@@ -311,3 +338,143 @@ def _read_with_duckdb(file: Path, text_field: str | None) -> Iterator[tuple[Docu
         raise PipelineError(f"{file}: cannot read as {file.suffix.lstrip('.')} ({first_line})") from None
     finally:
         con.close()
+
+
+# ---------------------------------------------------------------- PDF, HTML, DOCX
+
+# The libraries these readers use log through `logging` (with no handler configured, Python prints a
+# logger's warnings to stderr) and warn through `warnings`: silenced, the skip warning says what matters.
+_LIBRARY_LOGGERS = ("trafilatura", "htmldate", "courlan", "justext", "pypdfium2", "docx")
+_LIGATURES = str.maketrans(
+    {"\ufb00": "ff", "\ufb01": "fi", "\ufb02": "fl", "\ufb03": "ffi", "\ufb04": "ffl", "\ufb05": "st", "\ufb06": "st"}
+)
+
+
+class _Unreadable(Exception):
+    """A file a document reader cannot read: the reason, for the warning that skips it."""
+
+
+def _read_document_file(file: Path, name: str) -> Iterator[tuple[Document, str]]:
+    """A PDF's pages, or an HTML or DOCX file's one document; a file that cannot be read is skipped with a
+    one-line warning naming it (the error's first line), and reading goes on."""
+    for logger in _LIBRARY_LOGGERS:
+        logging.getLogger(logger).setLevel(logging.CRITICAL + 1)
+    suffix = file.suffix.lower()
+    reader = _read_pdf if suffix == ".pdf" else _read_docx if suffix == ".docx" else _read_html
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            documents = list(reader(file, name))  # a file at a time: a failure half-way stores nothing of it
+    except _Unreadable as e:
+        warn(f"skipping {file}: {e}")
+        return
+    except Exception as e:  # whatever a library raises on a malformed file: the file is skipped, not the run
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        warn(f"skipping {file}: cannot read as {suffix.lstrip('.')} ({first_line})")
+        return
+    yield from documents
+
+
+def _clean(text: str) -> str:
+    """Text as extracted, for search: ligatures as letters, line ends as \\n, no NUL, trimmed."""
+    return text.translate(_LIGATURES).replace("\r\n", "\n").replace("\r", "\n").replace("\x00", "").strip()
+
+
+def _read_pdf(file: Path, name: str) -> Iterator[tuple[Document, str]]:
+    import pypdfium2
+    import pypdfium2.raw as pdfium_c
+
+    try:
+        pdf = pypdfium2.PdfDocument(str(file))
+    except pypdfium2.PdfiumError as e:
+        code = getattr(e, "err_code", None)
+        if code == pdfium_c.FPDF_ERR_PASSWORD:
+            raise _Unreadable("encrypted PDF (it needs a password)") from None
+        if code == pdfium_c.FPDF_ERR_SECURITY:
+            raise _Unreadable("encrypted PDF (an unsupported security handler)") from None
+        raise _Unreadable("not a readable PDF (corrupt or truncated)") from None
+    try:
+        pages = len(pdf)
+        title = " ".join((pdf.get_metadata_dict().get("Title") or "").split()) or file.stem
+        source = os.path.abspath(file)
+        found = 0
+        for number in range(1, pages + 1):
+            page = pdf[number - 1]
+            try:
+                textpage = page.get_textpage()
+                text = _clean(textpage.get_text_bounded())
+                textpage.close()
+            finally:
+                page.close()
+            if text:
+                found += 1
+                metadata = {"page": number, "pages": pages}
+                document = Document(
+                    id=f"{name}#page={number}", title=title, source=source, text=text, metadata=metadata
+                )
+                yield document, f"{file}:page {number}"
+    finally:
+        pdf.close()
+    if found == 0:
+        raise _Unreadable(
+            f"no text layer (none of its {pages} page{'s' if pages != 1 else ''} has text: a scan? OCR it first)"
+        )
+
+
+def _read_html(file: Path, name: str) -> Iterator[tuple[Document, str]]:
+    import trafilatura
+
+    raw = file.read_bytes()
+    found = trafilatura.bare_extraction(raw, with_metadata=True, include_comments=False, favor_precision=True)
+    text = _clean(found.text or "") if found is not None else ""
+    if not text:  # no main text found: all the page's visible text rather than nothing
+        text = _clean(trafilatura.html2txt(raw) or "")
+    if not text:
+        return
+    title = " ".join((found.title or "").split()) if found is not None else ""
+    yield Document(id=name, title=title or file.stem, source=os.path.abspath(file), text=text), str(file)
+
+
+_OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"  # a password-protected Office file (or an old .doc)
+_HEADING_STYLE = re.compile(r"Heading (\d)")
+
+
+def _read_docx(file: Path, name: str) -> Iterator[tuple[Document, str]]:
+    with open(file, "rb") as f:
+        head = f.read(8)
+    if head == _OLE_MAGIC:
+        raise _Unreadable("encrypted DOCX (password-protected) or an old binary .doc")
+    if not zipfile.is_zipfile(file):
+        raise _Unreadable("not a readable DOCX (not a zip file: corrupt or truncated)")
+    import docx
+    from docx.table import Table
+
+    document = docx.Document(str(file))
+    lines, title = [], " ".join((document.core_properties.title or "").split())
+    first_heading = ""
+    for block in document.iter_inner_content():
+        if isinstance(block, Table):
+            for row in block.rows:
+                cells = [" ".join(cell.text.split()) for cell in row.cells]
+                if any(cells):
+                    lines.append(" | ".join(cells))
+            continue
+        text = " ".join(block.text.split())
+        if not text:
+            continue
+        style = block.style.name if block.style is not None else ""
+        level = _HEADING_STYLE.fullmatch(style)
+        if style == "Title":
+            title = title or text
+            lines.append(f"# {text}")
+        elif level:
+            first_heading = first_heading or text
+            lines.append(f"{'#' * int(level.group(1))} {text}")
+        elif style.startswith("List"):
+            lines.append(f"- {text}")
+        else:
+            lines.append(text)
+    text = _clean("\n\n".join(lines))
+    if text:
+        title = title or first_heading or file.stem
+        yield Document(id=name, title=title, source=os.path.abspath(file), text=text), str(file)

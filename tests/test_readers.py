@@ -1,4 +1,5 @@
 import json
+import zipfile
 from pathlib import Path
 
 import duckdb
@@ -150,3 +151,175 @@ def test_unreadable_parquet_is_one_clear_error(tmp_path):
     f.write_bytes(b"not a parquet file")
     with pytest.raises(PipelineError, match=r"broken\.parquet: cannot read as parquet"):
         list(read_documents([f]))
+
+
+# ---------------------------------------------------------------- PDF, HTML, DOCX, built here
+
+
+def write_pdf(path: Path, pages: list[str | None], title: str | None = None, user_password: str | None = None) -> Path:
+    """A PDF of these pages (None: a page with a drawing and no text, as a scan has), written by fpdf2."""
+    from fpdf import FPDF
+
+    pdf = FPDF()
+    if title:
+        pdf.set_title(title)
+    for text in pages:
+        pdf.add_page()
+        if text is None:
+            pdf.rect(20, 20, 120, 80, style="F")
+        else:
+            pdf.set_font("helvetica", size=11)
+            pdf.multi_cell(0, 6, text)
+    if user_password:
+        pdf.set_encryption(owner_password="owner", user_password=user_password)
+    pdf.output(str(path))
+    return path
+
+
+BLOG_PAGE = """<!doctype html><html><head><title>Zebra stripes and biting flies | Savanna Notes</title>
+<script>window.tracking = {"page": "zebra"};</script><style>nav { float: left }</style></head><body>
+<header><a href="/">Savanna Notes</a><nav><ul><li><a href="/">Home</a></li><li><a href="/about">About us</a></li>
+<li><a href="/login">Sign in to your account</a></li></ul></nav></header>
+<div class="cookie-banner">We use cookies. <button>Accept all cookies</button></div>
+<article><h1>Zebra stripes and biting flies</h1>
+<p>Field experiments with horses wearing striped coats showed that tabanid flies approached them as often as
+uniform coats but failed to land, overshooting or bumping into the stripes.</p>
+<p>The stripes seem to disrupt the optic flow that flies use to slow down before landing, which would explain
+why zebras living where biting flies are common carry the boldest patterns.</p></article>
+<aside><h3>Related posts you may like</h3><ul><li><a href="/giraffes">Why giraffes hum at night</a></li></ul></aside>
+<footer><p>Subscribe to our weekly newsletter</p><p>Copyright 2025 Savanna Notes</p></footer></body></html>
+"""
+
+
+def write_docx(path: Path) -> Path:
+    import docx
+
+    document = docx.Document()
+    document.add_paragraph("Glacier survey", style="Title")
+    document.add_heading("Methods", level=1)
+    document.add_paragraph("Ablation stakes were drilled into the moraine every spring.")
+    document.add_heading("Instruments", level=2)
+    document.add_paragraph("a steam drill", style="List Bullet")
+    table = document.add_table(rows=2, cols=2)
+    for r, row in enumerate([("Stake", "Melt"), ("S1", "2.3 m")]):
+        for c, value in enumerate(row):
+            table.cell(r, c).text = value
+    document.save(str(path))
+    return path
+
+
+def test_a_pdf_is_one_document_per_page_with_text_with_its_page_number(tmp_path):
+    pages = ["Photosynthesis in kelp forests.", None, "Sea otters eat urchins that graze kelp."]
+    write_pdf(tmp_path / "ocean.pdf", pages, title="Kelp report")
+    docs = list(read_documents([tmp_path]))
+    assert [d.id for d in docs] == ["ocean.pdf#page=1", "ocean.pdf#page=3"]  # page 2 has no text
+    assert [d.metadata for d in docs] == [{"page": 1, "pages": 3}, {"page": 3, "pages": 3}]
+    assert [d.text for d in docs] == [pages[0], pages[2]]
+    assert {d.title for d in docs} == {"Kelp report"} and {d.source for d in docs} == {str(tmp_path / "ocean.pdf")}
+    write_pdf(tmp_path / "ocean.pdf", ["no title here"])
+    assert [d.title for d in read_documents([tmp_path / "ocean.pdf"])] == ["ocean"]  # none in the PDF: the file's
+
+
+def test_pdf_ligatures_are_read_as_letters(tmp_path):
+    from fpdf import FPDF
+
+    pdf = FPDF()
+    pdf.add_page()
+    pdf.add_font("DejaVu", fname="/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
+    pdf.set_font("DejaVu", size=12)
+    pdf.cell(0, 10, "\ufb01ndings of the e\ufb00ect")  # ﬁ and ﬀ, as typesetting writes them
+    pdf.output(str(tmp_path / "lig.pdf"))
+    assert [d.text for d in read_documents([tmp_path])] == ["findings of the effect"]
+
+
+def test_html_main_text_and_the_pages_title_without_boilerplate(tmp_path):
+    (tmp_path / "zebra.html").write_text(BLOG_PAGE)
+    (tmp_path / "short.htm").write_text("<html><body><p>Okapi live in the Ituri forest.</p></body></html>")
+    docs = {d.id: d for d in read_documents([tmp_path])}
+    zebra = docs["zebra.html"]
+    assert zebra.title == "Zebra stripes and biting flies" and zebra.source == str(tmp_path / "zebra.html")
+    assert "tabanid flies approached them" in zebra.text and "boldest patterns" in zebra.text
+    for boilerplate in ("Sign in", "Accept all cookies", "Related posts", "giraffes", "newsletter", "Copyright"):
+        assert boilerplate not in zebra.text
+    assert docs["short.htm"].text == "Okapi live in the Ituri forest." and docs["short.htm"].title == "short"
+
+
+def test_docx_paragraphs_tables_and_headings_as_structure(tmp_path):
+    write_docx(tmp_path / "survey.docx")
+    [doc] = read_documents([tmp_path])
+    assert doc.id == "survey.docx" and doc.title == "Glacier survey"
+    assert doc.text == (
+        "# Glacier survey\n\n# Methods\n\nAblation stakes were drilled into the moraine every spring.\n\n"
+        "## Instruments\n\n- a steam drill\n\nStake | Melt\n\nS1 | 2.3 m"
+    )
+
+
+def test_unreadable_documents_are_one_line_warnings_naming_them_and_the_rest_is_read(tmp_path, capfd):
+    write_pdf(tmp_path / "good.pdf", ["Lichens grow on bare granite."])
+    write_pdf(tmp_path / "locked.pdf", ["secret text"], user_password="pass")
+    write_pdf(tmp_path / "scan.pdf", [None, None])
+    (tmp_path / "broken.pdf").write_bytes(write_pdf(tmp_path / "x.pdf", ["cut short"]).read_bytes()[:400])
+    (tmp_path / "x.pdf").unlink()
+    (tmp_path / "broken.docx").write_bytes(b"PK\x03\x04 not really a zip")
+    (tmp_path / "locked.docx").write_bytes(b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + bytes(600))  # Office encryption
+    write_docx(tmp_path / "zipped-not-docx.docx")
+    with zipfile.ZipFile(tmp_path / "zipped-not-docx.docx", "w") as z:
+        z.writestr("hello.txt", "a zip, not a document")
+    (tmp_path / "page.html").write_text(BLOG_PAGE)
+    assert [d.id for d in read_documents([tmp_path])] == ["good.pdf#page=1", "page.html"]
+    out, err = capfd.readouterr()  # what the process printed, the libraries' C code too
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert sorted(lines) == [
+        f"warning: skipping {tmp_path / 'broken.docx'}: not a readable DOCX (not a zip file: corrupt or truncated)",
+        f"warning: skipping {tmp_path / 'broken.pdf'}: not a readable PDF (corrupt or truncated)",
+        f"warning: skipping {tmp_path / 'locked.docx'}: encrypted DOCX (password-protected) or an old binary .doc",
+        f"warning: skipping {tmp_path / 'locked.pdf'}: encrypted PDF (it needs a password)",
+        f"warning: skipping {tmp_path / 'scan.pdf'}: no text layer (none of its 2 pages has text: a scan? OCR it"
+        " first)",
+        lines[5],
+    ]
+    assert lines[5].startswith(f"warning: skipping {tmp_path / 'zipped-not-docx.docx'}: cannot read as docx (")
+
+
+def test_pdf_html_and_docx_are_searchable_and_a_hit_names_its_page(trained_workspace, tmp_path):
+    """Embed a folder with one file of each kind (and a broken one), then search: each file's words find it,
+    a PDF's hit is its page (id, metadata, snippet); the file broken later keeps what was stored of it."""
+    import shutil
+
+    from conftest import run_cli
+
+    ws, data = tmp_path / "ws", tmp_path / "docs"
+    shutil.copytree(trained_workspace, ws)
+    data.mkdir()
+    pages = ["Basalt columns form as lava cools.", "Obsidian is volcanic glass.", "Pumice floats on seawater."]
+    write_pdf(data / "rocks.pdf", pages, title="Volcanic rocks")
+    (data / "zebra.html").write_text(BLOG_PAGE)
+    write_docx(data / "survey.docx")
+    (data / "broken.pdf").write_bytes(b"%PDF-1.7 truncated")
+    embedded = run_cli("embed", "-w", str(ws), "--data", str(data), "--chunk-tokens", "64", "--overlap", "8")
+    assert f"warning: skipping {data / 'broken.pdf'}: not a readable PDF (corrupt or truncated)" in embedded.stderr
+    run_cli("index", "-w", str(ws))
+
+    def top(query: str) -> dict:
+        result = run_cli("search", "-w", str(ws), query, "-k", "1", "--mode", "lexical", "--json")
+        return json.loads(result.stdout.splitlines()[0])
+
+    pumice = top("pumice floats")
+    assert pumice["doc_id"] == "rocks.pdf#page=3" and pumice["title"] == "Volcanic rocks"
+    assert pumice["metadata"] == {"page": 3, "pages": 3}
+    assert pumice["snippet"] == pages[2]
+    assert [pumice["snippet"][s:e] for s, e in pumice["highlights"]] == ["Pumice", "floats"]
+    assert top("obsidian")["metadata"]["page"] == 2
+    zebra = top("tabanid flies stripes")
+    assert zebra["doc_id"] == "zebra.html" and zebra["title"] == "Zebra stripes and biting flies"
+    assert top("ablation stakes moraine")["doc_id"] == "survey.docx"
+    assert "page: 3" in run_cli("search", "-w", str(ws), "pumice", "-k", "1", "--mode", "lexical").stdout
+    banner = run_cli("search", "-w", str(ws), "accept cookies", "--mode", "lexical", "--json").stdout
+    assert "zebra.html" not in {json.loads(line)["doc_id"] for line in banner.splitlines()}  # boilerplate not stored
+
+    (data / "rocks.pdf").write_bytes(b"%PDF-1.7 overwritten by a failed download")
+    again = run_cli("embed", "-w", str(ws), "--data", str(data), "--chunk-tokens", "64", "--overlap", "8")
+    assert f"warning: skipping {data / 'rocks.pdf'}: not a readable PDF" in again.stderr
+    run_cli("index", "-w", str(ws))
+    assert top("pumice floats")["doc_id"] == "rocks.pdf#page=3"  # nothing stored lost
