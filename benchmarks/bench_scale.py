@@ -2,9 +2,10 @@
 then a 1% update.
 
 The documents are made here from SciFact with a seed (benchmarks_common.synthetic_documents: a title and 4
-to 9 sentences drawn from the whole corpus's abstracts, and a `year`), written to a JSON-lines file as
-they are made. Each command runs as a user runs it (a new process, start-up included); wall time and
-peak RSS (the process and its children, sampled by psutil every 50 ms) are measured per command. Then:
+to 9 sentences drawn from the whole corpus's abstracts, and a `year`; with --topical, sentences mostly of
+one abstract each), written to a JSON-lines file as they are made. Each command runs as a user runs it (a
+new process, start-up included); wall time and peak RSS (the process and its children, sampled by psutil
+every 50 ms) are measured per command. Then:
 
 - disk: the workspace's size, the store's bytes per chunk, the index's files;
 - serving: `pipeline serve`'s start-up (until /health answers) and hybrid search at 16 concurrent
@@ -51,9 +52,9 @@ TARGETS = {
 }
 
 
-def write_documents(path: Path, n: int, seed: int, first_id: int = 0, mode: str = "w") -> None:
+def write_documents(path: Path, n: int, seed: int, topical: bool, first_id: int = 0, mode: str = "w") -> None:
     with path.open(mode) as f:
-        for document in synthetic_documents(n, seed, first_id=first_id):
+        for document in synthetic_documents(n, seed, first_id=first_id, topical=topical):
             f.write(json.dumps(document) + "\n")
 
 
@@ -104,6 +105,11 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=100_000)
     parser.add_argument("--update-share", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--topical",
+        action="store_true",
+        help="documents each about one abstract (synthetic_documents' topical) rather than mixing unrelated ones",
+    )
     parser.add_argument("--requests", type=int, default=2000, help="hybrid searches in the load test")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--recall-queries", type=int, default=200)
@@ -123,6 +129,7 @@ def main() -> None:
         "documents": args.documents,
         "model": str(args.model.resolve()),
         "seed": args.seed,
+        "topical": args.topical,
         "targets": TARGETS,
         "cpus": os.cpu_count(),
         "load_average_before": os.getloadavg(),
@@ -140,7 +147,7 @@ def main() -> None:
         shutil.rmtree(args.workdir, ignore_errors=True)
         args.workdir.mkdir(parents=True)
         start = time.perf_counter()
-        write_documents(data, args.documents, args.seed)
+        write_documents(data, args.documents, args.seed, args.topical)
         result["data"] = {"bytes": data.stat().st_size, "seconds": round(time.perf_counter() - start, 1)}
     print(f"{args.documents:,} documents, {result['data']['bytes'] / 1e9:.2f} GB", flush=True)
     queries = [json.loads(line)["text"] for line in (SCIFACT / "queries.jsonl").read_text().splitlines()]
@@ -192,7 +199,7 @@ def main() -> None:
 
     added = max(1, int(args.documents * args.update_share))
     if data.stat().st_size == result["data"]["bytes"]:  # not appended yet (--resume)
-        write_documents(data, added, args.seed + 1, first_id=args.documents, mode="a")
+        write_documents(data, added, args.seed + 1, args.topical, first_id=args.documents, mode="a")
     step("update_embed", ["embed", "--data", str(data), "--model", str(args.model.resolve())])
     step("update_index", ["index"])
     full = result["embed"]["seconds"] + result["index"]["seconds"]

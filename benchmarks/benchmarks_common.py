@@ -22,6 +22,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 SCIFACT = REPO.parent / "shared" / "data" / "scifact"
 RESULTS = REPO / "benchmarks" / "results"
+TOPIC_SHARE = 0.75  # of a topical synthetic document's sentences, drawn from its own abstract
 
 # The benchmarks run as scripts, with benchmarks/ on the path: the project's own code is this checkout's (not
 # another one an editable install points to: a benchmark runs from a clone while the main one changes).
@@ -32,19 +33,35 @@ from server import running_server  # noqa: E402,F401  (re-exported for the bench
 
 
 def synthetic_documents(
-    n: int | None, seed: int, first_id: int = 0, sentences: tuple[int, int] = (4, 9)
+    n: int | None, seed: int, first_id: int = 0, sentences: tuple[int, int] = (4, 9), topical: bool = False
 ) -> Iterator[dict]:
-    """Abstract-like documents made from SciFact with a seed (n of them; without end for None): a title
-    and 4 to 9 (`sentences`) sentences drawn from the whole corpus's abstracts, and a `year`."""
+    """Abstract-like documents made from SciFact with a seed (n of them; without end for None): a title and 4
+    to 9 (`sentences`) sentences, and a `year`. The sentences are drawn from the whole corpus's abstracts, so
+    that a document mixes unrelated subjects; with `topical`, each is about one abstract (its title; each
+    sentence one of that abstract's with probability TOPIC_SHARE, else any abstract's), as the documents of a
+    real collection each have a subject, and the abstract's many such documents are near-duplicates. Its own
+    sentences keep their order and are not repeated."""
     rows = [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()]
-    corpus_sentences = [s for r in rows for s in re.split(r"(?<=[.!?])\s+", r["text"]) if len(s) > 20]
+    split = [[s for s in re.split(r"(?<=[.!?])\s+", r["text"]) if len(s) > 20] for r in rows]
+    corpus_sentences = [s for abstract in split for s in abstract]
     titles = [r["title"] for r in rows]
+    with_sentences = [i for i, abstract in enumerate(split) if abstract]
     rng = random.Random(seed)
     for i in itertools.count() if n is None else range(n):
+        if topical:
+            topic = rng.choice(with_sentences)
+            title = titles[topic]
+            count = rng.randint(*sentences)
+            own = min(len(split[topic]), sum(rng.random() < TOPIC_SHARE for _ in range(count)))
+            chosen = [split[topic][j] for j in sorted(rng.sample(range(len(split[topic])), own))]  # in its order
+            for _ in range(count - own):
+                chosen.insert(rng.randint(0, len(chosen)), rng.choice(corpus_sentences))
+        else:  # the draws in the order they were first made: a seed gives the documents it always gave
+            title, chosen = rng.choice(titles), rng.choices(corpus_sentences, k=rng.randint(*sentences))
         yield {
             "_id": f"synthetic-{first_id + i}",
-            "title": rng.choice(titles),
-            "text": " ".join(rng.choices(corpus_sentences, k=rng.randint(*sentences))),
+            "title": title,
+            "text": " ".join(chosen),
             "year": rng.randint(1990, 2025),
         }
 
