@@ -404,7 +404,12 @@ def embed(
     ] = None,
     overlap: Annotated[int, typer.Option(min=0, help="Tokens shared by consecutive chunks.")] = 32,
     batch_size: Annotated[int, typer.Option(min=1, help="Chunks per forward pass.")] = 64,
-    prune: Annotated[bool, typer.Option(help="Remove stored documents that are no longer in the source.")] = False,
+    prune: Annotated[
+        bool,
+        typer.Option(
+            help="Remove stored documents that are no longer in the source (an unreadable file keeps its own)."
+        ),
+    ] = False,
     ray: Annotated[
         Optional[str],
         typer.Option(help="Embed on a Ray cluster: local, auto, or the head's address (needs the ray extra)."),

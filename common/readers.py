@@ -24,8 +24,9 @@ makes; each is imported only when a folder holds such a file):
   `- ...`, table rows as cells joined by ` | `. The title is the document's own (its properties, else its
   Title paragraph, else its first heading), else the file name.
 A file such a reader cannot read (a PDF without a text layer, an encrypted or corrupt file) is skipped with
-a one-line warning naming it, and the rest of the folder is read; what is stored of it is kept (embed keeps
-stored documents it did not read). The libraries' own warnings and log lines never reach the user.
+a one-line warning naming it, and the rest of the folder is read; the caller can ask for the skipped files
+(`skipped`): what is stored of them is kept, by `embed --prune` too (it removes only the documents of files
+gone or no longer holding them). The libraries' own warnings and log lines never reach the user.
 """
 
 from __future__ import annotations
@@ -138,14 +139,18 @@ def duplicate_id_error(doc_id: str, where: str, first_where: str) -> PipelineErr
 
 
 def located_documents(
-    paths: Iterable[Path], text_field: str | None = None, json_lines: dict[str, JsonLinesRead] | None = None
+    paths: Iterable[Path],
+    text_field: str | None = None,
+    json_lines: dict[str, JsonLinesRead] | None = None,
+    skipped: list[str] | None = None,
 ) -> Iterator[tuple[Document, str]]:
     """Every non-empty document under `paths`, one at a time, with where it is (file:line, file:row, the
     file). Raises PipelineError if none is found. Ids are not checked for duplicates (read_documents).
 
     json_lines (absolute path -> JsonLinesRead): where to start each JSON-lines file it names (the
     documents before that point count as read for the empty-corpus check); it is filled in for every
-    JSON-lines file as read to its end."""
+    JSON-lines file as read to its end. skipped: the absolute path of every file skipped as unreadable
+    (with its warning) is appended to it."""
     paths = [Path(p) for p in paths]
     files = list_files(paths)
     if not files:
@@ -158,7 +163,7 @@ def located_documents(
         if json_lines is not None and file.suffix.lower() == ".jsonl":
             read = json_lines.setdefault(os.path.abspath(file), JsonLinesRead())
             count += read.documents  # read before: counted
-        for located in read_file(file, name, text_field, read):
+        for located in read_file(file, name, text_field, read, skipped):
             count += 1
             yield located
     if count == 0:
@@ -166,29 +171,41 @@ def located_documents(
 
 
 def read_file(
-    file: Path, name: str, text_field: str | None = None, read: JsonLinesRead | None = None
+    file: Path,
+    name: str,
+    text_field: str | None = None,
+    read: JsonLinesRead | None = None,
+    skipped: list[str] | None = None,
 ) -> Iterator[tuple[Document, str]]:
     """The documents of one supported file, each with where it is (file:line, file:row); `name` is the file's
-    name as list_files gives it (a text file's id), `read` where a JSON-lines file starts (located_documents)."""
+    name as list_files gives it (a text file's id), `read` where a JSON-lines file starts, `skipped` where to
+    append the file's absolute path if it is skipped as unreadable (located_documents)."""
     suffix = file.suffix.lower()
     if suffix in TEXT_SUFFIXES:
-        return _read_text_file(file, name)
+        return _read_text_file(file, name, skipped)
     if suffix in DOCUMENT_SUFFIXES:
-        return _read_document_file(file, name)
+        return _read_document_file(file, name, skipped)
     if suffix == ".jsonl":
         return _read_jsonl(file, text_field, read)
     return _read_with_duckdb(file, text_field)
 
 
-def _read_text_file(file: Path, doc_id: str) -> Iterator[tuple[Document, str]]:
+def _skip(file: Path, why: str, skipped: list[str] | None) -> None:
+    """Skip a file that cannot be read: a one-line warning, and its absolute path in `skipped` if given."""
+    warn(f"skipping {file}: {why}")
+    if skipped is not None:
+        skipped.append(os.path.abspath(file))
+
+
+def _read_text_file(file: Path, doc_id: str, skipped: list[str] | None = None) -> Iterator[tuple[Document, str]]:
     raw = file.read_bytes()
     if b"\x00" in raw[:8192]:
-        warn(f"skipping {file}: binary file")
+        _skip(file, "binary file", skipped)
         return
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        warn(f"skipping {file}: not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})")
+        _skip(file, f"not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})", skipped)
         return
     if not text.strip():
         return
@@ -354,7 +371,7 @@ class _Unreadable(Exception):
     """A file a document reader cannot read: the reason, for the warning that skips it."""
 
 
-def _read_document_file(file: Path, name: str) -> Iterator[tuple[Document, str]]:
+def _read_document_file(file: Path, name: str, skipped: list[str] | None = None) -> Iterator[tuple[Document, str]]:
     """A PDF's pages, or an HTML or DOCX file's one document; a file that cannot be read is skipped with a
     one-line warning naming it (the error's first line), and reading goes on."""
     for logger in _LIBRARY_LOGGERS:
@@ -366,11 +383,11 @@ def _read_document_file(file: Path, name: str) -> Iterator[tuple[Document, str]]
             warnings.simplefilter("ignore")
             documents = list(reader(file, name))  # a file at a time: a failure half-way stores nothing of it
     except _Unreadable as e:
-        warn(f"skipping {file}: {e}")
+        _skip(file, str(e), skipped)
         return
     except Exception as e:  # whatever a library raises on a malformed file: the file is skipped, not the run
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        warn(f"skipping {file}: cannot read as {suffix.lstrip('.')} ({first_line})")
+        _skip(file, f"cannot read as {suffix.lstrip('.')} ({first_line})", skipped)
         return
     yield from documents
 

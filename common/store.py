@@ -6,7 +6,7 @@
                                                -- embedder recorded in store_meta; FLOAT[dim] in older stores
     store_meta(key, value)
     staged_documents, staged_chunks, staged_vectors   -- the next generation, while `pipeline embed` runs
-    source_read, run_documents, removed_documents     -- a writer's temporary tables: one run's bookkeeping
+    source_read, source_skipped, run_documents, removed_documents  -- a writer's temporary tables: one run's bookkeeping
 
 What search sees (documents, chunks, vectors) changes only when an embed run publishes: the run writes
 its documents into the staged tables, a transaction per group (so a killed run resumes where it
@@ -69,6 +69,9 @@ RUN_TABLES = """
 -- every document an embed run read from its source, in reading order (embed/survey.py); `file` numbers
 -- the JSON-lines file it came from
 CREATE TEMP TABLE source_read (position BIGINT, doc_id VARCHAR, content_hash VARCHAR, file INTEGER);
+-- the files of its source it skipped as unreadable (absolute paths, as documents.source): their stored
+-- documents are kept, by `embed --prune` too
+CREATE TEMP TABLE source_skipped (source VARCHAR);
 -- the documents the run stores: the one at `position` in what it read (or in the document API's list), or
 -- a stored one (`stored_rowid`) embedded again from its stored text
 CREATE TEMP TABLE run_documents (position BIGINT, stored_rowid BIGINT, doc_id VARCHAR, content_hash VARCHAR);
@@ -84,6 +87,9 @@ CREATE TEMP TABLE removed_documents (doc_id VARCHAR);
 # and took 10% more CPU. A 2 GB limit took 7% less CPU than 1 GB (peak RSS 2.35 against 1.40 GB).
 BULK_MEMORY_LIMIT = "2GB"
 BULK_CHECKPOINT_THRESHOLD = "4GB"
+# The stored documents `embed --prune` deletes: those the run did not read, unless their file was skipped as
+# unreadable (it is still there: what it held is kept).
+PRUNED = "SELECT doc_id FROM documents ANTI JOIN source_read USING (doc_id) ANTI JOIN source_skipped USING (source)"
 # Rows fetched at a time from a long result (Store.stored_documents, the hash lines).
 FETCH_ROWS = 10_000
 # What DuckDB may hold while it sorts the documents and chunks for iter_documents: 1M documents of 1 KB were
@@ -239,6 +245,11 @@ class Store:
     # ---- what a run read and what it stores (RUN_TABLES)
     def clear_source_read(self) -> None:
         self.con.execute("DELETE FROM source_read")
+        self.con.execute("DELETE FROM source_skipped")
+
+    def add_skipped(self, sources: list[str]) -> None:
+        """Record the files of the source skipped as unreadable (absolute paths)."""
+        self.con.execute("INSERT INTO source_skipped SELECT unnest(?::VARCHAR[])", [sources])
 
     def add_read(
         self, first_position: int, doc_ids: list[str], content_hashes: list[str], files: list[int | None]
@@ -279,6 +290,14 @@ class Store:
         """How many stored documents the run did not read."""
         return self.con.execute("SELECT count(*) FROM documents ANTI JOIN source_read USING (doc_id)").fetchall()[0][0]
 
+    def unreadable_count(self) -> tuple[int, int]:
+        """Of the stored documents the run did not read, how many are of files it skipped as unreadable, and
+        of how many files."""
+        return self.con.execute(
+            "SELECT count(*), count(DISTINCT source) "
+            "FROM documents ANTI JOIN source_read USING (doc_id) SEMI JOIN source_skipped USING (source)"
+        ).fetchall()[0]
+
     def want_documents(self, rows: list[tuple[str, str]]) -> None:
         """The documents the run stores: these (doc_id, content hash), at their positions in the list."""
         self.con.execute("DELETE FROM run_documents")
@@ -288,19 +307,21 @@ class Store:
             [len(rows), *columns(rows, 2)],
         )
 
-    def want_read_documents(self, changed_only: bool, stored_unread: bool) -> int:
+    def want_read_documents(self, changed_only: bool, stored_unread: bool, pruned: bool = False) -> int:
         """The documents the run stores: those it read (source_read), only the new and changed ones if
         changed_only, and with stored_unread every stored document it did not read too (from its stored
-        text). Returns how many."""
+        text), but for those `embed --prune` deletes (PRUNED) when pruned. Returns how many."""
         changed = "ANTI JOIN documents USING (doc_id, content_hash)" if changed_only else ""
         self.con.execute("DELETE FROM run_documents")
         self.con.execute(
             f"INSERT INTO run_documents SELECT position, NULL, doc_id, content_hash FROM source_read {changed}"
         )
         if stored_unread:
+            # The clause is a constant of this module, not user text.
             self.con.execute(
                 "INSERT INTO run_documents SELECT NULL, d.rowid, d.doc_id, d.content_hash "
                 "FROM documents d ANTI JOIN source_read USING (doc_id)"
+                + (f" WHERE d.doc_id NOT IN ({PRUNED})" if pruned else "")
             )
         return self.con.execute("SELECT count(*) FROM run_documents").fetchall()[0][0]
 
@@ -398,7 +419,8 @@ class Store:
     def publish(self, replace_all: bool, remove: list[str] = (), remove_unread: bool = False) -> int:
         """Make the staged documents what search sees, in one transaction: with replace_all they become the
         whole store (a new embedder), else they replace their stored versions and `remove` is deleted, and
-        with remove_unread every stored document the run did not read (source_read: `embed --prune`).
+        with remove_unread every stored document the run did not read (source_read: `embed --prune`) but for
+        those of files it skipped as unreadable (source_skipped: PRUNED).
         Returns the new generation."""
         self.con.execute("BEGIN TRANSACTION")
         try:
@@ -412,10 +434,7 @@ class Store:
                 self.con.execute("DELETE FROM removed_documents")
                 self.con.execute("INSERT INTO removed_documents SELECT unnest(?::VARCHAR[])", [list(remove)])
                 if remove_unread:
-                    self.con.execute(
-                        "INSERT INTO removed_documents "
-                        "SELECT doc_id FROM documents ANTI JOIN source_read USING (doc_id)"
-                    )
+                    self.con.execute(f"INSERT INTO removed_documents {PRUNED}")  # a constant, not user text
                 self._delete("SELECT doc_id FROM staged_documents UNION ALL SELECT doc_id FROM removed_documents")
                 self.con.execute("INSERT INTO documents BY NAME SELECT * FROM staged_documents")
                 self.con.execute("INSERT INTO chunks SELECT * FROM staged_chunks")

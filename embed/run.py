@@ -111,9 +111,11 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
         if rebuild and source.read_before:  # every document is embedded again: the lines read before too
             source = survey(store, paths, text_field, resume=False)
         stored = store.counts()["documents"]
-        gone = store.unread_count()
-        # new vectors for every document on a rebuild: the source's and, unless pruned, the stored ones
-        todo = store.want_read_documents(changed_only=not rebuild, stored_unread=rebuild and not settings.prune)
+        # the stored documents the run did not read: those of files skipped as unreadable are kept, --prune or not
+        kept, unreadable = store.unreadable_count()
+        gone = store.unread_count() - kept
+        # new vectors for every document on a rebuild: the source's and the stored ones that are not pruned
+        todo = store.want_read_documents(changed_only=not rebuild, stored_unread=rebuild, pruned=settings.prune)
         if rebuild:
             if stored:
                 info(
@@ -130,6 +132,11 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
                 f"pruning {gone} stored documents no longer in the source"
                 if settings.prune
                 else f"{gone} stored documents are not in the source (kept; --prune removes them)"
+            )
+        if kept:
+            info(
+                f"kept {kept} stored documents of {unreadable} unreadable file{'s' if unreadable != 1 else ''} "
+                "(--prune removes only documents whose file is gone or no longer holds them)"
             )
         if is_static(model):
             model.mean_with_torch = todo >= TORCH_MEAN_DOCUMENTS

@@ -1,7 +1,8 @@
 """What `pipeline embed` reads of its source, in two passes, neither of which holds the corpus.
 
 `survey` reads every document once, hashes it and lists it in the store (a temporary table, common/store.py
-`source_read`: position, id, content hash), so that which documents are new, changed or gone, and whether an
+`source_read`: position, id, content hash; and the files skipped as unreadable in `source_skipped`, whose
+stored documents `--prune` keeps), so that which documents are new, changed or gone, and whether an
 id repeats, are questions DuckDB answers within its memory limit. `documents_at` reads the source again
 and yields only the documents at the positions the store says to embed. Before, embed held every document,
 a dict of their ids and dicts of their hashes: 2.3 GB at a million documents before the first one was
@@ -61,8 +62,8 @@ def survey(store: Store, paths: list[Path] | None, text_field: str | None, resum
         position += store.add_read_before(position, source, files.setdefault(source, len(files)))
     read_before = position
     reads = {source: start.copy() for source, start in starts.items()}
-    ids, hashes, numbers = [], [], []
-    for doc, _ in _located(paths, text_field, reads):
+    ids, hashes, numbers, skipped = [], [], [], []
+    for doc, _ in _located(paths, text_field, reads, skipped):
         ids.append(doc.id)
         hashes.append(content_hash(doc))
         numbers.append(files.setdefault(doc.source, len(files)) if doc.source in reads else None)
@@ -71,6 +72,7 @@ def survey(store: Store, paths: list[Path] | None, text_field: str | None, resum
             position += len(ids)
             ids, hashes, numbers = [], [], []
     store.add_read(position, ids, hashes, numbers)
+    store.add_skipped(skipped)
     result = Survey(paths, text_field, starts, reads, files, read_before, position + len(ids))
     repeated = store.first_repeated_id()
     if repeated is not None:
@@ -102,11 +104,14 @@ def _reread(survey: Survey) -> Iterator[tuple[int, tuple[Document, str]]]:
 
 
 def _located(
-    paths: list[Path] | None, text_field: str | None, json_lines: dict[str, JsonLinesRead]
+    paths: list[Path] | None,
+    text_field: str | None,
+    json_lines: dict[str, JsonLinesRead],
+    skipped: list[str] | None = None,
 ) -> Iterator[tuple[Document, str]]:
     if paths is None:
         return ((doc, doc.source) for doc in stdlib_documents())
-    return located_documents(paths, text_field, json_lines)
+    return located_documents(paths, text_field, json_lines, skipped)
 
 
 def _where(survey: Survey, positions: list[int]) -> dict[int, str]:

@@ -6,7 +6,7 @@ import duckdb
 import pytest
 
 from common.errors import PipelineError
-from common.readers import read_documents
+from common.readers import located_documents, read_documents
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -119,6 +119,9 @@ def test_binary_and_non_utf8_files_are_skipped_with_a_warning(tmp_path, capsys):
     warnings = capsys.readouterr().err
     assert "latin1.txt: not UTF-8 (byte 0xe9 at offset 3)" in warnings
     assert "blob.txt: binary file" in warnings
+    skipped = []  # the caller asks which files were skipped (embed --prune keeps what they stored)
+    assert [d.id for d, _ in located_documents([tmp_path], skipped=skipped)] == ["good.txt"]
+    assert skipped == [str(tmp_path / "blob.txt"), str(tmp_path / "latin1.txt")]
 
 
 def test_warnings_print_file_names_verbatim(tmp_path, capsys):
@@ -266,7 +269,10 @@ def test_unreadable_documents_are_one_line_warnings_naming_them_and_the_rest_is_
     with zipfile.ZipFile(tmp_path / "zipped-not-docx.docx", "w") as z:
         z.writestr("hello.txt", "a zip, not a document")
     (tmp_path / "page.html").write_text(BLOG_PAGE)
-    assert [d.id for d in read_documents([tmp_path])] == ["good.pdf#page=1", "page.html"]
+    skipped = []
+    assert [d.id for d, _ in located_documents([tmp_path], skipped=skipped)] == ["good.pdf#page=1", "page.html"]
+    unreadable = ["broken.docx", "broken.pdf", "locked.docx", "locked.pdf", "scan.pdf", "zipped-not-docx.docx"]
+    assert skipped == [str(tmp_path / name) for name in unreadable]
     out, err = capfd.readouterr()  # what the process printed, the libraries' C code too
     assert out == ""
     lines = err.strip().splitlines()
@@ -284,7 +290,8 @@ def test_unreadable_documents_are_one_line_warnings_naming_them_and_the_rest_is_
 
 def test_pdf_html_and_docx_are_searchable_and_a_hit_names_its_page(trained_workspace, tmp_path):
     """Embed a folder with one file of each kind (and a broken one), then search: each file's words find it,
-    a PDF's hit is its page (id, metadata, snippet); the file broken later keeps what was stored of it."""
+    a PDF's hit is its page (id, metadata, snippet); the file broken later keeps what was stored of it, with
+    --prune too (and a new chunking), until it is deleted."""
     import shutil
 
     from conftest import run_cli
@@ -323,3 +330,33 @@ def test_pdf_html_and_docx_are_searchable_and_a_hit_names_its_page(trained_works
     assert f"warning: skipping {data / 'rocks.pdf'}: not a readable PDF" in again.stderr
     run_cli("index", "-w", str(ws))
     assert top("pumice floats")["doc_id"] == "rocks.pdf#page=3"  # nothing stored lost
+
+    def stored() -> list[str]:
+        with duckdb.connect(str(ws / "pipeline.duckdb"), read_only=True) as con:
+            return [row[0] for row in con.execute("SELECT doc_id FROM documents ORDER BY doc_id").fetchall()]
+
+    others = ["survey.docx", "zebra.html"]
+    rocks = ["rocks.pdf#page=1", "rocks.pdf#page=2", "rocks.pdf#page=3"]
+    kept = (
+        "kept 3 stored documents of 1 unreadable file "
+        "(--prune removes only documents whose file is gone or no longer holds them)"
+    )
+    # the workspace's own documents (its pretraining corpus) are pruned, the unreadable file's pages kept; then
+    # with a new chunking, which embeds every document again (the kept ones from their stored text)
+    for chunk_tokens in ("64", "48"):
+        pruned = run_cli(
+            "embed", "-w", str(ws), "--data", str(data), "--prune", "--chunk-tokens", chunk_tokens, "--overlap", "8"
+        )
+        assert kept in pruned.stderr and f"warning: skipping {data / 'rocks.pdf'}" in pruned.stderr
+        assert ("stored documents no longer in the source" in pruned.stderr) == (chunk_tokens == "64")
+        assert stored() == rocks + others
+        run_cli("index", "-w", str(ws))
+        assert top("pumice floats")["doc_id"] == "rocks.pdf#page=3"
+
+    (data / "rocks.pdf").unlink()  # gone: --prune removes what it stored
+    gone = run_cli("embed", "-w", str(ws), "--data", str(data), "--prune", "--chunk-tokens", "48", "--overlap", "8")
+    assert "pruning 3 stored documents no longer in the source" in gone.stderr and "unreadable" not in gone.stderr
+    assert stored() == others
+    run_cli("index", "-w", str(ws))
+    hits = run_cli("search", "-w", str(ws), "pumice floats", "--mode", "lexical", "--json").stdout.splitlines()
+    assert not any(json.loads(line)["doc_id"].startswith("rocks.pdf") for line in hits)
