@@ -726,6 +726,16 @@ def tune(
         int, typer.Option(min=1, help="Tokens per training text (longer ones are truncated).")
     ] = 128,
     seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Random seed (pairs, order, weights).")] = 0,
+    wandb: Annotated[
+        bool,
+        typer.Option(
+            "--wandb",
+            help=(
+                "Also log the tuning to Weights & Biases (needs `pip install wandb`; WANDB_MODE=offline keeps it "
+                "on disk). TensorBoard event files are always written, under WORKSPACE/tensorboard."
+            ),
+        ),
+    ] = False,
     json_output: JsonOption = False,
 ):
     """Contrastive tuning of the pretrained model into a sentence embedder, from your unlabelled documents.
@@ -749,8 +759,11 @@ def tune(
         pipeline tune --pairs labelled.jsonl --batch-size 256 --mini-batch 32
         pipeline tune && pipeline embed && pipeline index
     """
+    from common.board import require_wandb
     from embed.tune import TuneSettings
 
+    if wandb:
+        require_wandb()
     settings = TuneSettings(
         architecture=architecture,
         pooling=pooling,
@@ -764,6 +777,7 @@ def tune(
         lr=lr,
         max_seq_length=max_seq_length,
         seed=seed,
+        wandb=wandb,
     )
     summary = workflows.tune(Workspace(workspace), list(data or []), text_field, settings, parse_duration(time_budget))
     if json_output:

@@ -128,12 +128,10 @@ def test_default_corpus_and_zero_steps_export_the_model_at_initialisation(tmp_pa
 
 
 def test_sizing_moves_up_the_ladder_on_a_faster_machine_and_discounts_repeated_data():
-    from pretrain.sizing import LADDER, choose_shape, predicted_loss
+    from pretrain.sizing import LADDER, choose_shape, law_loss
 
     # Repeated tokens are worth less than new ones, and more than none.
-    assert (
-        predicted_loss(10**6, 10**7, 10**7) < predicted_loss(10**6, 10**7, 10**6) < predicted_loss(10**6, 10**6, 10**6)
-    )
+    assert law_loss(10**6, 10**7, 10**7) < law_loss(10**6, 10**7, 10**6) < law_loss(10**6, 10**6, 10**6)
 
     def machine(flops_per_s: float):
         def timer(shape, vocab_size, device):  # a step costs its training FLOPs at this speed
