@@ -4,7 +4,7 @@ Each run writes one directory under the workspace's tensorboard/ (`pretrain`, `t
 `tune-transformer`): a new run of its kind replaces it, a resumed one continues it (the events past the
 checkpoint it resumes from are purged, as metrics.jsonl's lines are). `tensorboard --logdir
 WORKSPACE/tensorboard` shows them side by side. With --wandb, W&B mirrors the event files as they are
-written (`wandb.init(sync_tensorboard=True)`): one writer, two views. W&B's own settings apply
+written (`wandb.tensorboard.patch`, W&B's sync_tensorboard): one writer, two views. W&B's own settings apply
 (WANDB_PROJECT, WANDB_MODE=offline keeps the run in WORKSPACE/wandb/ with no network; `wandb sync` uploads
 it later). wandb is not a dependency: --wandb without it installed is an error before the command starts.
 """
@@ -44,12 +44,9 @@ class Board:
             require_wandb()
             import wandb as wandb_module
 
+            wandb_module.tensorboard.patch(root_logdir=str(ws.tensorboard_dir))  # sync_tensorboard, rooted here
             self.wandb = wandb_module.init(
-                project=os.environ.get("WANDB_PROJECT", WANDB_PROJECT),
-                name=name,
-                dir=str(ws.root),
-                config=config,
-                sync_tensorboard=True,
+                project=os.environ.get("WANDB_PROJECT", WANDB_PROJECT), name=name, dir=str(ws.root), config=config
             )
         # purge_step: TensorBoard drops this directory's events from that step on, written before a resume
         self.writer = SummaryWriter(
@@ -78,5 +75,8 @@ class Board:
     def close(self) -> None:
         self.writer.close()
         if self.wandb is not None:
+            import wandb as wandb_module
+
             self.wandb.finish()
+            wandb_module.tensorboard.unpatch()  # the next run (tune's second candidate) patches it again
             self.wandb = None
