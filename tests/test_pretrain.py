@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TINY_TRAINING, run_cli
+from conftest import TINY_TRAINING, board_texts, read_metrics, run_cli
 from pretrain.config import TrainConfig, model_config_for
 from pretrain.data import step_sample_indices
 from pretrain.model import GPT, lm_loss
@@ -204,6 +204,27 @@ def test_pretrain_without_a_shape_is_sized_to_the_time_budget(tmp_path, corpus_f
     assert model["steps"] == (int(replanned.group(1).replace(",", "")) if replanned else planned)
     shapes = {(s.n_layer, s.n_embd, s.n_head, s.batch_size) for s in LADDER}
     assert model["preset"] == "sized" and model["steps"] >= 1
+    # The table ranks the shapes by the scaling law and prints none of its losses, which no run here reaches.
+    table = [line for line in result.stderr.splitlines() if re.match(r"(->|  ) rank \d", line)]
+    assert table and sum(line.startswith("->") for line in table) == 1 and "loss" not in " ".join(table)
+    # The run's log: what sizing timed and ranked, then the validation loss reached after all the (re-planned) steps
+    metrics = read_metrics(ws)
+    sizing, end = metrics[0], metrics[-1]
+    assert sizing["event"] == "sizing" and len(sizing["shapes"]) == len(table)
+    assert sorted(c["law_rank"] for c in sizing["shapes"]) == list(range(1, len(table) + 1))
+    chosen = next(c for c in sizing["shapes"] if c["chosen"])
+    assert chosen["law_rank"] == 1 and (chosen["n_layer"], chosen["n_embd"]) == (
+        model["config"]["n_layer"],
+        model["config"]["n_embd"],
+    )
+    assert [m["step"] for m in metrics if m["event"] == "train"][-1] == model["steps"]
+    val = [m for m in metrics if m["event"] == "val"]
+    assert val[-1]["step"] == model["steps"] and model["final_val_loss"] == val[-1]["val_loss"]
+    assert end["event"] == "end" and end["val_loss_reached"] == val[-1]["val_loss"] and end["law_rank"] == 1
+    assert end["law_loss"] == chosen["law_loss"] and end["shapes_ranked"] == len(table)
+    assert model["prediction"]["sizing"]["shapes"] == sizing["shapes"]  # the manifest keeps it too
+    assert f"TensorBoard: tensorboard --logdir {ws / 'tensorboard'}" in result.stderr
+    assert "| rank | layers |" in board_texts(ws / "tensorboard" / "pretrain")["sizing"]
     assert (
         model["config"]["n_layer"],
         model["config"]["n_embd"],
