@@ -360,6 +360,7 @@ def pretrain(
 
     The adaptation is `pipeline tune` with its defaults on the same, unlabelled documents: afterwards
     `pipeline embed && pipeline index` embed with the adapted model and `pipeline search` uses it.
+    The run's curves are TensorBoard event files: `tensorboard --logdir WORKSPACE/tensorboard`.
 
     Examples:
 
@@ -371,6 +372,7 @@ def pretrain(
         pipeline pretrain --data corpus.jsonl --text-field body --tokens 2000000
         pipeline pretrain --data docs/ --max-steps 0       # the model at initialisation (ablation baseline)
         pipeline pretrain --resume                         # continue after an interruption
+        WANDB_MODE=offline pipeline pretrain --data docs/ --wandb   # also to Weights & Biases (pip install wandb)
         pipeline pretrain --nproc 4 --strategy fsdp        # 4 processes (torchrun), sharded data parallel
         pipeline pretrain --nproc 4 --strategy hybrid --dp 2 --pp 2 --pp-schedule interleaved-1f1b
         pipeline pretrain --nproc 4 --strategy auto               # the planner's top plan, and why
