@@ -497,6 +497,14 @@ def run_tune(
         )
         settings = replace(settings, steps=max(1, len(sampler)))
     dataset = Dataset.from_dict(columns)
+    # the loss, learning rate and gradient norm at each logged step, as TensorBoard scalars (train/loss ...)
+    board = Board(
+        ws,
+        f"tune-{settings.architecture}",
+        wandb=settings.wandb,
+        config=json.loads(json.dumps(asdict(settings), default=str)),
+    )
+    info(f"TensorBoard: tensorboard --logdir {ws.tensorboard_dir}  (this run: {board.directory})")
     scratch = Path(tempfile.mkdtemp(dir=ws.root, prefix=".tune."))
     start = time.perf_counter()
 
@@ -510,14 +518,6 @@ def run_tune(
                     f"lr {logs.get('learning_rate', 0):.2e}  {elapsed:.0f}s  eta {eta:.0f}s"
                 )
 
-    # the loss, learning rate and gradient norm at each logged step, as TensorBoard scalars (train/loss ...)
-    board = Board(
-        ws,
-        f"tune-{settings.architecture}",
-        wandb=settings.wandb,
-        config=json.loads(json.dumps(asdict(settings), default=str)),
-    )
-    info(f"TensorBoard: tensorboard --logdir {ws.tensorboard_dir}  (this run: {board.directory})")
     args = SentenceTransformerTrainingArguments(
         output_dir=str(scratch),
         max_steps=settings.steps,
