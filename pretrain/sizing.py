@@ -193,7 +193,7 @@ def apply_shape(cfg, shape: Shape, steps: int):
     return cfg
 
 
-def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, plan=None) -> tuple:
+def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, plan=None, timer=time_step) -> tuple:
     """Set cfg's model shape, sequence length, batch, learning rate and steps to the ladder shape the scaling law
     ranks first for `seconds` of training (among those `plan` accepts); returns (cfg, report lines, the
     record the run's log keeps: every shape timed, its rank and the law's value)."""
@@ -207,7 +207,9 @@ def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, 
             "no model shape of the sizing ladder fits this parallel plan: give --preset or --n-layer/--n-head/--n-embd"
         )
     with OtherLoad() as load:
-        best, measured = choose_shape(unique_tokens, cfg.vocab_size, STEP_SHARE * seconds, device, processes, ladder)
+        best, measured = choose_shape(
+            unique_tokens, cfg.vocab_size, STEP_SHARE * seconds, device, processes, ladder, timer
+        )
     shape = best.shape
     # the steps that fit in what sizing itself left of the budget
     step_seconds = STEP_SHARE * max(seconds - (time.monotonic() - started), 0.0)

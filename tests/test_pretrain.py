@@ -155,6 +155,30 @@ def test_sizing_moves_up_the_ladder_on_a_faster_machine_and_discounts_repeated_d
     assert all(c.epochs < 1.5 for c in corpus)
 
 
+def test_the_sizing_table_ranks_the_shapes_and_prints_no_loss():
+    """The law's losses for these shapes are far above any a run reaches (pretrain/sizing.py): the table
+    prints each shape's rank by them, the record keeps them beside the rank."""
+    from pretrain.config import TrainConfig
+    from pretrain.sizing import LADDER, size_to_budget
+
+    def timer(shape, vocab_size, device):  # a machine of 5 TFLOP/s: several shapes fit 10 minutes
+        parameters = 12 * shape.n_layer * shape.n_embd**2 + vocab_size * shape.n_embd
+        return parameters, 6 * parameters * shape.batch_size * shape.seq_len / 5e12
+
+    cfg = TrainConfig(vocab_size=8192)
+    cfg, lines, record = size_to_budget(cfg, 2_000_000, 600, timer=timer)
+    shapes, table = record["shapes"], lines[1 : 1 + len(record["shapes"])]
+    assert len(shapes) >= 3 and lines[1 + len(shapes)].startswith("chosen: ")
+    assert "a ranking, not a forecast" in lines[0] and "loss" not in " ".join(table)
+    by_law = sorted(shapes, key=lambda c: c["law_loss"])
+    assert [c["law_rank"] for c in by_law] == list(range(1, len(shapes) + 1))
+    (chosen,) = [c for c in shapes if c["chosen"]]
+    assert chosen["law_rank"] == 1 and (cfg.model.n_layer, cfg.model.n_embd) == (chosen["n_layer"], chosen["n_embd"])
+    for line, c in zip(table, shapes):  # in ladder order, each with its rank, the chosen one marked
+        assert line.startswith(f"{'->' if c['chosen'] else '  '} rank {c['law_rank']} ") and f"d={c['n_embd']}" in line
+    assert [(c["n_layer"], c["n_embd"]) for c in shapes] == [(s.n_layer, s.n_embd) for s in LADDER[: len(shapes)]]
+
+
 def test_a_sized_run_replans_its_steps_from_its_own_step_time():
     from pretrain.sizing import replanned_steps
 
