@@ -363,6 +363,7 @@ def pretrain(
 
     The adaptation is `pipeline tune` with its defaults on the same, unlabelled documents: afterwards
     `pipeline embed && pipeline index` embed with the adapted model and `pipeline search` uses it.
+    The run's curves are TensorBoard event files: `tensorboard --logdir WORKSPACE/tensorboard`.
 
     Examples:
 
@@ -374,6 +375,7 @@ def pretrain(
         pipeline pretrain --data corpus.jsonl --text-field body --tokens 2000000
         pipeline pretrain --data docs/ --max-steps 0       # the model at initialisation (ablation baseline)
         pipeline pretrain --resume                         # continue after an interruption
+        WANDB_MODE=offline pipeline pretrain --data docs/ --wandb   # also to Weights & Biases (pip install wandb)
         pipeline pretrain --nproc 4 --strategy fsdp        # 4 processes (torchrun), sharded data parallel
         pipeline pretrain --nproc 4 --strategy hybrid --dp 2 --pp 2 --pp-schedule interleaved-1f1b
         pipeline pretrain --nproc 4 --strategy auto               # the planner's top plan, and why
@@ -734,6 +736,16 @@ def tune(
         int, typer.Option(min=1, help="Tokens per training text (longer ones are truncated).")
     ] = 128,
     seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Random seed (pairs, order, weights).")] = 0,
+    wandb: Annotated[
+        bool,
+        typer.Option(
+            "--wandb",
+            help=(
+                "Also log the tuning to Weights & Biases (needs `pip install wandb`; WANDB_MODE=offline keeps it "
+                "on disk). TensorBoard event files are always written, under WORKSPACE/tensorboard."
+            ),
+        ),
+    ] = False,
     json_output: JsonOption = False,
 ):
     """Contrastive tuning of the pretrained model into a sentence embedder, from your unlabelled documents.
@@ -757,8 +769,11 @@ def tune(
         pipeline tune --pairs labelled.jsonl --batch-size 256 --mini-batch 32
         pipeline tune && pipeline embed && pipeline index
     """
+    from common.board import require_wandb
     from embed.tune import TuneSettings
 
+    if wandb:
+        require_wandb()
     settings = TuneSettings(
         architecture=architecture,
         pooling=pooling,
@@ -772,6 +787,7 @@ def tune(
         lr=lr,
         max_seq_length=max_seq_length,
         seed=seed,
+        wandb=wandb,
     )
     summary = workflows.tune(Workspace(workspace), list(data or []), text_field, settings, parse_duration(time_budget))
     if json_output:

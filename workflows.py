@@ -56,7 +56,9 @@ def pretrain(ws: Workspace, settings, adapt: bool = True) -> dict:
         info("adapting the pretrained model to retrieval on the same documents (--no-adapt skips this)")
         budget = settings.time_budget_seconds
         documents = tuning_documents(source_documents(ws, settings.data, settings.text_field))
-        summary["adaptation"] = adapt_embedder(ws, documents, budget, TuneSettings(steps=adaptation_steps(budget)))
+        summary["adaptation"] = adapt_embedder(
+            ws, documents, budget, TuneSettings(steps=adaptation_steps(budget), wandb=settings.wandb)
+        )
     return summary
 
 

@@ -8,6 +8,7 @@ Layout (all paths relative to the workspace root):
     checkpoints/         step_XXXXXXXX/ directories (torch.distributed.checkpoint)
     model/               the exported Hugging Face + sentence-transformers model
     metrics.jsonl        one JSON object per logged training step / validation
+    tensorboard/         TensorBoard event files, one directory per run (pretrain/, tune-static/, ...)
     pipeline.duckdb      documents, chunks and vectors (common/store.py)
     index/               the FAISS index (faiss-<build>.index), the BM25 index (lexical-<id>/) and the corpus
                          snapshot search reads (corpus-<id>/: common/corpus.py)
@@ -139,6 +140,10 @@ class Workspace:
     @property
     def metrics_path(self) -> Path:
         return self.root / "metrics.jsonl"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.root / "tensorboard"
 
     @property
     def db_path(self) -> Path:

@@ -49,10 +49,11 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
+from common.board import Board
 from common.console import info, warn
 from common.embedder import embedding_text, ensure_pad_token
 from common.errors import PipelineError
@@ -95,6 +96,7 @@ class TuneSettings:
     dropout: float = 0.1
     seed: int = 0
     log_every: int = 10
+    wandb: bool = False  # mirror the TensorBoard events (tensorboard/tune-ARCHITECTURE/) to Weights & Biases
 
     @property
     def max_chars(self) -> int:
@@ -424,6 +426,7 @@ def run_tune(
         MultipleNegativesRankingLoss,
     )
     from transformers import TrainerCallback
+    from transformers.integrations import TensorBoardCallback
 
     labelled = read_labelled_pairs(settings.pairs_file, {d.id: d for d in docs}) if settings.pairs_file else []
     # Documents held out here are where `pipeline index` measures which search mode works best.
@@ -494,6 +497,14 @@ def run_tune(
         )
         settings = replace(settings, steps=max(1, len(sampler)))
     dataset = Dataset.from_dict(columns)
+    # the loss, learning rate and gradient norm at each logged step, as TensorBoard scalars (train/loss ...)
+    board = Board(
+        ws,
+        f"tune-{settings.architecture}",
+        wandb=settings.wandb,
+        config=json.loads(json.dumps(asdict(settings), default=str)),
+    )
+    info(f"TensorBoard: tensorboard --logdir {ws.tensorboard_dir}  (this run: {board.directory})")
     scratch = Path(tempfile.mkdtemp(dir=ws.root, prefix=".tune."))
     start = time.perf_counter()
 
@@ -527,7 +538,11 @@ def run_tune(
         bf16=device == "cuda" and settings.architecture == "transformer" and torch.cuda.is_bf16_supported(),
     )
     trainer = SentenceTransformerTrainer(
-        model=model, args=args, train_dataset=dataset, loss=loss, callbacks=[Progress()]
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        loss=loss,
+        callbacks=[Progress(), TensorBoardCallback(board.writer)],
     )
     trainer.remove_callback(
         next(c for c in trainer.callback_handler.callbacks if type(c).__name__ == "PrinterCallback")
@@ -541,6 +556,7 @@ def run_tune(
         out_dir = ws.root / out_name
         save_swapped(model, out_dir, scratch)
     finally:
+        board.close()
         shutil.rmtree(scratch, ignore_errors=True)
 
     summary = {

@@ -303,6 +303,7 @@ class RuntimeOptions:
     ac: bool = False  # activation checkpointing of each block
     fused_adamw: bool = False  # fused AdamW kernel
     timeout_s: float = 300.0  # process-group timeout: a lost peer fails the job instead of hanging it
+    wandb: bool = False  # rank 0 mirrors its TensorBoard events to Weights & Biases (common/board.py)
 
     def to_dict(self) -> dict:
         return asdict(self)

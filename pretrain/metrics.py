@@ -1,5 +1,6 @@
 """What a run measures and reports: per-step time in communication, peak memory, MFU against this
-machine's measured matmul peak, the pipeline's bubble; RunLog writes them to metrics.jsonl (rank 0)
+machine's measured matmul peak, the pipeline's bubble; RunLog writes them to metrics.jsonl and as
+TensorBoard scalars to tensorboard/pretrain/ (rank 0; common/board.py, mirrored to W&B with --wandb)
 and prints the progress lines."""
 
 from __future__ import annotations
@@ -9,12 +10,14 @@ import math
 import os
 import resource
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from common.board import Board
 from common.console import info, quiet_descriptor
 from common.durations import format_eta
 from common.workspace import Workspace, atomic_write_bytes
@@ -173,10 +176,65 @@ def theoretical_bubble(config: ParallelConfig) -> float | None:
     return None
 
 
+# metrics.jsonl's fields drawn in TensorBoard, tag: field (a per-rank list is drawn as its largest value)
+BOARD_SCALARS = {
+    "loss/train": "loss",
+    "loss/validation": "val_loss",
+    "optimizer/lr": "lr",
+    "optimizer/grad_norm": "grad_norm",
+    "throughput/tokens_per_s": "tokens_per_s",
+    "throughput/mfu": "mfu",
+    "memory/peak_mb": "peak_mem_mb_per_rank",
+    "memory/model_state_mb": "model_state_mb_per_rank",
+    "memory/peak_rss_mb": "peak_rss_mb",
+    "time/step_s": "step_s",
+    "time/comm_fraction": "comm_fraction",
+    "time/bubble_fraction": "bubble_fraction",
+    "plan/step_s_predicted": "predicted_step_s",
+    "plan/step_s_measured": "measured_step_s",
+    "plan/peak_mem_mb_predicted": "predicted_peak_mem_mb",
+    "plan/peak_mem_mb_measured": "measured_peak_mem_mb",
+}
+# Charts drawing several of them together (TensorBoard's Custom Scalars tab)
+BOARD_CHARTS = {
+    "loss": {"train and validation loss": ["loss/train", "loss/validation"]},
+    "plan": {
+        "step time (s): the plan's prediction and the run": ["plan/step_s_predicted", "plan/step_s_measured"],
+        "peak memory (MB): the plan's prediction and the run": [
+            "plan/peak_mem_mb_predicted",
+            "plan/peak_mem_mb_measured",
+        ],
+    },
+}
+
+
+def board_values(record: dict) -> dict[str, float]:
+    values = {tag: record.get(name) for tag, name in BOARD_SCALARS.items()}
+    return {tag: max(v) if isinstance(v, list) else v for tag, v in values.items() if v is not None}
+
+
+def sizing_markdown(sizing: dict) -> str:
+    """The sizing table as TensorBoard's text tab shows it."""
+    rows = [
+        "| rank | layers | d | parameters | ms/step | steps | tokens | epochs | chosen |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in sizing["shapes"]:
+        rows.append(
+            f"| {c['law_rank']} | {c['n_layer']} | {c['n_embd']} | {c['parameters'] / 1e6:.2f}M | "
+            f"{c['step_s'] * 1000:.0f} | {c['steps']:,} | {c['tokens'] / 1e6:.1f}M | {c['epochs']:.1f} | "
+            f"{'yes' if c['chosen'] else ''} |"
+        )
+    return (
+        "Each shape timed on this machine, ranked by the scaling law (1 = the lowest loss it predicts; a ranking, "
+        "not a forecast: pretrain/sizing.py).\n\n" + "\n".join(rows)
+    )
+
+
 class RunLog:
-    """A run's metrics (JSON lines in the workspace, written by rank 0; on resume, lines past the
-    checkpoint are dropped) and progress lines. Every rank calls train_step at logged steps: the
-    per-rank figures are gathered from all of them."""
+    """A run's metrics (JSON lines in the workspace and TensorBoard event files, written by rank 0; on
+    resume, lines and events past the checkpoint are dropped) and progress lines. Every rank calls
+    train_step at logged steps: the per-rank figures are gathered from all of them."""
 
     def __init__(
         self,
@@ -188,10 +246,22 @@ class RunLog:
         resume_from: Path | None,
         prediction: dict | None,
         memory_base_mb: float,
+        wandb: bool = False,
     ):
         self.par, self.cfg, self.plan = par, cfg, par.config
         self.main = par.rank == 0
         self.path = ws.metrics_path
+        self.board = None
+        if self.main:
+            self.board = Board(
+                ws,
+                "pretrain",
+                resume_step=None if resume_from is None else start_step,
+                wandb=wandb,
+                config={"train": asdict(cfg), "plan": self.plan.to_dict()},
+            )
+            self.board.charts(BOARD_CHARTS)
+            info(f"TensorBoard: tensorboard --logdir {ws.tensorboard_dir}  (this run: {self.board.directory})")
         if self.main and resume_from is None:
             atomic_write_bytes(self.path, b"")
         elif self.main and self.path.exists():
@@ -208,14 +278,25 @@ class RunLog:
         self.peak_cache, self.peak_key = ws.root / PEAK_CACHE, machine_key(par.device, par.world_size)
         self.peak_flops = job_peak_flops(par, self.peak_cache)
         self.flops_per_token, self.tokens_per_step = flops_per_token, cfg.batch_size * cfg.seq_len
-        self.prediction, self.memory_base_mb = prediction, memory_base_mb
+        # the planner's step time and memory for the plan (when this machine was measured), and sizing's ranking
+        prediction = prediction or {}
+        self.prediction = prediction if "step_s" in prediction else None
+        self.sizing, self.memory_base_mb = prediction.get("sizing"), memory_base_mb
+        self.uniform_loss = math.log(cfg.model.vocab_size)  # a model that learned nothing
+        if self.sizing and resume_from is None:
+            self.write({"event": "sizing", "step": start_step, **self.sizing})
+            if self.board:
+                self.board.text("sizing", sizing_markdown(self.sizing))
         self.run_start = self.last_log = time.perf_counter()
         self.steps_since_log = 0
 
     def write(self, record: dict) -> None:
+        """A record of metrics.jsonl, and its figures as TensorBoard scalars at its step."""
         if self.main:
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
+            if self.board and "step" in record:
+                self.board.scalars(record["step"], board_values(record))
 
     def start(self) -> None:
         self.run_start = self.last_log = time.perf_counter()
@@ -303,3 +384,29 @@ class RunLog:
         self.write({"event": "val", "step": done, "val_loss": val_loss, "val_ppl": math.exp(val_loss)})
         if self.main:
             info(f"step {done}: validation loss {val_loss:.4f}, perplexity {math.exp(val_loss):.1f}")
+
+    def end(self, done: int, val_loss: float | None) -> None:
+        """The validation loss the run reached, beside what was predicted of it: sizing ranked the shape by
+        a scaling law whose value (law_loss) is recorded to show how far off it is, never printed as a forecast."""
+        record = {"event": "end", "step": done, "val_loss_reached": val_loss, "uniform_loss": self.uniform_loss}
+        chosen = next((c for c in self.sizing["shapes"] if c["chosen"]), None) if self.sizing else None
+        if chosen is not None:
+            record.update(
+                law_rank=chosen["law_rank"], shapes_ranked=len(self.sizing["shapes"]), law_loss=chosen["law_loss"]
+            )
+        self.write(record)
+        if self.main and val_loss is not None:
+            line = (
+                f"validation loss reached {val_loss:.4f} (a model that learned nothing scores "
+                f"ln {self.cfg.model.vocab_size} = {self.uniform_loss:.2f})"
+            )
+            if chosen is not None:
+                line += (
+                    f"; sizing ranked this shape {chosen['law_rank']} of {record['shapes_ranked']} by the scaling law"
+                )
+            info(line)
+            self.board.text("result", line, done)
+
+    def close(self) -> None:
+        if self.board:
+            self.board.close()

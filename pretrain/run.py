@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from common.board import require_wandb
 from common.console import info
 from common.errors import PipelineError
 from common.manifest import read_manifest
@@ -65,11 +66,12 @@ def run_pretrain(ws: Workspace, s: PretrainSettings) -> dict:
         nproc=nproc, nnodes=s.nnodes, node_rank=s.node_rank, master_addr=s.master_addr, master_port=s.master_port
     )
 
+    sizing = None  # what sizing measured and ranked, kept in the run's log
     if resume_from is None and not s.shape_given:  # sized to the data, this machine and the time budget
         started = time.monotonic()
         cfg.preset, cfg.vocab_size = "sized", s.vocab_size or 0  # 0: sized to the corpus
         meta = prepare_data(ws, corpus_of(s), cfg, data_options(s))
-        cfg, report = size_to_budget(
+        cfg, report, sizing = size_to_budget(
             cfg,
             meta["train_tokens"],
             budget_s - (time.monotonic() - started),
@@ -89,7 +91,7 @@ def run_pretrain(ws: Workspace, s: PretrainSettings) -> dict:
     if s.auto and s.autotune and resume_from is None:
         plan, cfg = apply_estimate(cfg, autotune_plan(ws, cfg, options, result, s.autotune, AUTOTUNE_STEPS, job))
 
-    return train_job(ws, cfg, plan, options, resume_from, s, job)
+    return train_job(ws, cfg, plan, options, resume_from, s, job, sizing)
 
 
 # ---------------------------------------------------------------- settings, checked once
@@ -113,6 +115,8 @@ def check_settings(s: PretrainSettings) -> float:
         )
     if (s.autotune is not None or s.cluster is not None) and not s.auto:
         raise PipelineError("--autotune and --cluster go with --strategy auto")
+    if s.wandb:
+        require_wandb()
     return s.time_budget_seconds
 
 
@@ -146,6 +150,7 @@ def runtime_options(s: PretrainSettings) -> RuntimeOptions:
         ac=s.ac,
         fused_adamw=cuda if s.fused_adamw is None else s.fused_adamw,
         timeout_s=s.dist_timeout,
+        wandb=s.wandb,
     )
 
 
@@ -221,16 +226,17 @@ def train_job(
     resume_from: Path | None,
     s: PretrainSettings,
     job: dict,
+    sizing: dict | None = None,
 ) -> dict:
     """Train in this process when the job is one process, else under torchrun on this node, or on Ray;
-    returns the model's summary (empty on nodes other than the first)."""
+    returns the model's summary (empty on nodes other than the first). What was predicted before the run
+    goes with it, to be logged beside what it measures: the planner's step time and memory for the plan,
+    if this machine was measured, and the sizing's ranking of the shapes."""
     from pretrain.launch import RunSpec, launch
     from pretrain.planner.auto import predict_run
     from pretrain.train import train
 
-    prediction = predict_run(
-        ws, cfg, plan, options.bf16
-    )  # logged beside the measured step, if this machine was measured
+    prediction = {**(predict_run(ws, cfg, plan, options.bf16) or {}), **({"sizing": sizing} if sizing else {})} or None
     if s.ray is not None:
         from pretrain.ray_train import run_on_ray
 

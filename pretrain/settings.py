@@ -151,6 +151,12 @@ class PretrainSettings:
         "files not tokenized before go into new shards first, and training runs as many more steps as they fill "
         "(unless --max-steps says).",
     )
+    wandb: bool = option(
+        False,
+        "Also log the run to Weights & Biases (needs `pip install wandb`; WANDB_MODE=offline keeps it on disk, "
+        "WANDB_PROJECT names the project). TensorBoard event files are always written, under WORKSPACE/tensorboard.",
+        flags=("--wandb",),
+    )
     # the job
     nproc: Optional[int] = option(None, "Processes on this node (default: number of GPUs, 1 on CPU).", min=1)
     nnodes: int = option(1, "Nodes in the job.", min=1)

@@ -2,7 +2,7 @@
 
 A fixed step count suits one corpus and one machine. Instead, for each GPT-2 shape of a ladder, a few
 real training steps are timed on this machine; that gives the tokens the shape can train on within the
-time budget, and a scaling law predicts the loss each shape would reach. The lowest wins:
+time budget, and a scaling law ranks the shapes by the loss it predicts for each. The lowest wins:
 
     L(N, D) = E + A / N^alpha + B / D'^beta            Chinchilla (Hoffmann et al. 2022, approach 3)
     D' = U + U R* (1 - exp(-(D / U - 1) / R*))          data repeated for D / U epochs (Muennighoff et al.
@@ -14,6 +14,21 @@ Repetition is discounted, so a longer budget or a faster machine (a GPU) buys a 
 than ever more epochs of a small one; on 2 CPU cores and SciFact (1.7M tokens) 12 minutes chose 6
 layers, d=192, for about one epoch. The ladder is walked from the smallest shape and stops once the predicted
 loss rises (it falls, then rises, as shapes get slower) or a shape could not take MIN_STEPS steps.
+
+The law ranks; it does not forecast. Its constants were fitted on models of 70M-16B parameters trained on
+MassiveText with a 32k-token vocabulary; the shapes here have 0.1-20M parameters, the corpus and the
+vocabulary are the user's. Two orders of magnitude below its range its absolute values are far off: on
+SciFact it gave 11.0-13.6 nats per token, more than a uniform guess over the vocabulary (ln 4096 = 8.3),
+for shapes that reached a validation loss of 4-5. What the choice needs is its ordering (more parameters
+learn more from a token, more tokens teach more, repeated tokens teach less), and that is all the sizing
+table prints: each shape's rank (1 = the lowest loss the law predicts). Fitting the law's five constants to
+this machine instead would need each shape's loss at several token counts, reached by real training: the
+ladder's timing runs are 4 steps on random tokens, which say how long a step takes and nothing about where
+a shape's loss ends (4 steps on real tokens of a SciFact slice left the first four shapes at 7.7-8.0, all
+still near ln 4096 = 8.3, and in no order of where they end), and a handful of shapes could not pin five
+constants even then. The run's log keeps the law's value for the chosen shape beside the validation
+loss the run reached (metrics.jsonl's "sizing" and "end" records, the manifest's model.prediction.sizing),
+so the gap stays on record.
 """
 
 from __future__ import annotations
@@ -22,7 +37,7 @@ import copy
 import math
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -72,10 +87,11 @@ class Candidate:
     steps: int
     tokens: int
     epochs: float
-    predicted_loss: float
+    law_loss: float  # the law's L(N, D): for ranking shapes only (module docstring)
 
 
-def predicted_loss(parameters: int, tokens: int, unique_tokens: int) -> float:
+def law_loss(parameters: int, tokens: int, unique_tokens: int) -> float:
+    """The law's L(N, D) with repeated tokens discounted: comparable between shapes, not a loss a run reaches."""
     epochs = tokens / max(unique_tokens, 1)
     effective = (
         tokens
@@ -121,7 +137,7 @@ def choose_shape(
     ladder: tuple[Shape, ...] = LADDER,
     timer=time_step,
 ) -> tuple[Candidate, list[Candidate]]:
-    """The ladder shape with the lowest predicted loss within `seconds` of training, and every shape measured.
+    """The ladder shape with the lowest loss the law predicts within `seconds` of training, and every shape measured.
     `processes` data-parallel processes take that many times the tokens per second of one."""
     measured: list[Candidate] = []
     candidate = None
@@ -141,12 +157,12 @@ def choose_shape(
             steps,
             tokens,
             tokens / max(unique_tokens, 1),
-            predicted_loss(parameters, tokens, unique_tokens),
+            law_loss(parameters, tokens, unique_tokens),
         )
         if steps < MIN_STEPS:
             break
         measured.append(candidate)
-        if len(measured) > 1 and candidate.predicted_loss > measured[-2].predicted_loss:
+        if len(measured) > 1 and candidate.law_loss > measured[-2].law_loss:
             break
     if not measured:  # even the smallest shape is slow here (or too big): take it, with as many steps as fit
         if candidate is None:
@@ -155,7 +171,7 @@ def choose_shape(
                 "give --preset, or a shape with --n-layer/--n-embd and a --batch-size"
             )
         measured.append(candidate)
-    best = min(measured, key=lambda c: c.predicted_loss)
+    best = min(measured, key=lambda c: c.law_loss)
     return best, measured
 
 
@@ -177,9 +193,10 @@ def apply_shape(cfg, shape: Shape, steps: int):
     return cfg
 
 
-def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, plan=None) -> tuple:
+def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, plan=None, timer=time_step) -> tuple:
     """Set cfg's model shape, sequence length, batch, learning rate and steps to the ladder shape the scaling law
-    prefers for `seconds` of training (among those `plan` accepts); returns (cfg, report lines)."""
+    ranks first for `seconds` of training (among those `plan` accepts); returns (cfg, report lines, the
+    record the run's log keeps: every shape timed, its rank and the law's value)."""
     started = time.monotonic()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     ladder = tuple(
@@ -190,7 +207,9 @@ def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, 
             "no model shape of the sizing ladder fits this parallel plan: give --preset or --n-layer/--n-head/--n-embd"
         )
     with OtherLoad() as load:
-        best, measured = choose_shape(unique_tokens, cfg.vocab_size, STEP_SHARE * seconds, device, processes, ladder)
+        best, measured = choose_shape(
+            unique_tokens, cfg.vocab_size, STEP_SHARE * seconds, device, processes, ladder, timer
+        )
     shape = best.shape
     # the steps that fit in what sizing itself left of the budget
     step_seconds = STEP_SHARE * max(seconds - (time.monotonic() - started), 0.0)
@@ -201,26 +220,29 @@ def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, 
         steps=steps,
         tokens=tokens,
         epochs=tokens / max(unique_tokens, 1),
-        predicted_loss=predicted_loss(best.parameters, tokens, unique_tokens),
+        law_loss=law_loss(best.parameters, tokens, unique_tokens),
     )
     cfg = apply_shape(cfg, shape, chosen.steps)
     cfg.step_budget_s = step_seconds  # the loop times whole steps, all processes together
+    ranks = {id(c): rank for rank, c in enumerate(sorted(measured, key=lambda c: c.law_loss), 1)}  # as decided
+    shown = [(chosen if c is best else c, ranks[id(c)], c is best) for c in measured]
     lines = [
         f"sizing for {seconds / 60:.1f} min of pretraining on {device.type} ({processes} process(es)), "
         f"{STEP_SHARE:.0%} of it for training steps, the rest for validation, checkpoints and export; "
-        f"{unique_tokens:,} unique training tokens; each shape timed on this machine:"
+        f"{unique_tokens:,} unique training tokens; each shape timed on this machine and ranked by the scaling law "
+        "(1 = the lowest loss it predicts: a ranking, not a forecast; its constants were fitted on models of "
+        "70M-16B parameters and its losses do not hold for these):"
     ]
-    for c in measured:
-        mark, c = ("->", chosen) if c is best else ("  ", c)
+    for c, rank, is_chosen in shown:
         lines.append(
-            f"{mark} {c.shape.n_layer:2d} layers d={c.shape.n_embd:<4d} {c.parameters / 1e6:7.2f}M params  "
-            f"{c.step_s * 1000:7.0f} ms/step  {c.steps:6,d} steps  {c.tokens / 1e6:7.1f}M tokens "
-            f"({c.epochs:5.1f} epochs)  predicted loss {c.predicted_loss:.3f}"
+            f"{'->' if is_chosen else '  '} rank {rank}  {c.shape.n_layer:2d} layers d={c.shape.n_embd:<4d} "
+            f"{c.parameters / 1e6:7.2f}M params  {c.step_s * 1000:7.0f} ms/step  {c.steps:6,d} steps  "
+            f"{c.tokens / 1e6:7.1f}M tokens ({c.epochs:5.1f} epochs)"
         )
     lines.append(
         f"chosen: {shape.n_layer} layers, d={shape.n_embd}, "
         f"{chosen.steps:,} steps of {shape.batch_size}x{shape.seq_len} tokens "
-        f"({chosen.epochs:.1f} epochs): the lowest loss the scaling law predicts in the budget "
+        f"({chosen.epochs:.1f} epochs): ranked first by the scaling law in the budget "
         "(larger shapes see too few tokens, smaller ones learn less per token)"
     )
     if device.type == "cpu" and load.share >= BUSY_SHARE:
@@ -228,7 +250,28 @@ def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, 
             f"note: other processes used {load.share:.0%} of this machine's cores while the shapes were timed, so "
             "they were timed slower than this machine runs them: on a quiet machine a larger shape may be chosen"
         )
-    return cfg, lines
+    record = {
+        "budget_s": seconds,
+        "device": device.type,
+        "processes": processes,
+        "unique_tokens": unique_tokens,
+        "other_load": load.share,
+        "shapes": [
+            {
+                **asdict(c.shape),
+                "parameters": c.parameters,
+                "step_s": c.step_s,
+                "steps": c.steps,
+                "tokens": c.tokens,
+                "epochs": c.epochs,
+                "law_rank": rank,
+                "law_loss": c.law_loss,  # Chinchilla's value, far from what the run reaches: for ranking only
+                "chosen": is_chosen,
+            }
+            for c, rank, is_chosen in shown
+        ],
+    }
+    return cfg, lines, record
 
 
 BUSY_SHARE = 0.25  # other processes' share of the cores during the timing that makes the sizing say so

@@ -115,8 +115,8 @@ def train(
     """Run (or continue) training under a parallel plan (one process by default); export the final model.
 
     Every rank of the job calls this; rank 0 alone writes metrics, the manifest and the export.
-    `prediction`, the planner's step time and peak memory for this plan (from the caller), is logged
-    beside what the run measures. Returns a summary (on rank 0; other ranks get {}).
+    `prediction` (from the caller), the planner's step time and peak memory for this plan and the sizing's
+    ranking of the shapes, is logged beside what the run measures. Returns a summary (on rank 0; other ranks get {}).
     """
     plan, options = plan or ParallelConfig(), options or RuntimeOptions()  # the plan as validated by run_pretrain
     par = build_mesh(plan, options.timeout_s)
@@ -141,7 +141,17 @@ def train(
 
     train_windows = TokenWindows.open(ws.data_dir, "train", cfg.seq_len)
     val_windows = TokenWindows.open(ws.data_dir, "val", cfg.seq_len)
-    log = RunLog(ws, par, cfg, flops_per_token, start_step, resume_from, prediction if main else None, memory_base_mb)
+    log = RunLog(
+        ws,
+        par,
+        cfg,
+        flops_per_token,
+        start_step,
+        resume_from,
+        prediction if main else None,
+        memory_base_mb,
+        wandb=options.wandb,
+    )
     local_batch = cfg.batch_size // plan.dp
     if main:
         info(
@@ -163,7 +173,8 @@ def train(
     )  # stay None when there is no step to run (--max-steps 0: the model at initialisation)
     log.start()
     timed_from = None  # when the loop's own timing of its steps began (after the first step: it warms up)
-    for step in range(start_step, cfg.max_steps):
+    step = start_step
+    while step < cfg.max_steps:  # a sized run's max_steps is re-planned on the way (replan_steps)
         done = step + 1
         if cfg.step_budget_s and done == start_step + 2:
             timed_from = time.perf_counter()
@@ -205,8 +216,11 @@ def train(
             path = save_checkpoint(ws, done, pm, optimizers, schedulers, cfg)
             if on_checkpoint is not None:  # e.g. reported to Ray Train (pretrain/ray_train.py)
                 on_checkpoint(path, done, {"loss": loss_value})
+        step = done
 
     pm.set_timing(False)
+    log.end(cfg.max_steps, val_loss)
+    log.close()
     state = full_state_dict(pm) if export else None
     if not main:
         return {}

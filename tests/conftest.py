@@ -165,6 +165,42 @@ def read_metrics(ws: Path) -> list[dict]:
     return [json.loads(line) for line in (ws / "metrics.jsonl").read_text().splitlines() if line]
 
 
+def board_events(directory: Path):
+    """A run's TensorBoard event files, read by TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory))
+    events.Reload()
+    return events
+
+
+def board(directory: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of a run: tag -> [(step, value)]."""
+    events = board_events(directory)
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def board_tensor(events, tag: str) -> bytes:
+    from tensorboard.util import tensor_util
+
+    return tensor_util.make_ndarray(events.Tensors(tag)[-1].tensor_proto).item()
+
+
+def board_texts(directory: Path) -> dict[str, str]:
+    """The text tab: tag -> its latest text."""
+    events = board_events(directory)
+    tags = [tag for tag in events.Tags()["tensors"] if tag.endswith("/text_summary")]
+    return {tag.removesuffix("/text_summary"): board_tensor(events, tag).decode() for tag in tags}
+
+
+def board_charts(directory: Path) -> dict[str, list[str]]:
+    """The Custom Scalars tab: chart title -> the tags it draws together."""
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    layout = layout_pb2.Layout.FromString(board_tensor(board_events(directory), "custom_scalars__config__"))
+    return {chart.title: list(chart.multiline.tag) for category in layout.category for chart in category.chart}
+
+
 @pytest.fixture(autouse=True)
 def one_compute_thread():
     """Keep torch at the session's thread count across tests: code run in this process may change it

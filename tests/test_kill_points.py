@@ -18,7 +18,7 @@ from common.errors import PipelineError
 from common.manifest import read_json
 from common.store import Store
 from common.workspace import Workspace, model_fingerprint
-from conftest import TINY_TRAINING, read_metrics, run_cli, scifact_slice
+from conftest import TINY_TRAINING, board, read_metrics, run_cli, scifact_slice
 from embed.run import EmbedSettings, run_embed, source_documents
 from embed.tune import TuneSettings, run_tune
 from index.build import refresh_indexes
@@ -231,6 +231,10 @@ def test_killed_pretrain_keeps_the_previous_model_and_resumes_to_the_same_losses
     got = [m["loss"] for m in read_metrics(ws) if m["event"] == "train"]
     assert len(got) == len(want) == 8
     np.testing.assert_allclose(got, want, rtol=1e-6)
+    # TensorBoard too: the killed runs' events past the checkpoint each resumed from are purged
+    curve = board(ws / "tensorboard" / "pretrain")["loss/train"]
+    assert [step for step, _ in curve] == list(range(1, 9))
+    np.testing.assert_allclose([value for _, value in curve], want, rtol=1e-6)
     assert (
         json.loads((ws / "manifest.json").read_text())["model"]["fingerprint"]
         == model_fingerprint(ws / "model")

@@ -29,6 +29,7 @@ import torch
 
 from common.errors import PipelineError
 from common.workspace import Workspace
+from conftest import board
 from pretrain.config import SCHEDULES, ModelConfig, ParallelConfig, RuntimeOptions, TrainConfig
 from pretrain.launch import RunSpec, launch
 
@@ -293,6 +294,12 @@ def test_metrics_report_throughput_memory_communication_and_bubble(world2):
     # 2 stages, 2 microbatches: 1 of 3 slots idle in theory; processes sharing CPUs wait longer.
     assert pipeline["bubble_theory"] == pytest.approx(1 / 3)
     assert len(pipeline["bubble_fraction_per_rank"]) == 2 and 0 < pipeline["bubble_fraction"] < 1
+    # TensorBoard: rank 0's event file alone, with the same figures (per-rank lists drawn as their largest)
+    assert len(list((world2["pp-1f1b"] / "tensorboard" / "pretrain").iterdir())) == 1
+    scalars = {tag: dict(points) for tag, points in board(world2["pp-1f1b"] / "tensorboard" / "pretrain").items()}
+    assert scalars["time/bubble_fraction"][STEPS] == pytest.approx(pipeline["bubble_fraction"], rel=1e-6)
+    assert scalars["time/comm_fraction"][STEPS] == pytest.approx(pipeline["comm_fraction"], rel=1e-6)
+    assert scalars["memory/peak_mb"][STEPS] == pytest.approx(max(pipeline["peak_mem_mb_per_rank"]), rel=1e-6)
 
 
 def test_mfu_is_against_the_measured_peak_and_never_exceeds_it(prepared, single, capsys):

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from common.errors import PipelineError
-from conftest import run_cli
+from conftest import board, board_charts, run_cli
 from pretrain.config import ModelConfig, ParallelConfig, model_config_for
 from pretrain.planner.candidates import Candidate, enumerate_plans
 from pretrain.planner.cluster import Device, Link, load_cluster_toml, uniform_cluster
@@ -429,3 +429,21 @@ def test_strategy_auto_trains_the_top_plan_and_logs_its_prediction_beside_the_me
     assert len(train) == 2 and all(s["predicted_step_s"] > 0 and s["measured_step_s"] > 0 for s in train)
     assert all(s["predicted_peak_mem_mb"] > 0 for s in train)
     assert json.loads((ws / "manifest.json").read_text())["model"]["prediction"]["plan"] == "single"
+    # TensorBoard draws the prediction beside the measurement, one chart each for step time and memory
+    scalars = board(ws / "tensorboard" / "pretrain")
+    for tag, field in [
+        ("plan/step_s_predicted", "predicted_step_s"),
+        ("plan/step_s_measured", "measured_step_s"),
+        ("plan/peak_mem_mb_predicted", "predicted_peak_mem_mb"),
+        ("plan/peak_mem_mb_measured", "measured_peak_mem_mb"),
+    ]:
+        assert scalars[tag] == [(s["step"], pytest.approx(s[field], rel=1e-6)) for s in train], tag
+    charts = board_charts(ws / "tensorboard" / "pretrain")
+    assert charts["step time (s): the plan's prediction and the run"] == [
+        "plan/step_s_predicted",
+        "plan/step_s_measured",
+    ]
+    assert charts["peak memory (MB): the plan's prediction and the run"] == [
+        "plan/peak_mem_mb_predicted",
+        "plan/peak_mem_mb_measured",
+    ]

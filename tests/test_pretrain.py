@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TINY_TRAINING, run_cli
+from conftest import TINY_TRAINING, board_texts, read_metrics, run_cli
 from pretrain.config import TrainConfig, model_config_for
 from pretrain.data import step_sample_indices
 from pretrain.model import GPT, lm_loss
@@ -128,12 +128,10 @@ def test_default_corpus_and_zero_steps_export_the_model_at_initialisation(tmp_pa
 
 
 def test_sizing_moves_up_the_ladder_on_a_faster_machine_and_discounts_repeated_data():
-    from pretrain.sizing import LADDER, choose_shape, predicted_loss
+    from pretrain.sizing import LADDER, choose_shape, law_loss
 
     # Repeated tokens are worth less than new ones, and more than none.
-    assert (
-        predicted_loss(10**6, 10**7, 10**7) < predicted_loss(10**6, 10**7, 10**6) < predicted_loss(10**6, 10**6, 10**6)
-    )
+    assert law_loss(10**6, 10**7, 10**7) < law_loss(10**6, 10**7, 10**6) < law_loss(10**6, 10**6, 10**6)
 
     def machine(flops_per_s: float):
         def timer(shape, vocab_size, device):  # a step costs its training FLOPs at this speed
@@ -155,6 +153,30 @@ def test_sizing_moves_up_the_ladder_on_a_faster_machine_and_discounts_repeated_d
     ]
     assert [LADDER.index(c.shape) for c in corpus] == sorted({LADDER.index(c.shape) for c in corpus})
     assert all(c.epochs < 1.5 for c in corpus)
+
+
+def test_the_sizing_table_ranks_the_shapes_and_prints_no_loss():
+    """The law's losses for these shapes are far above any a run reaches (pretrain/sizing.py): the table
+    prints each shape's rank by them, the record keeps them beside the rank."""
+    from pretrain.config import TrainConfig
+    from pretrain.sizing import LADDER, size_to_budget
+
+    def timer(shape, vocab_size, device):  # a machine of 5 TFLOP/s: several shapes fit 10 minutes
+        parameters = 12 * shape.n_layer * shape.n_embd**2 + vocab_size * shape.n_embd
+        return parameters, 6 * parameters * shape.batch_size * shape.seq_len / 5e12
+
+    cfg = TrainConfig(vocab_size=8192)
+    cfg, lines, record = size_to_budget(cfg, 2_000_000, 600, timer=timer)
+    shapes, table = record["shapes"], lines[1 : 1 + len(record["shapes"])]
+    assert len(shapes) >= 3 and lines[1 + len(shapes)].startswith("chosen: ")
+    assert "a ranking, not a forecast" in lines[0] and "loss" not in " ".join(table)
+    by_law = sorted(shapes, key=lambda c: c["law_loss"])
+    assert [c["law_rank"] for c in by_law] == list(range(1, len(shapes) + 1))
+    (chosen,) = [c for c in shapes if c["chosen"]]
+    assert chosen["law_rank"] == 1 and (cfg.model.n_layer, cfg.model.n_embd) == (chosen["n_layer"], chosen["n_embd"])
+    for line, c in zip(table, shapes):  # in ladder order, each with its rank, the chosen one marked
+        assert line.startswith(f"{'->' if c['chosen'] else '  '} rank {c['law_rank']} ") and f"d={c['n_embd']}" in line
+    assert [(c["n_layer"], c["n_embd"]) for c in shapes] == [(s.n_layer, s.n_embd) for s in LADDER[: len(shapes)]]
 
 
 def test_a_sized_run_replans_its_steps_from_its_own_step_time():
@@ -206,6 +228,27 @@ def test_pretrain_without_a_shape_is_sized_to_the_time_budget(tmp_path, corpus_f
     assert model["steps"] == (int(replanned.group(1).replace(",", "")) if replanned else planned)
     shapes = {(s.n_layer, s.n_embd, s.n_head, s.batch_size) for s in LADDER}
     assert model["preset"] == "sized" and model["steps"] >= 1
+    # The table ranks the shapes by the scaling law and prints none of its losses, which no run here reaches.
+    table = [line for line in result.stderr.splitlines() if re.match(r"(->|  ) rank \d", line)]
+    assert table and sum(line.startswith("->") for line in table) == 1 and "loss" not in " ".join(table)
+    # The run's log: what sizing timed and ranked, then the validation loss reached after all the (re-planned) steps
+    metrics = read_metrics(ws)
+    sizing, end = metrics[0], metrics[-1]
+    assert sizing["event"] == "sizing" and len(sizing["shapes"]) == len(table)
+    assert sorted(c["law_rank"] for c in sizing["shapes"]) == list(range(1, len(table) + 1))
+    chosen = next(c for c in sizing["shapes"] if c["chosen"])
+    assert chosen["law_rank"] == 1 and (chosen["n_layer"], chosen["n_embd"]) == (
+        model["config"]["n_layer"],
+        model["config"]["n_embd"],
+    )
+    assert [m["step"] for m in metrics if m["event"] == "train"][-1] == model["steps"]
+    val = [m for m in metrics if m["event"] == "val"]
+    assert val[-1]["step"] == model["steps"] and model["final_val_loss"] == val[-1]["val_loss"]
+    assert end["event"] == "end" and end["val_loss_reached"] == val[-1]["val_loss"] and end["law_rank"] == 1
+    assert end["law_loss"] == chosen["law_loss"] and end["shapes_ranked"] == len(table)
+    assert model["prediction"]["sizing"]["shapes"] == sizing["shapes"]  # the manifest keeps it too
+    assert f"TensorBoard: tensorboard --logdir {ws / 'tensorboard'}" in result.stderr
+    assert "| rank | layers |" in board_texts(ws / "tensorboard" / "pretrain")["sizing"]
     assert (
         model["config"]["n_layer"],
         model["config"]["n_embd"],
