@@ -32,7 +32,6 @@ def small_slices_and_blocks():
         patch.setattr(lexical, "SLICE_TOKENS", 20_000)
         patch.setattr(lexical, "MERGE_POSTINGS", 5_000)
         patch.setattr(lexical, "BLOCK", 8)
-        patch.setattr(lexical, "ACCUMULATE_ROWS", 1_000)
         yield
 
 
