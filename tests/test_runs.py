@@ -79,7 +79,9 @@ def test_runs_json_holds_the_run_as_its_files_hold_it(server, full_run, report):
     # The plan's prediction (the manifest's) beside what the run measured (its train records)
     prediction, plan = manifest["model"]["prediction"], run["plan"]
     assert plan["plan"] == prediction["plan"] and plan["main_cost"] == prediction["main_cost"]
-    assert plan["predicted_step_s"] == prediction["step_s"] and plan["predicted_peak_mem_mb"] == prediction["peak_mem_mb"]
+    assert (
+        plan["predicted_step_s"] == prediction["step_s"] and plan["predicted_peak_mem_mb"] == prediction["peak_mem_mb"]
+    )
     assert plan["measured_step_s"] == statistics.median(m["measured_step_s"] for m in train)
     assert plan["measured_peak_mem_mb"] == max(m["measured_peak_mem_mb"] for m in train)
     assert plan["parallelism"] == manifest["model"]["plan"]
@@ -106,8 +108,10 @@ def test_runs_json_holds_the_run_as_its_files_hold_it(server, full_run, report):
 
 
 # Per chart, the points plotly drew for each trace: scatter markers and bars are its `.point` elements.
-DRAWN_POINTS = """() => Object.fromEntries([...document.querySelectorAll('.chart')].filter(c => !c.closest('[hidden]')).map(c =>
-  [c.id, [...c.querySelectorAll('.scatterlayer .trace, .barlayer .trace')].map(t => t.querySelectorAll('.point').length)]))"""
+DRAWN_POINTS = """() => Object.fromEntries([...document.querySelectorAll('.chart')]
+  .filter(c => !c.closest('[hidden]'))
+  .map(c => [c.id, [...c.querySelectorAll('.scatterlayer .trace, .barlayer .trace')]
+    .map(t => t.querySelectorAll('.point').length)]))"""
 
 
 @contextmanager
