@@ -9,6 +9,11 @@
     POST /documents         add or replace documents: {"documents": [{"id", "title", "text", ...metadata}]}
     DELETE /documents/{id}  delete one
     GET  /fields            the fields a filter can use, with their types
+    GET  /runs.json         the workspace's pretraining run (metrics.jsonl's records, the plan's prediction beside
+                            the measurement, the sizing table), the adaptation's loss curves and candidates, the
+                            default-mode measurement (search/serve/runs.py)
+    GET  /runs              a web page drawing /runs.json (its script /runs.js, plotly.js at /plotly.min.js from
+                            the plotly package: works offline)
     GET  /health            liveness, what is loaded, whether it matches the store (never needs the API key)
     GET  /docs, /openapi.json   the OpenAPI description (Swagger UI served from the swagger-ui-py package:
                             works offline)
@@ -37,13 +42,14 @@ filter table; an unknown field or operator, or a value of the wrong type, is a 4
 Requests are bounded and the bounds are declared in the OpenAPI description (query length, k, filter
 length; a body over MAX_BODY_BYTES gets 413). Errors are {"error": "..."}, declared per route.
 
-With an API key, /search, /documents (reads and writes) and /fields need it (header X-API-Key, or ?api_key= for a
-browser; both declared as OpenAPI security schemes); the page, the docs and /health do not: they show
-no stored data.
+With an API key, /search, /documents (reads and writes), /fields and /runs.json need it (header X-API-Key, or
+?api_key= for a browser; both declared as OpenAPI security schemes); the pages, the docs and /health do not:
+they show no stored data.
 
-The package: schemas.py (the request and response models, the bounds), generation.py (the served engine,
-its reload watcher, the document writes), batcher.py (SearchBatcher), routes.py (the routes, on routers),
-app.py (create_app, run_server), page/ (the web page's HTML, CSS and JavaScript, package data).
+The package: schemas.py (the request and response models, the bounds), generation.py (the served engine, its
+reload watcher, the document writes), batcher.py (SearchBatcher), routes.py (the routes, on routers), runs.py
+(what /runs.json holds), app.py (create_app, run_server), page/ (the web page's HTML, CSS and JavaScript,
+package data).
 """
 
 from search.serve.app import create_app, run_server

@@ -26,6 +26,7 @@ from common.readers import Document
 from search.filters import OPERATORS, DocumentFilter, FilterError
 from search.serve.batcher import SearchBatcher
 from search.serve.generation import Generation, WriteConflict
+from search.serve.runs import run_report
 from search.serve.schemas import (
     ERRORS,
     FILTER_HELP,
@@ -39,6 +40,7 @@ from search.serve.schemas import (
     DocumentResponse,
     FieldsResponse,
     HealthResponse,
+    RunsResponse,
     SearchRequest,
     SearchResponse,
     UpsertRequest,
@@ -48,16 +50,19 @@ from search.serve.schemas import (
 
 API_SOURCE = "api"  # the source recorded for documents stored through POST /documents
 SWAGGER_ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css")
-PAGE_FILES = ("index.html", "page.css", "page.js")
+PAGE_FILES = ("index.html", "page.css", "page.js", "runs.html", "runs.js")
+PLOTLY = "plotly.min.js"  # the runs page's charts: plotly.js as the plotly package ships it
 
 
 def read_assets() -> dict[str, bytes]:
-    """The page's files (package data of search.serve) and Swagger UI's two (from the swagger-ui-py package),
-    by name: read once, when the app is made, so that no request path reaches the file system."""
+    """The pages' files (package data of search.serve), Swagger UI's two (from the swagger-ui-py package) and
+    plotly.js (from the plotly package), by name: read once, when the app is made, so that no request path
+    reaches the file system and nothing is fetched from elsewhere."""
     page, swagger = files("search.serve") / "page", files("swagger_ui") / "static"
     return {
         **{name: (page / name).read_bytes() for name in PAGE_FILES},
         **{name: (swagger / name).read_bytes() for name in SWAGGER_ASSETS},
+        PLOTLY: (files("plotly") / "package_data" / PLOTLY).read_bytes(),
     }
 
 
@@ -212,6 +217,19 @@ def fields(generation: Served):
     return {"fields": generation.current().filters.fields, "operators": list(OPERATORS)}
 
 
+@data.get(
+    "/runs.json",
+    summary="The workspace's pretraining run, its adaptation and the default-mode measurement",
+    response_model=RunsResponse,
+    responses={401: ERRORS[401]},
+)
+def runs(generation: Served):
+    """What the runs page (/runs) draws, read from the workspace at each request: metrics.jsonl's records,
+    the plan's prediction beside the measurement, the sizing table, the adaptation's loss curves (its
+    TensorBoard events) and the search modes' nDCG@10 on held-out pairs."""
+    return run_report(generation.ws)
+
+
 @public.get(
     "/health",
     summary="Liveness, what is loaded, and whether it still matches the stored documents",
@@ -282,3 +300,19 @@ def page_css(request: Request):
 @public.get("/page.js", include_in_schema=False)
 def page_js(request: Request):
     return Response(request.app.state.assets["page.js"], media_type="text/javascript")
+
+
+# The runs page (linked from the search page) and its script; the charts' library from the server itself.
+@public.get("/runs", response_class=HTMLResponse, include_in_schema=False)
+def runs_page(request: Request):
+    return HTMLResponse(request.app.state.assets["runs.html"])
+
+
+@public.get("/runs.js", include_in_schema=False)
+def runs_js(request: Request):
+    return Response(request.app.state.assets["runs.js"], media_type="text/javascript")
+
+
+@public.get(f"/{PLOTLY}", include_in_schema=False)
+def plotly_js(request: Request):
+    return Response(request.app.state.assets[PLOTLY], media_type="text/javascript")

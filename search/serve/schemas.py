@@ -186,6 +186,48 @@ class HealthResponse(BaseModel):
     auth: bool
 
 
+Record = dict[str, Any]
+Point = tuple[int, Optional[float]]
+
+
+class PlanComparison(BaseModel):
+    plan: Optional[str] = Field(description="The plan trained with (single, ddp, fsdp, hsdp, ...).")
+    main_cost: Optional[str] = Field(description="What the planner said dominates its step time.")
+    parallelism: Optional[Record] = Field(description="Its degrees (dp, tp, pp), schedule and microbatches.")
+    predicted_step_s: float
+    measured_step_s: Optional[float] = Field(description="The median over the steps logged.")
+    predicted_peak_mem_mb: Optional[float]
+    measured_peak_mem_mb: Optional[float] = Field(description="The largest over the steps logged.")
+
+
+class PretrainingRun(BaseModel):
+    train: list[Record] = Field(description="metrics.jsonl's train records, as pretrain wrote them.")
+    val: list[Record] = Field(description="Its validation records (step, val_loss, val_ppl).")
+    resumes: list[Record] = Field(description="Where a --resume picked up (step, checkpoint).")
+    sizing: Optional[Record] = Field(description="The sizing record: every shape timed, its steps, its law_rank.")
+    end: Optional[Record] = Field(description="The end record: val_loss_reached, uniform_loss, law_rank.")
+    model: Optional[Record] = Field(description="The exported model: preset, steps, parameters, final_val_loss...")
+    plan: Optional[PlanComparison] = Field(description="Null when no plan was predicted for the run.")
+
+
+class Adaptation(BaseModel):
+    kept: str = Field(description="The embedder kept: static or transformer.")
+    steps: int
+    first_loss: Optional[float]
+    final_loss: Optional[float]
+    candidates: dict[str, Record] = Field(description="Each candidate's held-out nDCG@10, or why it was skipped.")
+    loss: dict[str, list[Point]] = Field(description="Each tuned candidate's loss curve: [step, loss] points.")
+
+
+class RunsResponse(BaseModel):
+    pretraining: Optional[PretrainingRun] = Field(description="Null: the workspace has no pretraining run.")
+    adaptation: Optional[Adaptation] = Field(description="Null: no embedder was tuned.")
+    search: Optional[Record] = Field(
+        description="The default-mode measurement: default_mode, ndcg@10 per mode, hybrid_ndcg@10 per dense "
+        "weight, pairs; null before `pipeline index`."
+    )
+
+
 class ErrorResponse(BaseModel):
     error: str = Field(description="What was wrong, in one line.")
 

@@ -149,6 +149,7 @@ $("search-form").addEventListener("submit", (event) => {
 });
 $("add-filter").addEventListener("click", () => addFilterRow());
 $("home").href = pageUrl(new URLSearchParams());
+if (urlKey) $("runs-link").href = "runs" + pageUrl(new URLSearchParams());
 window.addEventListener("popstate", fromUrl);
 
 fetch("health").then(r => r.json()).then(async (h) => {
