@@ -19,6 +19,7 @@ from typing import Iterator
 import numpy as np
 
 from common.console import info, warn
+from common.embedder import encode, load_embedder
 from common.errors import PipelineError
 from common.index_files import base_segment_dir
 from common.lexical import LANGUAGE_SAMPLE_CHUNKS, LexicalIndex, Segment, check_language, choose_analyzer
@@ -32,6 +33,7 @@ from index.faiss_index import (
     choose_type,
     exact_neighbours,
     make_index,
+    query_spans,
     recall_sample,
     tune_search,
 )
@@ -171,10 +173,11 @@ def build_faiss(ws: Workspace, kind: str, ids: np.ndarray, why: str, memory_budg
     with Store(ws.db_path, read_only=True) as store:
         dim = int(store.get_meta("dim"))
         info(f"{why}: a {chosen} index over {len(ids):,} vectors of dimension {dim} ({reason})")
-        built = build_and_tune(ws, chosen, store, ids, dim, memory_budget)
+        queries = tuning_queries(ws, store, len(ids)) if chosen != "flat" else None
+        built = build_and_tune(ws, chosen, store, ids, dim, memory_budget, queries)
         if kind == "auto" and chosen == "hnsw" and built["recall_at_10"] < TARGET_RECALL:
             info(f"HNSW reached recall@10 {built['recall_at_10']:.3f}: trying IVF-PQ with rescoring")
-            other = build_and_tune(ws, "ivfpq", store, ids, dim, memory_budget)
+            other = build_and_tune(ws, "ivfpq", store, ids, dim, memory_budget, queries)
             if other["recall_at_10"] > built["recall_at_10"]:
                 built, reason = other, f"{reason}; IVF-PQ with rescoring reached more recall than HNSW"
     recall = built["recall_at_10"]
@@ -188,8 +191,21 @@ def build_faiss(ws: Workspace, kind: str, ids: np.ndarray, why: str, memory_budg
     return {**built, "reason": reason, "dim": dim, "recall_target": TARGET_RECALL, "recall_short": short}
 
 
-def build_and_tune(ws: Workspace, kind: str, store: Store, ids: np.ndarray, dim: int, memory_budget: int) -> dict:
-    """Build, tune and write one index of `kind`; returns what the manifest records of it."""
+def tuning_queries(ws: Workspace, store: Store, n: int) -> np.ndarray | None:
+    """The queries an approximate index is tuned with (index/faiss_index.py QUERY_WORDS): spans of
+    recall_sample(n) stored documents (a seeded sample) embedded by the workspace's embedder as search embeds
+    a query; None (stored vectors as queries) when no document has text."""
+    spans = query_spans([text or "" for _, _, text in store.document_texts(recall_sample(n))])
+    if not spans:
+        return None
+    return encode(load_embedder(read_manifest(ws).embedder.model_dir(ws)), spans)
+
+
+def build_and_tune(
+    ws: Workspace, kind: str, store: Store, ids: np.ndarray, dim: int, memory_budget: int, queries: np.ndarray | None
+) -> dict:
+    """Build, tune (on `queries`: tuning_queries) and write one index of `kind`; returns what the manifest
+    records of it."""
     start = time.perf_counter()
     rescore, lists, trained, extra = None, None, None, {}
     if kind in ("ivf", "ivfpq"):
@@ -198,7 +214,9 @@ def build_and_tune(ws: Workspace, kind: str, store: Store, ids: np.ndarray, dim:
         path = new_index_path(ws.index_dir, "faiss")
         try:
             lists_name = path.with_suffix(".ivfdata").name
-            built = build_ivf(kind, store, ids, dim, staging, memory_budget, recall_sample(len(ids)), lists_name)
+            built = build_ivf(
+                kind, store, ids, dim, staging, memory_budget, recall_sample(len(ids)), lists_name, queries=queries
+            )
             build_seconds = time.perf_counter() - start
             index, queries, truth, own_ids = built.index, built.queries, built.truth, built.own_ids
             recall, search_setting = tune_search(index, kind, queries, truth, own_ids, built.rescore)
@@ -217,11 +235,15 @@ def build_and_tune(ws: Workspace, kind: str, store: Store, ids: np.ndarray, dim:
         build_seconds = time.perf_counter() - start
         recall, search_setting = None, None
         if kind != "flat":
-            recall, search_setting = tune_search(index, kind, *exact_neighbours(ids, vectors, recall_sample(len(ids))))
+            recall, search_setting = tune_search(
+                index, kind, *exact_neighbours(ids, vectors, recall_sample(len(ids)), queries=queries)
+            )
         path = write_faiss(index, ws.index_dir, "faiss")
     if recall is not None:
         info(
-            f"recall@10 against exact search on {recall_sample(len(ids)):,} of its vectors: {recall:.3f} with "
+            f"recall@10 against exact search for {len(queries) if queries is not None else recall_sample(len(ids)):,} "
+            + ("spans of its documents as queries" if queries is not None else "of its vectors as queries")
+            + f": {recall:.3f} with "
             + ", ".join(f"{name} {value}" for name, value in search_setting.items())
             + f" (aiming at {TARGET_RECALL}; {time.perf_counter() - start - build_seconds:.1f}s)"
         )

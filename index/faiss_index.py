@@ -31,12 +31,13 @@ TARGET_RECALL = 0.95
 MAX_EF_SEARCH = 1024  # HNSW: beyond this a search costs more than the graph saves
 RESCORE_FACTOR = 10  # IVF-PQ: candidates re-scored per result wanted, to start with
 MAX_RESCORE_FACTOR = 80
-# IVF probes this many times the lists tuning found enough. Tuning measures recall with stored vectors as
-# queries, which lie in the clusters the lists were trained on; a user's query lies between them. 200k
-# topical synthetic documents: tuned nprobe 16 gave recall@10 0.997 on stored vectors but 0.887 on SciFact's
-# train queries (0.960 at 64, 0.978 at 128), for 0.2-0.4 ms a query; sentences of the documents as queries
-# (0.973 at 16) were no better a stand-in.
-QUERY_PROBES = 4
+# Tuning's queries: spans of this many words of the documents, embedded as search embeds a query. Stored
+# vectors as queries overstate a user's recall: they lie in the clusters IVF's lists were trained on, a query
+# between them. 200k topical synthetic documents, IVF-PQ (448 lists), recall@10 at nprobe 16 / 64 / 128:
+# stored vectors 0.997 / - / -; SciFact's train queries 0.887 / 0.960 / 0.978; 12-word spans 0.838 / 0.931 /
+# 0.954 (8 words: 0.825 / 0.917 / 0.936; whole sentences 0.973 at 16; means of 2-4 stored vectors 0.92-0.99
+# at 16). Spans a little harder than the claims: the width they need is enough for queries like those.
+QUERY_WORDS = 12
 
 RECALL_SAMPLE = 1000
 
@@ -103,26 +104,47 @@ def add_with_reduced_graph(index: faiss.Index, hnsw_index: faiss.Index, vectors:
 
 
 def recall_sample(n: int) -> int:
-    """Stored vectors taken as queries to measure recall: RECALL_SAMPLE, fewer from a million vectors on (their
-    exact neighbours cost a pass over every vector per query: 200 queries at ten million)."""
+    """Queries recall is measured with: RECALL_SAMPLE, fewer from a million vectors on (their exact neighbours
+    cost a pass over every vector per query: 200 queries at ten million)."""
     return max(200, min(RECALL_SAMPLE, 10**9 // max(n, 1)))
 
 
-def exact_neighbours(
-    ids: np.ndarray, vectors: np.ndarray, sample: int = RECALL_SAMPLE, seed: int = 0
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(query vectors, ids of their exact 10 nearest stored vectors, the queries' own ids) for a sample of
-    stored vectors in memory as queries; each query's own vector is left out of its neighbours."""
+def query_spans(texts: list[str], seed: int = 0) -> list[str]:
+    """Tuning's queries (QUERY_WORDS): a span of QUERY_WORDS words of each text from a seeded random start (the
+    text whole when shorter; a text without spaces, e.g. Chinese, by characters, 4 to a word)."""
     rng = np.random.default_rng(seed)
-    rows = np.sort(rng.choice(len(vectors), size=min(sample, len(vectors)), replace=False))
-    nearest = ExactNeighbours(vectors[rows], ids[rows])
+    spans = []
+    for text in texts:
+        words = text.split()
+        if len(words) <= 1:
+            words, glue = list(text), ""
+            length = 4 * QUERY_WORDS
+        else:
+            glue, length = " ", QUERY_WORDS
+        start = int(rng.integers(0, max(1, len(words) - length + 1)))
+        spans.append(glue.join(words[start : start + length]))
+    return [span for span in spans if span.strip()]
+
+
+def exact_neighbours(
+    ids: np.ndarray, vectors: np.ndarray, sample: int = RECALL_SAMPLE, seed: int = 0, queries: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(query vectors, ids of their exact 10 nearest stored vectors, the queries' own ids) for `queries` (own
+    id -1: none) or a sample of stored vectors in memory as queries (each one's own vector left out of its
+    neighbours)."""
+    if queries is not None:
+        nearest = ExactNeighbours(queries, np.full(len(queries), -1, np.int64))
+    else:
+        rng = np.random.default_rng(seed)
+        rows = np.sort(rng.choice(len(vectors), size=min(sample, len(vectors)), replace=False))
+        nearest = ExactNeighbours(vectors[rows], ids[rows])
     nearest.update(vectors, ids)  # faiss.knn reads the vectors where they are (an IndexFlat would copy them)
     return nearest.queries, nearest.truth(), nearest.query_ids
 
 
 class ExactNeighbours:
-    """The exact 10 nearest stored chunks of sampled stored vectors, found slice by slice as the vectors
-    stream past (each query's own chunk left out: a new query is not in the index)."""
+    """The exact 10 nearest stored chunks of query vectors, found slice by slice as the vectors stream past
+    (a query that is a stored vector has its own chunk left out: a new query is not in the index)."""
 
     def __init__(self, queries: np.ndarray, query_ids: np.ndarray):
         self.queries, self.query_ids = np.ascontiguousarray(queries), query_ids
@@ -172,8 +194,8 @@ def tune_search(
     """Widen an approximate index's search until its recall@10 on the sample reaches TARGET_RECALL: HNSW's
     efSearch and IVF's nprobe doubled until the target, their limit, or a doubling gaining under 0.005;
     IVF's re-scored candidates (rescore x k, from `rows`) doubled too, whichever of the two gains more each
-    step (its compressed codes alone cap its recall whatever the width), then IVF's nprobe QUERY_PROBES times
-    wider. The index file keeps efSearch and nprobe; returns (recall, {parameter: width}) for the manifest."""
+    step (its compressed codes alone cap its recall whatever the width). The index file keeps efSearch and
+    nprobe; returns (recall, {parameter: width}) for the manifest."""
     inner = faiss.downcast_index(faiss.downcast_index(index).index)
     if kind == "hnsw":
         widths, limits, holder = {"efSearch": inner.hnsw.efSearch}, {"efSearch": MAX_EF_SEARCH}, inner.hnsw
@@ -201,8 +223,5 @@ def tune_search(
             break
         name = max(tried, key=tried.get)
         widths[name], recall = min(limits[name], 2 * widths[name]), tried[name]
-    if kind != "hnsw" and widths["nprobe"] < limits["nprobe"]:
-        widths["nprobe"] = min(limits["nprobe"], QUERY_PROBES * widths["nprobe"])
-        recall = measure(widths)
     measure(widths)  # the index keeps the chosen width
     return recall, widths

@@ -133,12 +133,14 @@ def build_ivf(
     lists_name: str,
     trained: faiss.Index | None = None,
     seed: int = 0,
+    queries: np.ndarray | None = None,
 ) -> IvfBuild:
     """An IVF index of `kind` ("ivf" or "ivfpq") over the store's vectors of chunks `ids` (ascending):
     every live chunk (a full build, trained here), or, given the base's `trained` index, the chunks added
     since the base (an update's delta, in memory). When its lists go on disk, they are merged into
     `staging`/`lists_name` (a name the index then looks for beside its own file: the file is to be moved
-    beside it). The rescoring rows are written to `staging`/rescore.npy."""
+    beside it). The rescoring rows are written to `staging`/rescore.npy. The exact neighbours of `queries`
+    (else of recall_sample stored vectors) are found as the vectors stream past, for tuning."""
     n = len(ids)
     delta = trained is not None
     on_disk = not delta and codes_bytes(kind, n, dim) > memory_budget
@@ -153,7 +155,10 @@ def build_ivf(
     index = faiss.IndexIDMap(ivf)
     index.own_fields = True
     ivf.this.disown()
-    query_ids, queries = store.load_vectors(np.sort(rng.choice(ids, min(recall_sample, n), replace=False)))
+    if queries is None:
+        query_ids, queries = store.load_vectors(np.sort(rng.choice(ids, min(recall_sample, n), replace=False)))
+    else:
+        query_ids = np.full(len(queries), -1, np.int64)
     nearest = ExactNeighbours(queries, query_ids)
     parts, added, started = [], 0, time.perf_counter()
     rescore_path = staging / "rescore.npy"
