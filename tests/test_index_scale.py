@@ -88,3 +88,20 @@ def test_recall_below_target_is_reported(trained_workspace, tmp_path):
     assert "below the target" in done.stderr
     status = run_cli("status", "-w", str(ws), check=False)
     assert f"recall@10 {summary['recall_at_10']:.3f}, below the 0.95 target" in status.stdout
+
+
+def test_tuning_queries_are_spans_of_the_documents_words():
+    """Tuning's queries: QUERY_WORDS consecutive words of each text, the text whole when shorter, a text
+    without spaces cut by characters, no empty query."""
+    from index.faiss_index import QUERY_WORDS, query_spans
+
+    long_text = " ".join(f"w{i}" for i in range(100))
+    chinese = "这是一个没有空格的很长的句子" * 10
+    spans = query_spans([long_text, "three short words", chinese, "", "   "])
+    assert len(spans) == 3
+    words = spans[0].split()
+    first = int(words[0][1:])
+    assert words == [f"w{i}" for i in range(first, first + QUERY_WORDS)]
+    assert spans[1] == "three short words"
+    assert len(spans[2]) == 4 * QUERY_WORDS and spans[2] in chinese
+    assert query_spans([long_text], seed=1) != query_spans([long_text], seed=2)  # seeded starts
