@@ -10,7 +10,7 @@ from __future__ import annotations
 import faiss
 import numpy as np
 
-from common.index_files import rescored
+from common.index_files import candidates_to_rescore, rescored
 
 INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")  # ivf, ivfpq: index/ivf.py
 EXACT_LIMIT = 50_000  # below this many vectors exact search is fast enough and has perfect recall
@@ -182,7 +182,7 @@ def rescored_search(index: faiss.Index, rows: np.ndarray, factor: int):
     chunk_ids = faiss.vector_to_array(faiss.downcast_index(index).id_map)
 
     def search(queries: np.ndarray, k: int) -> list[np.ndarray]:
-        _, candidates = ivf.search(queries, k * factor)
+        _, candidates = ivf.search(queries, candidates_to_rescore(factor, k))
         return [chunk_ids[rescored(q, c[c >= 0], rows, k)[0]] for q, c in zip(queries, candidates)]
 
     return search

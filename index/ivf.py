@@ -10,7 +10,8 @@ lists of the `nprobe` centroids nearest the query. Here:
   FAISS's fast-scan kernels.
 - `ivf`: int8 scalar codes trained per dimension (1 KB a vector).
 
-Either way the best `rescore` x k candidates are then scored exactly from an int8 copy of the store's
+Either way the best `rescore` x k candidates (past the 10th result, 10 a result: common/index_files.py
+candidates_to_rescore) are then scored exactly from an int8 copy of the store's
 vectors (common/vectors.py) that `pipeline index` writes beside the index (the rescoring file, read
 memory-mapped), as Qdrant and LanceDB re-score quantized search: what search returns is ranked by the
 stored vectors' own scores, and the codes only choose the candidates.

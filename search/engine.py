@@ -42,7 +42,7 @@ from common.console import warn
 from common.corpus import Corpus
 from common.embedder import encode, is_static, load_embedder, text_tokenizer, token_limit, truncate_to_model
 from common.errors import PipelineError
-from common.index_files import load_index, read_rescore, rescored
+from common.index_files import candidates_to_rescore, load_index, read_rescore, rescored
 from common.lexical import Analyzer, LexicalIndex
 from common.manifest import SearchEntry, read_manifest
 from common.store import Store
@@ -134,7 +134,8 @@ class DenseIndex:
         self, index: faiss.Index, chunk_ids: np.ndarray, rescore_rows: np.ndarray | None = None, rescore: int = 1
     ):
         """chunk_ids: the live chunks' ids by position (ascending). rescore_rows: an IVF index's rescoring rows
-        by slot (common/index_files.py); its best rescore x n candidates are then scored exactly from them."""
+        by slot (common/index_files.py); its best candidates_to_rescore(rescore, n) candidates are then scored
+        exactly from them."""
         ids = faiss.vector_to_array(faiss.downcast_index(index).id_map)
         at = np.minimum(np.searchsorted(chunk_ids, ids), max(len(chunk_ids) - 1, 0))
         live = chunk_ids[at] == ids if len(chunk_ids) else np.zeros(len(ids), bool)
@@ -169,13 +170,13 @@ class DenseIndex:
         return [self._search_slots(vectors[i : i + 1], n, slots) for i in range(len(vectors))]
 
     def _rescored(self, vector: np.ndarray, n: int, slots: "Slots | None") -> tuple[np.ndarray, np.ndarray]:
-        """IVF: the best rescore x n candidates by their codes, the best n of them by exact scores."""
+        """IVF: the best candidates_to_rescore(rescore, n) by their codes, the best n of them by exact scores."""
         if slots is not None and slots.count == 0:  # a filter that keeps none of this index's chunks
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
         if slots is None:
-            _, labels = self.inner.search(vector, min(self.rescore * n, self.ntotal))
+            _, labels = self.inner.search(vector, min(candidates_to_rescore(self.rescore, n), self.ntotal))
         else:
-            _, labels = self._search_slots(vector, self.rescore * n, slots, labels_only=True)
+            _, labels = self._search_slots(vector, candidates_to_rescore(self.rescore, n), slots, labels_only=True)
         candidates = labels[0][labels[0] >= 0]
         found, scores = rescored(vector[0], candidates, self.rescore_rows, n)
         return self.positions[found].astype(np.int64), scores
