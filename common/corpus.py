@@ -103,6 +103,7 @@ class Corpus:
                 f"{directory}: the corpus snapshot cannot be read ({e}); run `pipeline index --rebuild`"
             ) from None
         self._doc_ids, self._titles, self._sources, self._metadata = (documents.column(c) for c in DOCUMENT_COLUMNS)
+        self.directory = directory
         self.filters_path = directory / FILTERS
         self.n_documents = len(self.document_chunks)
 

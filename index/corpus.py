@@ -180,8 +180,9 @@ def update_documents_and_chunks(
     Returns what the metadata fields hold, or None when the previous snapshot does not match the store (a
     chunk of an unchanged document is gone): the caller then writes the snapshot whole."""
     old = Corpus(previous)
-    old_documents = read_arrow(previous / DOCUMENTS)
-    source, changed_ids = store.documents_since(old_documents.column("doc_id"), np.load(previous / DOCUMENT_HASHES))
+    source, changed_ids = store.documents_since(
+        read_arrow(previous / DOCUMENTS).column("doc_id"), np.load(previous / DOCUMENT_HASHES, mmap_mode="r")
+    )
     from_old = source >= 0
     old_kept = np.isin(old.chunk_ids, live, assume_unique=True)
     new_position_of_old = np.full(old.n_documents, -1, np.int64)
@@ -199,13 +200,9 @@ def update_documents_and_chunks(
     (changed / META).write_text(json.dumps({"generation": None}) + "\n")
     new = Corpus(changed)
 
-    merge_documents(directory, (previous, old), (changed, new), source)
+    merge_documents(directory, old, new, source)
     merge_chunks(directory, old, new, live, old_kept, new_position_of_old, np.flatnonzero(~from_old))
     (directory / TEXT_DICTIONARY).write_bytes(dictionary)
-    hashes = np.empty(len(source), np.uint64)
-    hashes[from_old] = np.load(previous / DOCUMENT_HASHES, mmap_mode="r")[source[from_old]]
-    hashes[~from_old] = np.load(changed / DOCUMENT_HASHES)
-    np.save(directory / DOCUMENT_HASHES, hashes)
 
     old_fields = MetadataFields.from_json(json.loads((previous / META).read_text())["fields"])
     types = old_fields.column_types()
@@ -220,26 +217,27 @@ def update_documents_and_chunks(
     return old_fields
 
 
-def merge_documents(directory: Path, old: tuple[Path, Corpus], new: tuple[Path, Corpus], source: np.ndarray) -> None:
-    """The files by document position (documents.arrow, texts.bin, text_offsets.npy, document_chunks.npy) of
-    the documents at `source` (>= 0) of the `old` snapshot and, where source is -1, the next of the `new` one."""
-    (old_dir, old_corpus), (new_dir, new_corpus) = old, new
+def merge_documents(directory: Path, old: Corpus, new: Corpus, source: np.ndarray) -> None:
+    """The files by document position (documents.arrow, texts.bin, text_offsets.npy, document_chunks.npy,
+    document_hashes.npy) of the documents at `source` (>= 0) of the `old` snapshot and, where source is -1,
+    the next of the `new` one."""
     n = len(source)
     from_old = source >= 0
     new_rows = np.cumsum(~from_old) - 1  # where source is -1: the document's row in `new`
 
-    document_chunks = open_memmap(directory / DOCUMENT_CHUNKS, "w+", np.int32, (n,))
-    document_chunks[from_old] = old_corpus.document_chunks[source[from_old]]
-    document_chunks[~from_old] = new_corpus.document_chunks
-    document_chunks.flush()
+    for name, dtype, old_values, new_values in (
+        (DOCUMENT_CHUNKS, np.int32, old.document_chunks, new.document_chunks),
+        (DOCUMENT_HASHES, np.uint64, *(np.load(c.directory / DOCUMENT_HASHES, mmap_mode="r") for c in (old, new))),
+    ):
+        merged = open_memmap(directory / name, "w+", dtype, (n,))
+        merged[from_old] = old_values[source[from_old]]
+        merged[~from_old] = new_values
+        merged.flush()
 
     # Texts are copied compressed, a run of documents lying one after the other in one file at a time.
     starts, ends = np.empty(n, np.int64), np.empty(n, np.int64)
-    starts[from_old], ends[from_old] = (
-        old_corpus.text_offsets[source[from_old]],
-        old_corpus.text_offsets[source[from_old] + 1],
-    )
-    starts[~from_old], ends[~from_old] = new_corpus.text_offsets[:-1], new_corpus.text_offsets[1:]
+    starts[from_old], ends[from_old] = old.text_offsets[source[from_old]], old.text_offsets[source[from_old] + 1]
+    starts[~from_old], ends[~from_old] = new.text_offsets[:-1], new.text_offsets[1:]
     text_offsets = open_memmap(directory / TEXT_OFFSETS, "w+", np.int64, (n + 1,))
     text_offsets[0] = 0
     text_offsets[1:] = np.cumsum(ends - starts)
@@ -247,13 +245,13 @@ def merge_documents(directory: Path, old: tuple[Path, Corpus], new: tuple[Path, 
     breaks = np.flatnonzero((from_old[1:] != from_old[:-1]) | (starts[1:] != ends[:-1])) + 1
     with (
         (directory / TEXTS).open("wb") as out,
-        (old_dir / TEXTS).open("rb") as old_texts,
-        (new_dir / TEXTS).open("rb") as new_texts,
+        (old.directory / TEXTS).open("rb") as old_texts,
+        (new.directory / TEXTS).open("rb") as new_texts,
     ):
         for first, last in zip([0, *breaks.tolist()], [*breaks.tolist(), n]):
             copy_range(old_texts if from_old[first] else new_texts, out, int(starts[first]), int(ends[last - 1]))
 
-    old_documents, new_documents = read_arrow(old_dir / DOCUMENTS), read_arrow(new_dir / DOCUMENTS)
+    old_documents, new_documents = read_arrow(old.directory / DOCUMENTS), read_arrow(new.directory / DOCUMENTS)
     with pa.ipc.new_file(str(directory / DOCUMENTS), old_documents.schema) as out:
         for start in range(0, n, DOCUMENT_BATCH):
             end = min(n, start + DOCUMENT_BATCH)
