@@ -85,8 +85,8 @@ def candidates_to_rescore(rescore: int, n: int) -> int:
 def rescored(query: np.ndarray, slots: np.ndarray, rows: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """The best n of the candidate `slots` for one query vector [dim], by exact scores from the rescoring
     rows: (slots, scores), best first (ties by slot)."""
-    candidates = np.sort(slots)  # the memory-mapped rows read in file order
-    picked = rows[candidates]
-    exact = scores(query, picked["codes"], picked["scale"])
+    candidates = np.sort(slots).astype(np.int64)  # the memory-mapped rows read in file order
+    records = np.asarray(rows).view(np.int8).reshape(len(rows), rows.dtype.itemsize)  # codes, then the scale
+    exact = scores(query, records, np.asarray(rows["scale"]), candidates)
     best = np.lexsort((candidates, -exact))[:n]
     return candidates[best], exact[best]

@@ -60,6 +60,12 @@ more than they saved there. A filter (weights of 1.0 for allowed positions, 0
 otherwise) lets only allowed chunks in, so it prunes less. Each segment is searched with the threshold
 the ones before it reached, and their results merged. Bounds and thresholds allow for float rounding
 (SLACK).
+
+A walk budget bounds the cost where exact BM25's grows with the collection (a query with several common
+words walks millions of postings at 10M chunks): the terms of lowest bound are non-essential from the start,
+as many as leave at most `walk_budget` postings to walk (the term of highest bound is always walked). A
+chunk holding only those terms is then not found; every chunk found is scored exactly. Hybrid search uses
+it (search/engine.py), where BM25 is one of two retrievers; lexical search stays exact.
 """
 
 from __future__ import annotations
@@ -663,11 +669,12 @@ class LexicalIndex:
         return self.chunk_ids[positions], scores
 
     def search_positions(
-        self, query: str, n: int, weight_mask: np.ndarray | None = None
+        self, query: str, n: int, weight_mask: np.ndarray | None = None, walk_budget: int | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """The best n (positions in the corpus, i.e. in chunk-id order; BM25 scores), best first (ties by
         position); only chunks sharing a word with the query, and only where weight_mask (1.0 per allowed
-        position, 0 elsewhere) is set. Exactly the exhaustive ranking, found with pruning (module docstring)."""
+        position, 0 elsewhere) is set. Exactly the exhaustive ranking, found with pruning (module docstring),
+        unless walk_budget is given: then the postings walked in full are bounded (module docstring)."""
         words = [self.vocabulary[t] for t in self.analyzer.query_terms(query) if t in self.vocabulary]
         positions, scores = np.zeros(0, np.int64), np.zeros(0, np.float64)
         if min(n, len(self.chunk_ids)) == 0 or not words:
@@ -676,7 +683,7 @@ class LexicalIndex:
         query_terms = _QueryTerms(terms, occurrences, np.bincount(occurrences).astype(np.float64), self.idf[terms])
         threshold = 0.0  # the n-th best score found so far: a later segment's chunks must reach it
         for segment in self.live_segments:
-            found_positions, found_scores = _segment_top(segment, query_terms, weight_mask, n, threshold)
+            found_positions, found_scores = _segment_top(segment, query_terms, weight_mask, n, threshold, walk_budget)
             positions, scores = np.concatenate([positions, found_positions]), np.concatenate([scores, found_scores])
             best = np.lexsort((positions, -scores))[:n]
             positions, scores = positions[best], scores[best]
@@ -712,11 +719,16 @@ class LiveSegment:
 
 
 def _segment_top(
-    live: LiveSegment, query: _QueryTerms, weight_mask: np.ndarray | None, n: int, threshold: float
+    live: LiveSegment,
+    query: _QueryTerms,
+    weight_mask: np.ndarray | None,
+    n: int,
+    threshold: float,
+    walk_budget: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One query's best n chunks in one segment among those scoring at least `threshold`: (positions, float64
     scores), best first, ties by position. Terms are the query's distinct terms; a term's contribution to a
-    chunk counts once per query word (its multiplicity)."""
+    chunk counts once per query word (its multiplicity). walk_budget: see _max_score (None: exact)."""
     segment = live.segment
     held = query.terms < len(segment.indptr) - 1  # a term the segments after this one added is not here
     terms = np.where(held, query.terms, 0)
@@ -746,6 +758,7 @@ def _segment_top(
         upper,
         n,
         threshold,
+        -1 if walk_budget is None else walk_budget,
     )
     best = np.lexsort((rows, -scores))
     return live.positions[rows[best]].astype(np.int64), scores[best]
@@ -768,13 +781,17 @@ def _max_score(
     upper,
     n,
     threshold,
+    walk_budget,
 ):
     """MaxScore (Turtle and Flood), document at a time over the rows of the query's terms' postings, in row
     order: the terms ordered by bound; the first ones, whose bounds sum below the n-th best score so far
     (non-essential), only looked up (by binary search) for the rows the others hold, and only while the
     row can still reach that score. Exact: a row's score is its query words' float32 contributions summed
     in query order into float64, as the definition sums them. Returns (rows, scores) best first, ties by
-    row (unordered). The GIL is released: the server's threads search side by side."""
+    row (unordered). The GIL is released: the server's threads search side by side.
+    walk_budget >= 0: the terms of lowest bound are non-essential from the start, as many as leave at most
+    that many postings to walk (the term of highest bound is always walked): rows holding none of the walked
+    terms are not found; a row found is still scored exactly."""
     m = len(starts)
     order = np.argsort(upper)
     bound_sums = np.cumsum(upper[order])  # bound_sums[i]: the bounds of terms order[0..i]
@@ -789,6 +806,12 @@ def _max_score(
     size = 0
     least = threshold * (1 - SLACK)  # a row below it cannot be among the best n
     essential = 0
+    if walk_budget >= 0 and m > 0:
+        essential = m - 1
+        walked = ends[essential] - at[essential]
+        while essential > 0 and walked + ends[essential - 1] - at[essential - 1] <= walk_budget:
+            essential -= 1
+            walked += ends[essential] - at[essential]
     while essential < m and bound_sums[essential] < least:
         essential += 1
     no_row = 1 << 62  # above every row

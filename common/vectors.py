@@ -19,6 +19,7 @@ trained for truncation).
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 LEVELS = 127  # int8 codes in [-127, 127]
@@ -38,6 +39,24 @@ def dequantize(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return codes.astype(np.float32) * np.asarray(scales, dtype=np.float32)[:, None]
 
 
-def scores(query: np.ndarray, codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """Inner products of one float query [dim] with coded vectors [n, dim]."""
-    return (codes.astype(np.float32) @ np.asarray(query, dtype=np.float32)) * scales
+def scores(query: np.ndarray, codes: np.ndarray, scales: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Inner products of one float query [dim] with the coded vectors at `rows` (int64) of codes [n, >= dim]
+    (int8, each row's codes first and contiguous: the rescoring file's records as bytes do) and scales [n]:
+    read where they lie (a memory-mapped file's pages), never copied or converted as a whole."""
+    return _scores(np.asarray(query, dtype=np.float32), codes, scales, rows)
+
+
+# fastmath: the sum of a row's products may be reordered, so it runs in SIMD lanes (4x a strict order); the
+# interpreter lock is released, so searches re-score side by side. Measured in session 20 at 200k chunks:
+# 4,300 rows a query, numpy's gather, conversion and product 6 ms a query; this ~1 ms.
+@numba.njit(cache=True, nogil=True, fastmath=True)
+def _scores(query, codes, scales, rows):
+    dim = query.shape[0]
+    found = np.empty(len(rows), np.float32)
+    for i in range(len(rows)):
+        row = rows[i]
+        total = np.float32(0.0)
+        for j in range(dim):
+            total += np.float32(codes[row, j]) * query[j]
+        found[i] = total * scales[row]
+    return found

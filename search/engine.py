@@ -30,8 +30,11 @@ allowed vectors in HNSW's own flat storage; IVF then probes every list.
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
@@ -57,6 +60,10 @@ MODES = ("dense", "lexical", "hybrid")
 DEFAULT_MODE = "lexical"
 DEFAULT_DENSE_WEIGHT = 0.5
 FUSION_DEPTH = 100  # documents taken from each retriever before fusing
+# Hybrid's BM25 walks at most this many postings in full; its commonest terms are then only looked up for the
+# chunks the others hold (common/lexical.py): its cost stops growing with the collection where exact BM25's
+# grows with the postings of every common query word. Lexical mode stays exact. Never binding below ~100k chunks.
+HYBRID_WALK_BUDGET = 200_000
 MAX_K = 1000
 
 
@@ -162,8 +169,12 @@ class DenseIndex:
         queries are searched in one call: over a flat index several queries share one pass over the
         vectors (the scan is memory-bound)."""
         slots = allowed.slots(self) if allowed is not None else self.live_slots
-        if self.rescore_rows is not None:
-            return [self._rescored(vectors[i : i + 1], n, slots) for i in range(len(vectors))]
+        if (
+            self.rescore_rows is not None
+        ):  # one query at a time, each on a thread (FAISS and re-scoring let go of the GIL)
+            return list(
+                searching_threads().map(lambda i: self._rescored(vectors[i : i + 1], n, slots), range(len(vectors)))
+            )
         if slots is None:
             scores, labels = self.inner.search(vectors, min(n, self.ntotal))
             return [self._valid(scores[i : i + 1], labels[i : i + 1]) for i in range(len(vectors))]
@@ -375,9 +386,15 @@ class SearchEngine:
             dense_rankings = [NO_RANKING] * len(queries)
         else:
             dense_rankings = self.dense_documents(self.embed_queries(queries, names), depth, allowed)
+        if mode == "dense":
+            lexical_rankings = [NO_RANKING] * len(queries)
+        else:
+            budget = HYBRID_WALK_BUDGET if mode == "hybrid" else None
+            lexical_rankings = list(
+                searching_threads().map(lambda query: self.lexical_documents(query, depth, allowed, budget), queries)
+            )
         results = []
-        for query, dense in zip(queries, dense_rankings):
-            lexical = self.lexical_documents(query, depth, allowed) if mode != "dense" else NO_RANKING
+        for query, dense, lexical in zip(queries, dense_rankings, lexical_rankings):
             ranked = fuse(dense, lexical, dense_weight) if mode == "hybrid" else dense if mode == "dense" else lexical
             results.append(self.hits(query, ranked.head(k)))
         return results
@@ -436,10 +453,14 @@ class SearchEngine:
             merged.append((positions[best], scores[best]))
         return merged
 
-    def lexical_documents(self, query: str, n_docs: int, allowed: AllowedChunks | None) -> Ranking:
+    def lexical_documents(
+        self, query: str, n_docs: int, allowed: AllowedChunks | None, walk_budget: int | None = None
+    ) -> Ranking:
         total = len(self.lexical) if allowed is None else allowed.count
         weights = None if allowed is None else allowed.weights
-        return self.best_chunk_per_document(lambda n: self.lexical.search_positions(query, n, weights), n_docs, total)
+        return self.best_chunk_per_document(
+            lambda n: self.lexical.search_positions(query, n, weights, walk_budget), n_docs, total
+        )
 
     def best_chunk_per_document(self, fetch, n_docs: int, total: int, fetched=None) -> Ranking:
         """Ask `fetch(n)` for the best n chunks (positions, scores), growing n until n_docs documents are
@@ -493,6 +514,14 @@ class SearchEngine:
             "metadata": corpus.metadata(position),
             "chunks": int(corpus.document_chunks[position]),
         }
+
+
+@functools.cache
+def searching_threads() -> ThreadPoolExecutor:
+    """Threads for a batch's searches, one a core: BM25 and an IVF index's search and re-scoring release the
+    interpreter lock (numba, FAISS), so a batch (the server's SearchBatcher, `pipeline eval`) is searched on
+    every core, not one."""
+    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="bm25")
 
 
 def first_fetch(n_docs: int, total: int) -> int:

@@ -175,6 +175,29 @@ def test_a_filter_mask_keeps_the_ranking_exact(updated):
                 assert_same_ranking(index, reference, query, n, mask)
 
 
+def test_a_walk_budget_bounds_the_postings_walked_and_keeps_found_chunks_scored_exactly(updated):
+    """With a budget, the most common terms are only looked up: what is found is among the chunks holding the
+    walked terms, each scored exactly; a budget over every posting changes nothing."""
+    directory, live = updated
+    index = LexicalIndex.load(directory)
+    reference = ReferenceBM25(live)
+    everything = sum(len(segment.rows) for segment in index.segments)
+    narrowed = 0
+    for query in queries(reference, live, 30, seed=6):
+        exact = index.search_positions(query, 100)
+        unbounded = index.search_positions(query, 100, walk_budget=everything)
+        assert exact[0].tolist() == unbounded[0].tolist() and np.array_equal(exact[1], unbounded[1]), query
+        positions, scores = index.search_positions(query, 100, walk_budget=50)
+        want_positions, want_scores = reference.search(query, len(live))
+        exact_score = dict(zip(want_positions.tolist(), want_scores.tolist()))
+        np.testing.assert_allclose(scores, [exact_score[p] for p in positions.tolist()], rtol=1e-5, err_msg=query)
+        assert np.all(np.diff(scores) <= 0), query
+        if len(set(ANALYZER.query_terms(query)) & set(index.vocabulary)) == 1:  # its one term is always walked
+            assert positions.tolist() == exact[0].tolist(), query
+        narrowed += len(positions) < len(exact[0]) or positions.tolist() != exact[0].tolist()
+    assert narrowed  # a budget of 50 postings does leave chunks out
+
+
 def test_an_updated_index_scores_as_a_full_build_of_the_same_chunks(updated, tmp_path):
     directory, live = updated
     LexicalIndex.write_built(tmp_path, batches(live), ANALYZER)
