@@ -51,11 +51,12 @@ def step_costs(ws: Path, queries: list[str]) -> dict:
     import torch
 
     from common.workspace import Workspace
-    from search.engine import FUSION_DEPTH, SearchEngine, fuse
+    from search.engine import FUSION_DEPTH, HYBRID_WALK_BUDGET, SearchEngine, fuse
 
     torch.set_num_threads(1)  # as `pipeline serve` runs
     faiss.omp_set_num_threads(1)
     engine = SearchEngine(Workspace(ws))
+    fetch = engine.first_fetch(FUSION_DEPTH, len(engine.corpus.chunk_ids))
     costs = {
         name: []
         for name in (
@@ -72,12 +73,12 @@ def step_costs(ws: Path, queries: list[str]) -> dict:
         t0 = time.perf_counter()
         vector = engine.embed_queries([query])
         t1 = time.perf_counter()
-        engine.dense_chunks(vector, 4 * FUSION_DEPTH, None)
+        engine.dense_chunks(vector, fetch, None)
         t2 = time.perf_counter()
-        engine.lexical.search_positions(query, 4 * FUSION_DEPTH)
+        engine.lexical.search_positions(query, fetch, None, HYBRID_WALK_BUDGET)
         t3 = time.perf_counter()
         dense = engine.dense_documents(vector, FUSION_DEPTH, None)[0]
-        lexical = engine.lexical_documents(query, FUSION_DEPTH, None)
+        lexical = engine.lexical_documents(query, FUSION_DEPTH, None, HYBRID_WALK_BUDGET)
         t4 = time.perf_counter()
         ranked = fuse(dense, lexical, 0.5)
         t5 = time.perf_counter()

@@ -60,6 +60,7 @@ MODES = ("dense", "lexical", "hybrid")
 DEFAULT_MODE = "lexical"
 DEFAULT_DENSE_WEIGHT = 0.5
 FUSION_DEPTH = 100  # documents taken from each retriever before fusing
+FETCH_MARGIN = 1.5  # chunks fetched first per document wanted, over the collection's chunks per document
 # Hybrid's BM25 walks at most this many postings in full; its commonest terms are then only looked up for the
 # chunks the others hold (common/lexical.py): its cost stops growing with the collection where exact BM25's
 # grows with the postings of every common query word. Lexical mode stays exact. Never binding below ~100k chunks.
@@ -430,7 +431,7 @@ class SearchEngine:
     def dense_documents(self, vectors: np.ndarray, n_docs: int, allowed: AllowedChunks | None) -> list[Ranking]:
         """Each query vector's best n_docs documents: the first fetch of chunks for all queries at once."""
         total = len(self.corpus.chunk_ids) if allowed is None else allowed.count
-        first = self.dense_chunks(vectors, first_fetch(n_docs, total), allowed)
+        first = self.dense_chunks(vectors, self.first_fetch(n_docs, total), allowed)
         return [
             self.best_chunk_per_document(
                 lambda n, v=vectors[i : i + 1]: self.dense_chunks(v, n, allowed)[0], n_docs, total, first[i]
@@ -462,11 +463,18 @@ class SearchEngine:
             lambda n: self.lexical.search_positions(query, n, weights, walk_budget), n_docs, total
         )
 
+    def first_fetch(self, n_docs: int, total: int) -> int:
+        """How many chunks are fetched first for n_docs documents: a document may have several among them,
+        about as many as the collection's documents have on average, and FETCH_MARGIN times that, so that
+        one fetch nearly always covers them (another fetches 4x as many)."""
+        per_document = max(1.0, len(self.corpus.chunk_ids) / max(1, self.corpus.n_documents))
+        return min(total, math.ceil(n_docs * per_document * FETCH_MARGIN))
+
     def best_chunk_per_document(self, fetch, n_docs: int, total: int, fetched=None) -> Ranking:
         """Ask `fetch(n)` for the best n chunks (positions, scores), growing n until n_docs documents are
-        covered (`fetched`: what fetch(first_fetch(n_docs, total)) gives, when already fetched); returns each
-        document's best chunk, best first."""
-        n = first_fetch(n_docs, total)
+        covered (`fetched`: what fetch(self.first_fetch(n_docs, total)) gives, when already fetched); returns
+        each document's best chunk, best first."""
+        n = self.first_fetch(n_docs, total)
         while True:
             positions, scores = fetched if fetched is not None else fetch(n)
             fetched = None
@@ -521,12 +529,7 @@ def searching_threads() -> ThreadPoolExecutor:
     """Threads for a batch's searches, one a core: BM25 and an IVF index's search and re-scoring release the
     interpreter lock (numba, FAISS), so a batch (the server's SearchBatcher, `pipeline eval`) is searched on
     every core, not one."""
-    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="bm25")
-
-
-def first_fetch(n_docs: int, total: int) -> int:
-    """How many chunks are fetched first for n_docs documents (a document may have several among them)."""
-    return min(total, 4 * n_docs)
+    return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="search")
 
 
 def fuse(dense: Ranking, lexical: Ranking, dense_weight: float) -> Ranking:
