@@ -10,6 +10,9 @@ every 50 ms) are measured per command. Then:
 - disk: the workspace's size, the store's bytes per chunk, the index's files;
 - serving: `pipeline serve`'s start-up (until /health answers) and hybrid search at 16 concurrent
   clients (SciFact's queries, cycled; p50/p99), client and server on this machine;
+- filters during retrieval: served hybrid searches one at a time with a filter on the documents' `year`
+  (one year, ~3% of the documents; one year and a title word, fewer): every hit must match, and k come back
+  whenever k match;
 - recall@10 of the dense index against exact search, on SciFact's train queries embedded by the
   workspace's model: exact neighbours found by a pass over the stored vectors in slices;
 - a one-off `pipeline search`;
@@ -36,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_serve import served, server_process
+from bench_serve import percentiles, served, server_process
 from benchmarks_common import SCIFACT, run_measured, running_server, synthetic_documents
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,6 +72,39 @@ def disk_use(ws: Path) -> dict:
             name: round(size / 1e9, 3) for name, size in sorted(index.items(), key=lambda kv: -kv[1])[:6]
         },
     }
+
+
+FILTERS = {
+    "one_year": {"year": {"eq": 2001}},
+    "one_year_and_a_title_word": {"year": {"eq": 2001}, "title": {"contains": "cell"}},
+}
+
+
+def filtered_searches(base: str, queries: list[str], n: int) -> dict:
+    """Each of FILTERS with n hybrid searches, one at a time: latency, and the hits that broke the filter or
+    came back short of k (a request's count of matching documents is /search's own answer with k = 1000)."""
+    import httpx
+
+    found = {}
+    with httpx.Client(base_url=base, timeout=600) as client:
+        for name, condition in FILTERS.items():
+            latencies, wrong, short = [], 0, 0
+            for query in queries[:n]:
+                params = {"q": query, "k": 10, "mode": "hybrid", "filter": json.dumps(condition)}
+                start = time.perf_counter()
+                hits = client.get("/search", params=params).raise_for_status().json()["results"]
+                latencies.append(time.perf_counter() - start)
+                wrong += sum(
+                    hit["metadata"].get("year") != 2001 or ("title" in condition and "cell" not in hit["title"].lower())
+                    for hit in hits
+                )
+                if len(hits) < 10:
+                    matching = client.get("/search", params={**params, "k": 1000}).raise_for_status().json()
+                    short += len(matching["results"]) > len(hits)
+            found[name] = {"requests": len(latencies), "hits_breaking_the_filter": wrong, "short_of_k": short}
+            found[name].update(percentiles(latencies))
+            print(f"filtered ({name}): p50 {found[name]['p50_ms']:.1f} ms, p99 {found[name]['p99_ms']:.1f}", flush=True)
+    return found
 
 
 def dense_recall(ws: Path, queries: list[str]) -> dict:
@@ -113,6 +149,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000, help="hybrid searches in the load test")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--recall-queries", type=int, default=200)
+    parser.add_argument("--filtered-queries", type=int, default=100, help="searches per filter")
     parser.add_argument("--workdir", type=Path, default=REPO / "benchmarks" / "results" / "scale-work")
     parser.add_argument("--keep", action="store_true", help="keep the data and workspace afterwards")
     parser.add_argument(
@@ -189,6 +226,8 @@ def main() -> None:
             result["serve_startup_s"] = round(time.perf_counter() - start, 2)
             print(f"serve started in {result['serve_startup_s']}s", flush=True)
             result["serve"] = served(base, server_process(base), "hybrid", queries, args.requests, args.concurrency)
+            save()
+            result["filtered"] = filtered_searches(base, queries, args.filtered_queries)
         save()
     print(f"hybrid at {args.concurrency}: p50 {result['serve']['p50_ms']:.1f} ms, p99 {result['serve']['p99_ms']:.1f}")
     step("search_once", ["search", "cancer stem cells"], json_output=False)
