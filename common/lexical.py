@@ -76,6 +76,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -516,8 +517,18 @@ def _block_max(indptr: np.ndarray, rows: np.ndarray, tfs: np.ndarray, norms: np.
     return np.maximum.reduceat(tf / (tf + norms[rows]), first_postings).astype(np.float32)
 
 
+def _idf(chunks: int, document_frequencies: np.ndarray) -> np.ndarray:
+    """BM25's idf of terms held by these many of the collection's chunks, in float32."""
+    return np.log(1 + (chunks - document_frequencies + 0.5) / (document_frequencies + 0.5)).astype(np.float32)
+
+
+def _mean_length(total_length: int, chunks: int) -> float:
+    """A collection's average chunk length, as BM25's norms use it (at least 1)."""
+    return max(total_length / chunks, 1.0) if chunks else 1.0
+
+
 def _average_length(lengths: np.ndarray) -> float:
-    return max(lengths.sum(dtype=np.int64) / len(lengths), 1.0) if len(lengths) else 1.0
+    return _mean_length(int(lengths.sum(dtype=np.int64)), len(lengths))
 
 
 def _norms(lengths: np.ndarray, average_length: float) -> np.ndarray:
@@ -572,19 +583,35 @@ class LexicalIndex:
         positions = [self._positions(segment.chunk_ids) for segment in segments]
         if sum(int(np.count_nonzero(p >= 0)) for p in positions) != n:
             raise PipelineError("the BM25 index does not hold the stored chunks: run `pipeline index`")
-        total_length = sum(int(s.lengths[p >= 0].sum(dtype=np.int64)) for s, p in zip(segments, positions))
-        average_length = max(total_length / n, 1.0) if n else 1.0
+        self.total_length = sum(int(s.lengths[p >= 0].sum(dtype=np.int64)) for s, p in zip(segments, positions))
         if document_frequencies is None:
             document_frequencies = np.zeros(len(self.vocabulary), np.int64)
             for segment, segment_positions in zip(segments, positions):
                 frequencies = segment.document_frequencies(segment_positions >= 0)
                 document_frequencies[: len(frequencies)] += frequencies
         self.document_frequencies = document_frequencies
-        self.idf = np.log(1 + (n - document_frequencies + 0.5) / (document_frequencies + 0.5)).astype(np.float32)
-        self.live_segments = [
+        self.idf = _idf(n, document_frequencies)
+        self._segment_positions = positions
+        self.average_length = _mean_length(self.total_length, n)
+        self.live_segments = self._live_segments(self.average_length)
+        self._lock = threading.Lock()
+        self._at_collection_average: tuple[float, list[LiveSegment]] | None = None
+
+    def _live_segments(self, average_length: float) -> list["LiveSegment"]:
+        return [
             LiveSegment(segment, segment_positions, _norms(segment.lengths, average_length), average_length)
-            for segment, segment_positions in zip(segments, positions)
+            for segment, segment_positions in zip(self.segments, self._segment_positions)
         ]
+
+    def _segments_at(self, average_length: float) -> list["LiveSegment"]:
+        """The live segments with norms at a collection's average length (a sharded search's, which changes
+        only when some shard's chunks do): computed once per average, a pass over the lengths."""
+        if average_length == self.average_length:
+            return self.live_segments
+        with self._lock:
+            if self._at_collection_average is None or self._at_collection_average[0] != average_length:
+                self._at_collection_average = (average_length, self._live_segments(average_length))
+            return self._at_collection_average[1]
 
     def _positions(self, segment_chunk_ids: np.ndarray) -> np.ndarray:
         """Each segment row's position among the live chunks, or -1 when it was deleted."""
@@ -668,21 +695,46 @@ class LexicalIndex:
         positions, scores = self.search_positions(query, n, mask)
         return self.chunk_ids[positions], scores
 
+    def statistics(self, query: str) -> "CollectionStatistics":
+        """This index's part of what BM25 needs of the whole collection for `query`: its live chunks, their
+        total length and the document frequency of each of the query's terms. A search over shards sums them
+        over its shards first (the DFS phase of a distributed search engine) and searches each with the sums."""
+        frequencies = {
+            term: int(self.document_frequencies[self.vocabulary[term]]) if term in self.vocabulary else 0
+            for term in self.analyzer.query_terms(query)
+        }
+        return CollectionStatistics(len(self.chunk_ids), self.total_length, frequencies)
+
     def search_positions(
-        self, query: str, n: int, weight_mask: np.ndarray | None = None, walk_budget: int | None = None
+        self,
+        query: str,
+        n: int,
+        weight_mask: np.ndarray | None = None,
+        walk_budget: int | None = None,
+        collection: "CollectionStatistics | None" = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """The best n (positions in the corpus, i.e. in chunk-id order; BM25 scores), best first (ties by
         position); only chunks sharing a word with the query, and only where weight_mask (1.0 per allowed
         position, 0 elsewhere) is set. Exactly the exhaustive ranking, found with pruning (module docstring),
-        unless walk_budget is given: then the postings walked in full are bounded (module docstring)."""
-        words = [self.vocabulary[t] for t in self.analyzer.query_terms(query) if t in self.vocabulary]
+        unless walk_budget is given: then the postings walked in full are bounded (module docstring).
+        `collection`: the statistics of a collection this index is a shard of (statistics() summed over its
+        shards), which the scores are then computed with; without it, this index's own."""
+        query_words = [t for t in self.analyzer.query_terms(query) if t in self.vocabulary]
         positions, scores = np.zeros(0, np.int64), np.zeros(0, np.float64)
-        if min(n, len(self.chunk_ids)) == 0 or not words:
+        if min(n, len(self.chunk_ids)) == 0 or not query_words:
             return positions, scores.astype(np.float32)
-        terms, occurrences = np.unique(words, return_inverse=True)
-        query_terms = _QueryTerms(terms, occurrences, np.bincount(occurrences).astype(np.float64), self.idf[terms])
+        terms, first, occurrences = np.unique(
+            [self.vocabulary[t] for t in query_words], return_index=True, return_inverse=True
+        )
+        if collection is None:
+            idf, segments = self.idf[terms], self.live_segments
+        else:
+            frequencies = np.array([collection.document_frequencies[query_words[i]] for i in first], np.int64)
+            idf = _idf(collection.chunks, frequencies)
+            segments = self._segments_at(_mean_length(collection.total_length, collection.chunks))
+        query_terms = _QueryTerms(terms, occurrences, np.bincount(occurrences).astype(np.float64), idf)
         threshold = 0.0  # the n-th best score found so far: a later segment's chunks must reach it
-        for segment in self.live_segments:
+        for segment in segments:
             found_positions, found_scores = _segment_top(segment, query_terms, weight_mask, n, threshold, walk_budget)
             positions, scores = np.concatenate([positions, found_positions]), np.concatenate([scores, found_scores])
             best = np.lexsort((positions, -scores))[:n]
@@ -694,6 +746,25 @@ class LexicalIndex:
     def top_many(self, queries: list[str], k: int) -> list[np.ndarray]:
         """The best k chunk ids of each query, best first."""
         return [self.chunk_ids[self.search_positions(query, k)[0]] for query in queries]
+
+
+@dataclass(frozen=True)
+class CollectionStatistics:
+    """What BM25's scores depend on beyond a chunk's own counts, for one query: the collection's live chunks,
+    their total length (tokens), and the number of chunks holding each of the query's terms."""
+
+    chunks: int
+    total_length: int
+    document_frequencies: dict[str, int]
+
+    @classmethod
+    def summed(cls, parts: "list[CollectionStatistics]") -> "CollectionStatistics":
+        """A collection's, from its shards' (each a LexicalIndex's statistics() for the same query)."""
+        frequencies: dict[str, int] = {}
+        for part in parts:
+            for term, count in part.document_frequencies.items():
+                frequencies[term] = frequencies.get(term, 0) + count
+        return cls(sum(p.chunks for p in parts), sum(p.total_length for p in parts), frequencies)
 
 
 @dataclass

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import scipy.sparse
 from common import lexical
 from common.embedder import embedding_text
 from common.errors import PipelineError
-from common.lexical import K1, Analyzer, B, LexicalIndex, Segment
+from common.lexical import K1, Analyzer, B, CollectionStatistics, LexicalIndex, Segment
 from conftest import SCIFACT
 
 ANALYZER = Analyzer("en")
@@ -196,6 +197,30 @@ def test_a_walk_budget_bounds_the_postings_walked_and_keeps_found_chunks_scored_
             assert positions.tolist() == exact[0].tolist(), query
         narrowed += len(positions) < len(exact[0]) or positions.tolist() != exact[0].tolist()
     assert narrowed  # a budget of 50 postings does leave chunks out
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_shards_searched_with_their_summed_statistics_rank_as_the_whole_index(updated, shards):
+    """The collection split by document into shards, each its own index: searched with the statistics summed
+    over the shards and merged by score (ties by chunk id), they give the whole index's chunks, order and
+    scores."""
+    directory, live = updated
+    whole = LexicalIndex.load(directory)
+    parts = [
+        LexicalIndex.build([c for c in live if zlib.crc32(c[1].encode()) % shards == i], ANALYZER)
+        for i in range(shards)
+    ]
+    assert sum(len(part) for part in parts) == len(live) and all(len(part) for part in parts)
+    for query in queries(ReferenceBM25(live), live, 30, seed=7):
+        collection = CollectionStatistics.summed([part.statistics(query) for part in parts])
+        for n in (10, 100):
+            found = [part.search_positions(query, n, collection=collection) for part in parts]
+            ids = np.concatenate([part.chunk_ids[positions] for part, (positions, _) in zip(parts, found)])
+            scores = np.concatenate([scores for _, scores in found])
+            best = np.lexsort((ids, -scores))[:n]
+            positions, want_scores = whole.search_positions(query, n)
+            assert ids[best].tolist() == whole.chunk_ids[positions].tolist(), (query, n)
+            np.testing.assert_array_equal(scores[best], want_scores, err_msg=query)
 
 
 def test_an_updated_index_scores_as_a_full_build_of_the_same_chunks(updated, tmp_path):
