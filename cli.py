@@ -477,6 +477,21 @@ def index(
             "memory-mapped [x>0].",
         ),
     ] = 4.0,
+    shards: Annotated[
+        Optional[int],
+        typer.Option(
+            min=1,
+            help="Split the collection by document into this many shards, each with its own indexes, built in full "
+            "(default: as the last build; none for a new workspace). Search merges them: the same results.",
+        ),
+    ] = None,
+    ray: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Build the shards as tasks on a Ray cluster: local, auto, or the head's address (the workspace "
+            "on storage every node reads; needs the ray extra)."
+        ),
+    ] = None,
     json_output: JsonOption = False,
 ):
     """Build the FAISS and BM25 indexes over the stored chunks, or update the last build with what changed.
@@ -504,8 +519,13 @@ def index(
         pipeline index --type ivfpq    # compressed; prints recall@10 against exact search
         pipeline index --memory-budget 1   # IVF lists on disk beyond 1 GB of codes
         pipeline index --language de   # German stop words and stemmer, whatever was detected
+        pipeline index --shards 4 --ray auto   # four shards built on the Ray cluster
     """
-    summary = workflows.index(Workspace(workspace), index_type, rebuild, language, int(memory_budget * 2**30))
+    if ray is not None and shards is None:
+        raise PipelineError("--ray builds shards: give --shards N too")
+    summary = workflows.index(
+        Workspace(workspace), index_type, rebuild, language, int(memory_budget * 2**30), shards, ray
+    )
     if json_output:
         out.print_json(json.dumps(summary))
 

@@ -88,18 +88,24 @@ def embed(ws: Workspace, data: list[Path], text_field: str | None = None, settin
 
 
 def index(
-    ws: Workspace, kind: str = "auto", rebuild: bool = False, language: str = "auto", memory_budget: int | None = None
+    ws: Workspace,
+    kind: str = "auto",
+    rebuild: bool = False,
+    language: str = "auto",
+    memory_budget: int | None = None,
+    shards: int | None = None,
+    ray: str | None = None,
 ) -> dict:
     """`pipeline index`: the indexes brought up to the store; a full build then measures the default search
     mode (an update changes too little to measure again). memory_budget: bytes an IVF index's codes may
-    take in memory (index/build.py's default when None)."""
+    take in memory (index/build.py's default when None); shards, ray: a sharded build (index/shards.py)."""
     from common.embedder import load_embedder
     from index.build import refresh_indexes
     from search.calibrate import choose_default_mode
 
     with ws.writing():
         budget = {} if memory_budget is None else {"memory_budget": memory_budget}
-        summary = refresh_indexes(ws, kind, rebuild, language, **budget)
+        summary = refresh_indexes(ws, kind, rebuild, language, **budget, shards=shards, ray=ray)
         if summary["update"] == "full":
             embedder = require(ws, "embedder", "run `pipeline embed` first")
             summary["search"] = choose_default_mode(
@@ -285,7 +291,9 @@ def vectors_status(ws: Workspace, embedder, counts: dict | None) -> tuple[str, s
 def index_status(ws: Workspace, index, embedder, store_generation: int | None) -> tuple[str, str, str | None]:
     if index is None:
         return "missing", "run `pipeline index`", None
-    lexical = f", BM25 lexical index ({index.language})" if index.lexical_path else ", no lexical index"
+    has_lexical = all(shard.lexical_path for shard in index.shard_entries())
+    lexical = f", BM25 lexical index ({index.language})" if has_lexical else ", no lexical index"
+    sharded = f" in {len(index.shards)} shards" if index.shards else ""
     delta = (
         f" ({index.delta_vectors} in the delta, {index.deleted_in_base} deleted from the base)"
         if index.delta_vectors or index.deleted_in_base
@@ -295,7 +303,7 @@ def index_status(ws: Workspace, index, embedder, store_generation: int | None) -
     if index.recall_at_10 is not None:
         short = f", below the {index.recall_target} target" if index.recall_short else ""
         recall = f", recall@10 {index.recall_at_10:.3f}{short}"
-    detail = f"{index.type}, {index.vectors} vectors{delta}{recall}{lexical}"
+    detail = f"{index.type}, {index.vectors} vectors{sharded}{delta}{recall}{lexical}"
     missing = [path for path in index.all_paths if not (ws.root / path).exists()]
     if missing:
         return "missing", detail, f"{ws.root / missing[0]} is missing: run `pipeline index`"

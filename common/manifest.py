@@ -175,6 +175,9 @@ class IndexEntry(Section):
     recall_target: float | None = None
     recall_short: bool = False  # tuning could not reach recall_target
     corpus_path: str | None = None  # the corpus snapshot search reads (index/corpus.py); None before snapshots
+    # A sharded index (index/shards.py): each shard's record, as an unsharded index's (paths under `path`, the
+    # shards' directory, which corpus_path names too).
+    shards: list[dict[str, Any]] | None = None
 
     @property
     def language(self) -> str:
@@ -191,6 +194,14 @@ class IndexEntry(Section):
         lists and rescoring vectors, the BM25 directory, the corpus snapshot)."""
         extra = [self.lists_path, self.rescore_path, self.trained_path, self.delta_rescore_path]
         return [p for p in [*self.files, *extra, self.lexical_path, self.corpus_path] if p]
+
+    def shard_entries(self) -> list["IndexEntry"]:
+        """The index's shards, each as an unsharded index's entry (what they share from this one): this one
+        alone when it is not sharded."""
+        if not self.shards:
+            return [self]
+        shared = {**self.to_json(), "shards": None}
+        return [IndexEntry.from_json({**shared, **shard}) for shard in self.shards]
 
     def built_by(self, embedder: EmbedderEntry) -> bool:
         """Whether its vectors are the embedder's: the same model and the same chunking."""

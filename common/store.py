@@ -559,6 +559,22 @@ class Store:
             [doc_ids],
         ).fetchall()
 
+    def shard(self, shard: int, shards: int) -> tuple[np.ndarray, list[str]]:
+        """(chunk ids, ascending; doc ids, ascending) of the documents of shard `shard` of `shards`: those whose
+        id's MD5 (its last 8 bytes, little-endian: DuckDB's md5_number_lower) is `shard` modulo `shards`
+        (index/shards.py shard_of is the same number)."""
+        where = "WHERE md5_number_lower(doc_id) % ? = ?"
+        chunk_ids = self.con.execute(
+            f"SELECT chunk_id FROM chunks {where} ORDER BY chunk_id", [shards, shard]
+        ).fetchnumpy()["chunk_id"]
+        doc_ids = [
+            row[0]
+            for row in self.con.execute(
+                f"SELECT doc_id FROM documents {where} ORDER BY doc_id", [shards, shard]
+            ).fetchall()
+        ]
+        return np.asarray(chunk_ids, dtype=np.int64), doc_ids
+
     @staticmethod
     def _only(ids: np.ndarray | None) -> tuple[str, list]:
         """A clause keeping only the chunks `ids` (one bound list, so thousands of ids cost one join) and its

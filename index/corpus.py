@@ -84,19 +84,25 @@ JSON_TYPES = {kind.__name__: kind for kind in (bool, int, float, str, list, dict
 
 
 def write_corpus(
-    index_dir: Path, store: Store, live: np.ndarray, generation: int, previous: Path | None = None
+    index_dir: Path,
+    store: Store,
+    live: np.ndarray,
+    generation: int,
+    previous: Path | None = None,
+    doc_ids: list[str] | None = None,
 ) -> Path:
     """Write the snapshot of the store at `generation` (`live`: its chunk ids, ascending) into a new directory
     under index_dir and return it: the manifest then names it, so a reader never sees half of one. With
     `previous` (the snapshot of an earlier generation) only the documents added or changed since are read from
-    the store, and the rest is copied from it (update_documents_and_chunks)."""
+    the store, and the rest is copied from it (update_documents_and_chunks). With `doc_ids` (a shard's
+    documents, ascending: index/shards.py), of those documents only (`live`: their chunks)."""
 
     def write(directory: Path) -> None:
         fields = None
         if previous is not None and can_update(previous):
             fields = update_documents_and_chunks(directory, previous, store, live)
         if fields is None:
-            fields = write_documents_and_chunks(directory, store, live)
+            fields = write_documents_and_chunks(directory, store, live, doc_ids)
             write_filter_table(read_arrow(directory / DOCUMENTS), fields.column_types(), directory / FILTERS)
         meta = {"generation": generation, "fields": fields.to_json()}
         (directory / META).write_text(json.dumps(meta) + "\n")

@@ -135,17 +135,21 @@ def build_ivf(
     trained: faiss.Index | None = None,
     seed: int = 0,
     queries: np.ndarray | None = None,
+    on_disk: bool | None = None,
 ) -> IvfBuild:
     """An IVF index of `kind` ("ivf" or "ivfpq") over the store's vectors of chunks `ids` (ascending):
-    every live chunk (a full build, trained here), or, given the base's `trained` index, the chunks added
-    since the base (an update's delta, in memory). When its lists go on disk, they are merged into
+    every live chunk (a full build, trained here), or, given a `trained` index, some of them: the chunks
+    added since the base it was trained for (an update's delta, in memory: on_disk False), or a shard's
+    (index/shards.py: every shard filled from one training, on_disk as it was trained for). When its lists
+    go on disk (on_disk None: when its codes take more than memory_budget), they are merged into
     `staging`/`lists_name` (a name the index then looks for beside its own file: the file is to be moved
     beside it). The rescoring rows are written to `staging`/rescore.npy. The exact neighbours of `queries`
     (else of recall_sample stored vectors) are found as the vectors stream past, for tuning."""
     n = len(ids)
-    delta = trained is not None
-    on_disk = not delta and codes_bytes(kind, n, dim) > memory_budget
-    ivf = faiss.clone_index(trained) if delta else train_ivf(kind, store, ids, dim, on_disk, seed)
+    some = trained is not None  # ids are not every stored chunk: only they are read
+    if on_disk is None:
+        on_disk = codes_bytes(kind, n, dim) > memory_budget
+    ivf = faiss.clone_index(trained) if some else train_ivf(kind, store, ids, dim, on_disk, seed)
     empty = faiss.serialize_index(ivf)
     rng = np.random.default_rng(seed + 1)
     _, sample = store.load_vectors(np.sort(rng.choice(ids, min(DRIFT_SAMPLE, n), replace=False)))
@@ -164,7 +168,7 @@ def build_ivf(
     parts, added, started = [], 0, time.perf_counter()
     rescore_path = staging / "rescore.npy"
     # In the store's own order (no sort of every vector first): each slot's chunk id is kept as it comes.
-    slices = store.iter_vector_codes(ids if delta else None, batch_rows=max(1, SLICE_BYTES // (4 * dim)), ordered=False)
+    slices = store.iter_vector_codes(ids if some else None, batch_rows=max(1, SLICE_BYTES // (4 * dim)), ordered=False)
     slot_ids = []
     with RescoreWriter(rescore_path, n, dim) as rescore:
         for chunk_ids, codes, scales in slices:

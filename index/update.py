@@ -168,7 +168,9 @@ def ivf_delta(ws: Workspace, previous: IndexEntry, store: Store, ids: np.ndarray
     staging = new_staging(ws.index_dir)
     try:
         dim = trained.d
-        built = build_ivf(previous.type, store, ids, dim, staging, 0, recall_sample(len(ids)), "", trained=trained)
+        built = build_ivf(
+            previous.type, store, ids, dim, staging, 0, recall_sample(len(ids)), "", trained=trained, on_disk=False
+        )
         base_fit = previous.centroid_distance
         if base_fit and len(ids) >= MIN_DRIFT_VECTORS and built.centroid_distance > DRIFT_RATIO * base_fit:
             raise Drifted(

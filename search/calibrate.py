@@ -65,8 +65,9 @@ def measure_modes(ws: Workspace, model, seed: int = 0, draws: int = DRAWS) -> di
         if not drawn:
             return {}
         stored = store.counts()["documents"]
-        analyzer = Analyzer.load(ws.root / index_entry.lexical_path)  # as the index analyses text
-        if len(documents) == stored:  # the whole collection, and BM25's base segment as `pipeline index` built it
+        # As the index analyses text (every shard of a sharded index alike).
+        analyzer = Analyzer.load(ws.root / index_entry.shard_entries()[0].lexical_path)
+        if len(documents) == stored and not index_entry.shards:  # the whole collection, and its BM25 base segment
             chunk_ids, vectors = store.load_vectors()
             chunk_docs = [doc_id for _, doc_id in store.chunk_documents()]  # both in chunk id order
             base = Segment.load(base_segment_dir(ws, index_entry))

@@ -37,6 +37,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import faiss
 import numpy as np
@@ -46,12 +47,12 @@ from common.corpus import Corpus
 from common.embedder import encode, is_static, load_embedder, text_tokenizer, token_limit, truncate_to_model
 from common.errors import PipelineError
 from common.index_files import candidates_to_rescore, load_index, read_rescore, rescored
-from common.lexical import Analyzer, LexicalIndex
-from common.manifest import SearchEntry, read_manifest
+from common.lexical import Analyzer, CollectionStatistics, LexicalIndex
+from common.manifest import IndexEntry, SearchEntry, read_manifest
 from common.store import Store
 from common.workspace import Workspace, model_fingerprint
 from search.filters import DocumentFilter, DocumentFilters
-from search.snippets import make_snippet, snippet_terms
+from search.snippets import QueryTerms, make_snippet, snippet_terms
 
 MODES = ("dense", "lexical", "hybrid")
 # Which mode ranks best depends on the collection and the model: `pipeline index` measures it on held-out
@@ -100,18 +101,24 @@ class Ranking:
     so ordering by position breaks ties by id), and scores. Arrays, not a row per document: a hybrid
     query ranks 200 documents, and building a Python object for each was a tenth of its cost."""
 
-    docs: np.ndarray  # int64 document positions
-    chunks: np.ndarray  # int64 chunk positions
+    docs: np.ndarray  # int64 document positions (in their shard's corpus)
+    chunks: np.ndarray  # int64 chunk positions (in their shard's corpus)
     scores: np.ndarray  # float64
+    shards: np.ndarray  # int64: the shard each document is in (IndexShard; 0 for an unsharded index)
 
     def __len__(self) -> int:
         return len(self.docs)
 
     def head(self, k: int) -> "Ranking":
-        return Ranking(self.docs[:k], self.chunks[:k], self.scores[:k])
+        return Ranking(self.docs[:k], self.chunks[:k], self.scores[:k], self.shards[:k])
+
+    @property
+    def keys(self) -> np.ndarray:
+        """One number per document, unique across shards, in document order within a shard."""
+        return self.shards << 32 | self.docs
 
 
-NO_RANKING = Ranking(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64))
+NO_RANKING = Ranking(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64), np.zeros(0, np.int64))
 
 
 def short_text(text: str, limit: int) -> str:
@@ -258,8 +265,133 @@ class AllowedChunks:
         return self._slots[id(dense)]
 
 
+class IndexShard:
+    """One index generation's files over some of the collection: all of it (an unsharded index) or one shard's
+    documents (index/shards.py): the FAISS indexes (the base, and the delta of chunks added since it was
+    built: index/update.py), BM25, the corpus snapshot and its filter table. What a shard answers: its best
+    documents for a query vector or text, and its documents as hits."""
+
+    def __init__(self, root: Path, entry: IndexEntry, number: int = 0):
+        self.entry, self.number = entry, number
+        self.corpus = Corpus(root / entry.corpus_path)
+        if self.corpus.generation != entry.store_generation:  # the manifest names them together
+            raise PipelineError("the corpus snapshot does not match the index: run `pipeline index`")
+        # An IVF base and its delta re-score their candidates from int8 copies of the vectors (index/ivf.py).
+        rescore = int((entry.search_setting or {}).get("rescore", 1))
+        self.dense = []
+        for path, rescore_path in zip(entry.files, [entry.rescore_path, entry.delta_rescore_path]):
+            index = load_index(root / path)
+            rows = read_rescore(root / rescore_path, index.d) if rescore_path else None
+            self.dense.append(DenseIndex(index, self.corpus.chunk_ids, rows, rescore))
+        held = np.concatenate([part.live_positions for part in self.dense])
+        if len(held) != len(self.corpus.chunk_ids) or len(np.unique(held)) != len(held):
+            raise PipelineError("the FAISS index does not hold the stored chunks: run `pipeline index`")
+        self.lexical = LexicalIndex.load(root / entry.lexical_path) if entry.lexical_path else None
+        if self.lexical is not None and not np.array_equal(self.lexical.chunk_ids, self.corpus.chunk_ids):
+            raise PipelineError("the BM25 index does not hold the stored chunks: run `pipeline index`")
+        self.filters = DocumentFilters(self.corpus.filters_path)
+
+    def allowed(self, filters: DocumentFilter) -> AllowedChunks:
+        return AllowedChunks(self.filters.allowed_documents(filters), self.corpus.chunk_docs, self.corpus.n_documents)
+
+    def dense_documents(self, vectors: np.ndarray, n_docs: int, allowed: AllowedChunks | None) -> list[Ranking]:
+        """Each query vector's best n_docs documents: the first fetch of chunks for all queries at once."""
+        total = len(self.corpus.chunk_ids) if allowed is None else allowed.count
+        first = self.dense_chunks(vectors, self.first_fetch(n_docs, total), allowed)
+        return [
+            self.best_chunk_per_document(
+                lambda n, v=vectors[i : i + 1]: self.dense_chunks(v, n, allowed)[0], n_docs, total, first[i]
+            )
+            for i in range(len(vectors))
+        ]
+
+    def dense_chunks(
+        self, vectors: np.ndarray, n: int, allowed: AllowedChunks | None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """For each query vector, the best n (chunk positions, scores) of the base and delta indexes
+        together, best first."""
+        found = [part.search(vectors, n, allowed) for part in self.dense]
+        if len(found) == 1:
+            return found[0]
+        merged = []
+        for per_part in zip(*found):
+            positions, scores = np.concatenate([f[0] for f in per_part]), np.concatenate([f[1] for f in per_part])
+            best = np.lexsort((positions, -scores))[:n]
+            merged.append((positions[best], scores[best]))
+        return merged
+
+    def lexical_documents(
+        self,
+        query: str,
+        n_docs: int,
+        allowed: AllowedChunks | None,
+        walk_budget: int | None = None,
+        collection: CollectionStatistics | None = None,
+    ) -> Ranking:
+        """The query's best n_docs documents by BM25 (with the statistics of the collection this is a shard of)."""
+        total = len(self.lexical) if allowed is None else allowed.count
+        weights = None if allowed is None else allowed.weights
+        return self.best_chunk_per_document(
+            lambda n: self.lexical.search_positions(query, n, weights, walk_budget, collection), n_docs, total
+        )
+
+    def first_fetch(self, n_docs: int, total: int) -> int:
+        """How many chunks are fetched first for n_docs documents: a document may have several among them,
+        about as many as the collection's documents have on average, and FETCH_MARGIN times that, so that
+        one fetch nearly always covers them (another fetches 4x as many)."""
+        per_document = max(1.0, len(self.corpus.chunk_ids) / max(1, self.corpus.n_documents))
+        return min(total, math.ceil(n_docs * per_document * FETCH_MARGIN))
+
+    def best_chunk_per_document(self, fetch, n_docs: int, total: int, fetched=None) -> Ranking:
+        """Ask `fetch(n)` for the best n chunks (positions, scores), growing n until n_docs documents are
+        covered (`fetched`: what fetch(self.first_fetch(n_docs, total)) gives, when already fetched); returns
+        each document's best chunk, best first."""
+        n = self.first_fetch(n_docs, total)
+        while True:
+            positions, scores = fetched if fetched is not None else fetch(n)
+            fetched = None
+            docs = self.corpus.chunk_docs[positions].astype(np.int64)
+            _, first = np.unique(docs, return_index=True)  # results come best-first
+            if len(first) >= n_docs or n >= total or len(positions) < n:
+                first = np.sort(first)[:n_docs]
+                shards = np.full(len(first), self.number, np.int64)
+                return Ranking(docs[first], positions[first], scores[first].astype(np.float64), shards)
+            n = min(total, n * 4)
+
+    def hit(self, terms: QueryTerms, rank: int, doc: int, chunk: int, score: float) -> Hit:
+        """One ranked document as a hit: its fields and a snippet of its best chunk, read now."""
+        corpus = self.corpus
+        text, marks = make_snippet(corpus.chunk_text(chunk), terms, bool(corpus.chunk_starts_mid_text[chunk]))
+        return Hit(
+            rank,
+            score,
+            corpus.doc_id(doc),
+            corpus.title(doc),
+            corpus.source(doc),
+            text,
+            marks,
+            int(corpus.chunk_ids[chunk]),
+            corpus.metadata(doc),
+        )
+
+    def document(self, doc_id: str) -> dict | None:
+        corpus = self.corpus
+        position = corpus.position_of(doc_id)
+        if position is None:
+            return None
+        return {
+            "doc_id": doc_id,
+            "title": corpus.title(position),
+            "source": corpus.source(position),
+            "text": corpus.text(position),
+            "metadata": corpus.metadata(position),
+            "chunks": int(corpus.document_chunks[position]),
+        }
+
+
 class SearchEngine:
-    """Everything one index generation needs: FAISS, BM25, the query model, the documents and chunks."""
+    """Search over the workspace's index: the query model, and the index's shards (one IndexShard for an
+    unsharded index), whose answers are merged and fused here."""
 
     def __init__(self, ws: Workspace, load_model: bool = True, reuse_model=None):
         self.ws = ws
@@ -270,9 +402,7 @@ class SearchEngine:
         self.model_dir = manifest.embedder.model_dir(ws)
         if not self.model_dir.exists():
             raise PipelineError(f"{self.model_dir}: the embedding model recorded in the manifest is gone")
-        current = model_fingerprint(
-            self.model_dir
-        )  # a stale index is refused whatever the mode, as `pipeline status` does
+        current = model_fingerprint(self.model_dir)  # a stale index is refused whatever the mode, as `status` does
         if self.index_entry.embedder_fingerprint != current:
             raise PipelineError(
                 f"the index was built with model {self.index_entry.embedder_fingerprint} "
@@ -284,28 +414,8 @@ class SearchEngine:
         # The indexes and the snapshot hold the store generation they were built from: any other is refused.
         if self.index_entry.stale_reason(store_generation):
             raise PipelineError(self.index_entry.stale_reason(store_generation))
-        self.corpus = Corpus(ws.root / self.index_entry.corpus_path)
-        if self.corpus.generation != self.index_entry.store_generation:  # the manifest names them together
-            raise PipelineError("the corpus snapshot does not match the index: run `pipeline index`")
-        # The base index, and the delta of chunks added since it was built (index/update.py).
-        # An IVF base and its delta re-score their candidates from int8 copies of the vectors (index/ivf.py).
-        entry = self.index_entry
-        rescore = int((entry.search_setting or {}).get("rescore", 1))
-        self.dense = []
-        for path, rescore_path in zip(entry.files, [entry.rescore_path, entry.delta_rescore_path]):
-            index = load_index(ws.root / path)
-            rows = read_rescore(ws.root / rescore_path, index.d) if rescore_path else None
-            self.dense.append(DenseIndex(index, self.corpus.chunk_ids, rows, rescore))
-        held = np.concatenate([part.live_positions for part in self.dense])
-        if len(held) != len(self.corpus.chunk_ids) or len(np.unique(held)) != len(
-            held
-        ):  # the generation check makes this a broken file
-            raise PipelineError("the FAISS index does not hold the stored chunks: run `pipeline index`")
-        lexical_path = self.index_entry.lexical_path
-        self.lexical = LexicalIndex.load(ws.root / lexical_path) if lexical_path else None
-        if self.lexical is not None and not np.array_equal(self.lexical.chunk_ids, self.corpus.chunk_ids):  # same check
-            raise PipelineError("the BM25 index does not hold the stored chunks: run `pipeline index`")
-        self.filters = DocumentFilters(self.corpus.filters_path)
+        self.shards = [IndexShard(ws.root, entry, i) for i, entry in enumerate(self.index_entry.shard_entries())]
+        self.has_lexical = all(shard.lexical is not None for shard in self.shards)
         self._model = reuse_model
         self._default_mode, self._default_dense_weight = self.measured_defaults(manifest.search)
         self._model_lock = threading.Lock()
@@ -341,8 +451,8 @@ class SearchEngine:
     def resolve_mode(self, mode: str | None) -> str:
         if mode is None:
             mode = self._default_mode
-            return mode if self.lexical is not None else "dense"
-        if mode in ("lexical", "hybrid") and self.lexical is None:
+            return mode if self.has_lexical else "dense"
+        if mode in ("lexical", "hybrid") and not self.has_lexical:
             raise PipelineError(f"--mode {mode}: this index has no lexical part; run `pipeline index` again")
         return mode
 
@@ -375,18 +485,20 @@ class SearchEngine:
         dense_weight = self.resolve_dense_weight(dense_weight)
         if not 0.0 <= dense_weight <= 1.0:
             raise PipelineError(f"dense weight must be between 0 and 1, got {dense_weight}")
-        allowed = None
+        allowed: list[AllowedChunks | None] = [None] * len(self.shards)
         if filters:
-            allowed = AllowedChunks(
-                self.filters.allowed_documents(filters), self.corpus.chunk_docs, self.corpus.n_documents
-            )
-        if allowed is not None and allowed.count == 0:
-            return [[] for _ in queries]
+            allowed = [shard.allowed(filters) for shard in self.shards]
+            if all(chunks.count == 0 for chunks in allowed):
+                return [[] for _ in queries]
         depth = k if mode != "hybrid" else max(k, FUSION_DEPTH)
         if mode == "lexical":
             dense_rankings = [NO_RANKING] * len(queries)
         else:
-            dense_rankings = self.dense_documents(self.embed_queries(queries, names), depth, allowed)
+            vectors = self.embed_queries(queries, names)
+            by_shard = [
+                shard.dense_documents(vectors, depth, chunks) for shard, chunks in self._searched(allowed)
+            ]  # [shard][query]
+            dense_rankings = [self._merged(list(parts), depth) for parts in zip(*by_shard)]
         if mode == "dense":
             lexical_rankings = [NO_RANKING] * len(queries)
         else:
@@ -397,8 +509,80 @@ class SearchEngine:
         results = []
         for query, dense, lexical in zip(queries, dense_rankings, lexical_rankings):
             ranked = fuse(dense, lexical, dense_weight) if mode == "hybrid" else dense if mode == "dense" else lexical
-            results.append(self.hits(query, ranked.head(k)))
+            results.append(self.hits(query, self._ties_by_id(ranked, k).head(k)))
         return results
+
+    def _searched(self, allowed: list["AllowedChunks | None"]) -> list[tuple[IndexShard, "AllowedChunks | None"]]:
+        """The shards a request searches: those holding a chunk the filter allows (every one without a filter)."""
+        return [(shard, chunks) for shard, chunks in zip(self.shards, allowed) if chunks is None or chunks.count]
+
+    def lexical_documents(
+        self, query: str, n_docs: int, allowed: list["AllowedChunks | None"], walk_budget: int | None = None
+    ) -> Ranking:
+        """The query's best n_docs documents by BM25 over every shard: scored with the statistics of the whole
+        collection, summed over the shards first (the DFS phase of a distributed search engine)."""
+        collection = None
+        if len(self.shards) > 1:
+            collection = CollectionStatistics.summed([shard.lexical.statistics(query) for shard in self.shards])
+        found = [
+            shard.lexical_documents(query, n_docs, chunks, walk_budget, collection)
+            for shard, chunks in self._searched(allowed)
+        ]
+        return self._merged(found, n_docs)
+
+    def _merged(self, rankings: list[Ranking], n: int) -> Ranking:
+        """The best n documents of several shards' rankings, by score, equal scores by their chunk's id: as one
+        index ranks them (its chunk positions are in id order)."""
+        if len(rankings) == 1:
+            return rankings[0]
+        rankings = [ranking for ranking in rankings if len(ranking)]
+        if not rankings:
+            return NO_RANKING
+        scores = np.concatenate([r.scores for r in rankings])
+        chunk_ids = np.concatenate([self.shards[r.shards[0]].corpus.chunk_ids[r.chunks] for r in rankings])
+        best = np.lexsort((chunk_ids, -scores))[:n]
+        return Ranking(
+            *(
+                np.concatenate([getattr(r, name) for r in rankings])[best]
+                for name in ("docs", "chunks", "scores", "shards")
+            )
+        )
+
+    def _ties_by_id(self, ranking: Ranking, k: int) -> Ranking:
+        """Over several shards, the first k documents with equal fused scores ranked by document id, as one
+        index ranks them (its document positions are in id order); fuse ranks them by shard first."""
+        if len(self.shards) == 1 or not len(ranking):
+            return ranking
+        head = int(np.count_nonzero(ranking.scores >= ranking.scores[min(k, len(ranking)) - 1]))  # k and their ties
+        ids = [
+            self.shards[s].corpus.doc_id(d)
+            for s, d in zip(ranking.shards[:head].tolist(), ranking.docs[:head].tolist())
+        ]
+        order = np.array(
+            sorted(range(head), key=lambda i: (-ranking.scores[i], ids[i])) + list(range(head, len(ranking)))
+        )
+        return Ranking(ranking.docs[order], ranking.chunks[order], ranking.scores[order], ranking.shards[order])
+
+    def hits(self, query: str, ranking: Ranking) -> list[Hit]:
+        """The ranked documents as hits, each from its shard: its fields and a snippet of its best chunk."""
+        lexical = self.shards[0].lexical
+        terms = snippet_terms(query, lexical.analyzer if lexical is not None else Analyzer())
+        return [
+            self.shards[shard].hit(terms, rank, doc, chunk, score)
+            for rank, (shard, doc, chunk, score) in enumerate(
+                zip(ranking.shards.tolist(), ranking.docs.tolist(), ranking.chunks.tolist(), ranking.scores.tolist()),
+                start=1,
+            )
+        ]
+
+    def document(self, doc_id: str) -> dict | None:
+        """The stored document `doc_id` (from the shard holding it), or None."""
+        return next((found for shard in self.shards if (found := shard.document(doc_id)) is not None), None)
+
+    @property
+    def fields(self) -> dict[str, str]:
+        """The fields filters can use, with their types (every shard's)."""
+        return {name: kind for shard in self.shards for name, kind in shard.filters.fields.items()}
 
     def embed_queries(self, queries: list[str], names: list[str] | None = None) -> np.ndarray:
         model = self.model
@@ -428,101 +612,6 @@ class SearchEngine:
         with self._encode_lock:
             yield model, self._query_tokenizer
 
-    def dense_documents(self, vectors: np.ndarray, n_docs: int, allowed: AllowedChunks | None) -> list[Ranking]:
-        """Each query vector's best n_docs documents: the first fetch of chunks for all queries at once."""
-        total = len(self.corpus.chunk_ids) if allowed is None else allowed.count
-        first = self.dense_chunks(vectors, self.first_fetch(n_docs, total), allowed)
-        return [
-            self.best_chunk_per_document(
-                lambda n, v=vectors[i : i + 1]: self.dense_chunks(v, n, allowed)[0], n_docs, total, first[i]
-            )
-            for i in range(len(vectors))
-        ]
-
-    def dense_chunks(
-        self, vectors: np.ndarray, n: int, allowed: AllowedChunks | None
-    ) -> list[tuple[np.ndarray, np.ndarray]]:
-        """For each query vector, the best n (chunk positions, scores) of the base and delta indexes
-        together, best first."""
-        found = [part.search(vectors, n, allowed) for part in self.dense]
-        if len(found) == 1:
-            return found[0]
-        merged = []
-        for per_part in zip(*found):
-            positions, scores = np.concatenate([f[0] for f in per_part]), np.concatenate([f[1] for f in per_part])
-            best = np.lexsort((positions, -scores))[:n]
-            merged.append((positions[best], scores[best]))
-        return merged
-
-    def lexical_documents(
-        self, query: str, n_docs: int, allowed: AllowedChunks | None, walk_budget: int | None = None
-    ) -> Ranking:
-        total = len(self.lexical) if allowed is None else allowed.count
-        weights = None if allowed is None else allowed.weights
-        return self.best_chunk_per_document(
-            lambda n: self.lexical.search_positions(query, n, weights, walk_budget), n_docs, total
-        )
-
-    def first_fetch(self, n_docs: int, total: int) -> int:
-        """How many chunks are fetched first for n_docs documents: a document may have several among them,
-        about as many as the collection's documents have on average, and FETCH_MARGIN times that, so that
-        one fetch nearly always covers them (another fetches 4x as many)."""
-        per_document = max(1.0, len(self.corpus.chunk_ids) / max(1, self.corpus.n_documents))
-        return min(total, math.ceil(n_docs * per_document * FETCH_MARGIN))
-
-    def best_chunk_per_document(self, fetch, n_docs: int, total: int, fetched=None) -> Ranking:
-        """Ask `fetch(n)` for the best n chunks (positions, scores), growing n until n_docs documents are
-        covered (`fetched`: what fetch(self.first_fetch(n_docs, total)) gives, when already fetched); returns
-        each document's best chunk, best first."""
-        n = self.first_fetch(n_docs, total)
-        while True:
-            positions, scores = fetched if fetched is not None else fetch(n)
-            fetched = None
-            docs = self.corpus.chunk_docs[positions].astype(np.int64)
-            _, first = np.unique(docs, return_index=True)  # results come best-first
-            if len(first) >= n_docs or n >= total or len(positions) < n:
-                first = np.sort(first)[:n_docs]
-                return Ranking(docs[first], positions[first], scores[first].astype(np.float64))
-            n = min(total, n * 4)
-
-    def hits(self, query: str, ranking: Ranking) -> list[Hit]:
-        """The ranked documents as hits: each with its fields and a snippet of its best chunk, read now."""
-        corpus = self.corpus
-        terms = snippet_terms(query, self.lexical.analyzer if self.lexical is not None else Analyzer())
-        hits = []
-        for rank, (doc, chunk, score) in enumerate(
-            zip(ranking.docs.tolist(), ranking.chunks.tolist(), ranking.scores.tolist()), start=1
-        ):
-            text, marks = make_snippet(corpus.chunk_text(chunk), terms, bool(corpus.chunk_starts_mid_text[chunk]))
-            hits.append(
-                Hit(
-                    rank,
-                    score,
-                    corpus.doc_id(doc),
-                    corpus.title(doc),
-                    corpus.source(doc),
-                    text,
-                    marks,
-                    int(corpus.chunk_ids[chunk]),
-                    corpus.metadata(doc),
-                )
-            )
-        return hits
-
-    def document(self, doc_id: str) -> dict | None:
-        corpus = self.corpus
-        position = corpus.position_of(doc_id)
-        if position is None:
-            return None
-        return {
-            "doc_id": doc_id,
-            "title": corpus.title(position),
-            "source": corpus.source(position),
-            "text": corpus.text(position),
-            "metadata": corpus.metadata(position),
-            "chunks": int(corpus.document_chunks[position]),
-        }
-
 
 @functools.cache
 def searching_threads() -> ThreadPoolExecutor:
@@ -547,12 +636,12 @@ def fuse(dense: Ranking, lexical: Ranking, dense_weight: float) -> Ranking:
         raw, deviation = ranking.scores, ranking.scores.std()
         # all scores equal: each returned document is one deviation above those not returned
         contributions.append(weight * ((raw - raw.min()) / deviation if deviation > 0 else np.ones(len(raw))))
-    docs = np.concatenate([ranking.docs for _, ranking in parts])
+    keys = np.concatenate([ranking.keys for _, ranking in parts])
     chunks = np.concatenate([ranking.chunks for _, ranking in parts])
     contribution = np.concatenate(contributions)
-    fused_docs, group = np.unique(docs, return_inverse=True)
-    fused = np.bincount(group, weights=contribution, minlength=len(fused_docs))
+    fused_keys, group = np.unique(keys, return_inverse=True)
+    fused = np.bincount(group, weights=contribution, minlength=len(fused_keys))
     by_group = np.lexsort((-contribution, group))  # stable: among equal contributions, dense's comes first
     best_chunk = chunks[by_group[np.r_[True, group[by_group][1:] != group[by_group][:-1]]]]
-    order = np.lexsort((fused_docs, -fused))
-    return Ranking(fused_docs[order], best_chunk[order], fused[order])
+    order = np.lexsort((fused_keys, -fused))
+    return Ranking(fused_keys[order] & 0xFFFFFFFF, best_chunk[order], fused[order], fused_keys[order] >> 32)

@@ -121,7 +121,7 @@ def score_run(run: dict[str, list[str]], qrels: dict[str, dict[str, int]]) -> di
 
 def modes_to_run(engine: SearchEngine, mode: str) -> list[str | None]:
     if mode == "all":
-        return [m for m in MODES if m == "dense" or engine.lexical is not None]
+        return [m for m in MODES if m == "dense" or engine.has_lexical]
     if mode not in MODES:
         raise PipelineError(f"--mode: unknown mode '{mode}' (choose from {', '.join(MODES)} or all)")
     return [mode]

@@ -214,7 +214,7 @@ def delete_document(doc_id: str, generation: Served):
 
 @data.get("/fields", summary="The fields filters can use", response_model=FieldsResponse, responses={401: ERRORS[401]})
 def fields(generation: Served):
-    return {"fields": generation.current().filters.fields, "operators": list(OPERATORS)}
+    return {"fields": generation.current().fields, "operators": list(OPERATORS)}
 
 
 @data.get(
@@ -251,7 +251,7 @@ def health(request: Request, generation: Served):
             "vectors": entry.vectors,
             "build_id": entry.build_id,
             "store_generation": entry.store_generation,
-            "lexical": engine.lexical is not None,
+            "lexical": engine.has_lexical,
             "recall_at_10": entry.recall_at_10,
             "recall_target": entry.recall_target,
             "recall_short": entry.recall_short,

@@ -1,0 +1,97 @@
+"""A sharded index (index/shards.py) answers as one index over the same store: lexical (BM25 with the
+collection's statistics summed over the shards), dense (exact) and hybrid give the same documents, in the same
+order, with the same scores, chunks and snippets, filtered or not."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from common.manifest import read_manifest
+from common.workspace import Workspace
+from conftest import SCIFACT, run_cli_process
+from index.build import refresh_indexes
+from index.shards import shard_of
+from search.engine import SearchEngine
+from search.filters import DocumentFilter
+
+QUERIES = [json.loads(line)["text"] for line in (SCIFACT / "queries.jsonl").read_text().splitlines()[:40]] + [
+    "cells in tumour growth and immune response",
+    "the the of",  # stop words only: nothing to find lexically
+]
+FILTERS = [None, DocumentFilter.of({"year": {"lt": 1930}}), DocumentFilter.of({"journal": {"eq": "Cell"}})]
+
+
+@pytest.fixture(scope="module")
+def whole(trained_workspace) -> SearchEngine:
+    assert read_manifest(Workspace(trained_workspace)).index.type == "flat"
+    return SearchEngine(Workspace(trained_workspace))
+
+
+def sharded_copy(trained_workspace, tmp_path, shards: int) -> Workspace:
+    ws = Workspace(tmp_path / "ws")
+    shutil.copytree(trained_workspace, ws.root)
+    refresh_indexes(ws, "flat", shards=shards)
+    return ws
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_shards_answer_as_the_whole_index(whole, trained_workspace, tmp_path, shards):
+    ws = sharded_copy(trained_workspace, tmp_path, shards)
+    entry = read_manifest(ws).index
+    assert len(entry.shards) == shards and sum(shard["vectors"] for shard in entry.shards) == entry.vectors
+    engine = SearchEngine(ws)
+    for shard in engine.shards:  # each document in the shard its id says, with all its chunks
+        corpus = shard.corpus
+        assert {shard_of(corpus.doc_id(i), shards) for i in range(corpus.n_documents)} == {shard.number}
+    for filters in FILTERS:
+        for mode in ("dense", "lexical", "hybrid"):
+            for query in QUERIES:
+                want = whole.search(query, 10, mode, filters, dense_weight=0.4)
+                got = engine.search(query, 10, mode, filters, dense_weight=0.4)
+                where = (query, mode, filters)
+                assert [h.doc_id for h in got] == [h.doc_id for h in want], where
+                assert [(h.chunk_id, h.snippet, h.rank) for h in got] == [(h.chunk_id, h.snippet, h.rank) for h in want]
+                np.testing.assert_allclose([h.score for h in got], [h.score for h in want], rtol=0, atol=1e-5)
+    doc_id = whole.shards[0].corpus.doc_id(7)
+    assert engine.document(doc_id) == whole.document(doc_id)
+    assert engine.fields == whole.fields
+
+
+def test_a_sharded_index_is_built_in_full_again_and_keeps_its_shard_count(trained_workspace, tmp_path):
+    ws = sharded_copy(trained_workspace, tmp_path, 2)
+    first = read_manifest(ws).index
+    refresh_indexes(ws, "flat")  # no --shards: as the last build
+    again = read_manifest(ws).index
+    assert len(again.shards) == 2 and again.build_id != first.build_id
+    assert not (ws.root / first.path).exists()  # the older build's shards are removed once the manifest moved on
+    with pytest.raises(Exception, match="sharded"):
+        refresh_indexes(ws, full_build_allowed=False)  # the document API's update
+
+
+def test_more_shards_than_documents_is_one_line_before_anything_is_written(trained_workspace, tmp_path):
+    ws = Workspace(tmp_path / "ws")
+    shutil.copytree(trained_workspace, ws.root)
+    before = read_manifest(ws).index
+    with pytest.raises(Exception, match="shard .* would hold no documents"):
+        refresh_indexes(ws, "flat", shards=500)
+    assert read_manifest(ws).index == before
+    assert not list(ws.index_dir.glob("shards-*"))
+
+
+def test_shards_built_as_ray_tasks_are_the_shards_built_here(whole, trained_workspace, tmp_path):
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    ws = Workspace(tmp_path / "ray")
+    shutil.copytree(trained_workspace, ws.root)
+    run_cli_process("index", "-w", str(ws.root), "--type", "flat", "--shards", "3", "--ray", "local", timeout=400)
+    entry = read_manifest(ws).index
+    corpus = whole.shards[0].corpus
+    owners = [shard_of(corpus.doc_id(i), 3) for i in range(corpus.n_documents)]
+    assert [shard["documents"] for shard in entry.shards] == [owners.count(n) for n in range(3)]
+    engine = SearchEngine(ws)
+    for query in QUERIES[:10]:
+        want = whole.search(query, 10, "hybrid", dense_weight=0.4)
+        assert [h.doc_id for h in engine.search(query, 10, "hybrid", dense_weight=0.4)] == [h.doc_id for h in want]
