@@ -82,7 +82,7 @@ def step_costs(ws: Path, queries: list[str]) -> dict:
         t4 = time.perf_counter()
         ranked = fuse(dense, lexical, 0.5)
         t5 = time.perf_counter()
-        engine.hits(query, ranked.head(10))
+        engine.hits(query, ranked, 10)
         t6 = time.perf_counter()
         engine.search(query, 10, "hybrid")
         t7 = time.perf_counter()

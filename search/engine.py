@@ -52,7 +52,7 @@ from common.manifest import IndexEntry, SearchEntry, read_manifest
 from common.store import Store
 from common.workspace import Workspace, model_fingerprint
 from search.filters import DocumentFilter, DocumentFilters
-from search.snippets import QueryTerms, make_snippet, snippet_terms
+from search.snippets import make_snippet, snippet_terms
 
 MODES = ("dense", "lexical", "hybrid")
 # Which mode ranks best depends on the collection and the model: `pipeline index` measures it on held-out
@@ -105,12 +105,16 @@ class Ranking:
     chunks: np.ndarray  # int64 chunk positions (in their shard's corpus)
     scores: np.ndarray  # float64
     shards: np.ndarray  # int64: the shard each document is in (IndexShard; 0 for an unsharded index)
+    chunk_ids: np.ndarray  # int64: the chunks' ids, which order equal scores across shards
 
     def __len__(self) -> int:
         return len(self.docs)
 
     def head(self, k: int) -> "Ranking":
-        return Ranking(self.docs[:k], self.chunks[:k], self.scores[:k], self.shards[:k])
+        return self.take(slice(0, k))
+
+    def take(self, rows) -> "Ranking":
+        return Ranking(self.docs[rows], self.chunks[rows], self.scores[rows], self.shards[rows], self.chunk_ids[rows])
 
     @property
     def keys(self) -> np.ndarray:
@@ -118,7 +122,7 @@ class Ranking:
         return self.shards << 32 | self.docs
 
 
-NO_RANKING = Ranking(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64), np.zeros(0, np.int64))
+NO_RANKING = Ranking(*(np.zeros(0, np.int64),) * 2, np.zeros(0, np.float64), *(np.zeros(0, np.int64),) * 2)
 
 
 def short_text(text: str, limit: int) -> str:
@@ -291,6 +295,75 @@ class IndexShard:
             raise PipelineError("the BM25 index does not hold the stored chunks: run `pipeline index`")
         self.filters = DocumentFilters(self.corpus.filters_path)
 
+    # ---- what a search asks of a shard (the same calls a shard's Ray Serve deployment answers: search/serve/)
+    def statistics(self, query: str) -> CollectionStatistics:
+        """This shard's part of BM25's collection statistics for `query` (summed over the shards first)."""
+        return self.lexical.statistics(query)
+
+    def candidates(
+        self,
+        vectors: np.ndarray | None,
+        queries: list[str],
+        depth: int,
+        filters: DocumentFilter | None,
+        walk_budget: int | None,
+        collections: list[CollectionStatistics | None] | None,
+    ) -> tuple[list[Ranking] | None, list[Ranking] | None]:
+        """Each query's best `depth` documents here among those `filters` keeps: dense for the query `vectors`
+        (None: no dense search) and BM25 scored with `collections` (each query's collection statistics, None
+        for this shard's own; the list None: no BM25 search). BM25 searches a batch on a thread per core."""
+        allowed = self.allowed(filters) if filters else None
+        if allowed is not None and allowed.count == 0:  # nothing here passes the filter
+            return (None if vectors is None else [NO_RANKING] * len(queries)), (
+                None if collections is None else [NO_RANKING] * len(queries)
+            )
+        dense = None if vectors is None else self.dense_documents(vectors, depth, allowed)
+        lexical = None
+        if collections is not None:
+            lexical = list(
+                searching_threads().map(
+                    lambda query, collection: self.lexical_documents(query, depth, allowed, walk_budget, collection),
+                    queries,
+                    collections,
+                )
+            )
+        return dense, lexical
+
+    def hits(self, query: str, ranking: Ranking) -> list[Hit]:
+        """The documents of `ranking` (this shard's) as hits: fields and a snippet of the best chunk, read now.
+        Ranks are left 0: the caller ranks hits of all shards."""
+        terms = snippet_terms(query, self.lexical.analyzer if self.lexical is not None else Analyzer())
+        corpus, hits = self.corpus, []
+        for doc, chunk, score in zip(ranking.docs.tolist(), ranking.chunks.tolist(), ranking.scores.tolist()):
+            text, marks = make_snippet(corpus.chunk_text(chunk), terms, bool(corpus.chunk_starts_mid_text[chunk]))
+            hits.append(
+                Hit(
+                    0,
+                    score,
+                    corpus.doc_id(doc),
+                    corpus.title(doc),
+                    corpus.source(doc),
+                    text,
+                    marks,
+                    int(corpus.chunk_ids[chunk]),
+                    corpus.metadata(doc),
+                )
+            )
+        return hits
+
+    def fields(self) -> dict[str, str]:
+        """The fields this shard's filters can use, with their types."""
+        return self.filters.fields
+
+    def call(self, method: str, *arguments):
+        """A call of the shard's interface above: answered now (a remote shard's answer comes later: wait)."""
+        return getattr(self, method)(*arguments)
+
+    @staticmethod
+    def wait(answer):
+        return answer
+
+    # ---- within the shard
     def allowed(self, filters: DocumentFilter) -> AllowedChunks:
         return AllowedChunks(self.filters.allowed_documents(filters), self.corpus.chunk_docs, self.corpus.n_documents)
 
@@ -354,25 +427,11 @@ class IndexShard:
             _, first = np.unique(docs, return_index=True)  # results come best-first
             if len(first) >= n_docs or n >= total or len(positions) < n:
                 first = np.sort(first)[:n_docs]
-                shards = np.full(len(first), self.number, np.int64)
-                return Ranking(docs[first], positions[first], scores[first].astype(np.float64), shards)
+                chunks, shards = positions[first], np.full(len(first), self.number, np.int64)
+                return Ranking(
+                    docs[first], chunks, scores[first].astype(np.float64), shards, self.corpus.chunk_ids[chunks]
+                )
             n = min(total, n * 4)
-
-    def hit(self, terms: QueryTerms, rank: int, doc: int, chunk: int, score: float) -> Hit:
-        """One ranked document as a hit: its fields and a snippet of its best chunk, read now."""
-        corpus = self.corpus
-        text, marks = make_snippet(corpus.chunk_text(chunk), terms, bool(corpus.chunk_starts_mid_text[chunk]))
-        return Hit(
-            rank,
-            score,
-            corpus.doc_id(doc),
-            corpus.title(doc),
-            corpus.source(doc),
-            text,
-            marks,
-            int(corpus.chunk_ids[chunk]),
-            corpus.metadata(doc),
-        )
 
     def document(self, doc_id: str) -> dict | None:
         corpus = self.corpus
@@ -415,7 +474,7 @@ class SearchEngine:
         if self.index_entry.stale_reason(store_generation):
             raise PipelineError(self.index_entry.stale_reason(store_generation))
         self.shards = [IndexShard(ws.root, entry, i) for i, entry in enumerate(self.index_entry.shard_entries())]
-        self.has_lexical = all(shard.lexical is not None for shard in self.shards)
+        self.has_lexical = all(entry.lexical_path for entry in self.index_entry.shard_entries())
         self._model = reuse_model
         self._default_mode, self._default_dense_weight = self.measured_defaults(manifest.search)
         self._model_lock = threading.Lock()
@@ -485,104 +544,81 @@ class SearchEngine:
         dense_weight = self.resolve_dense_weight(dense_weight)
         if not 0.0 <= dense_weight <= 1.0:
             raise PipelineError(f"dense weight must be between 0 and 1, got {dense_weight}")
-        allowed: list[AllowedChunks | None] = [None] * len(self.shards)
-        if filters:
-            allowed = [shard.allowed(filters) for shard in self.shards]
-            if all(chunks.count == 0 for chunks in allowed):
-                return [[] for _ in queries]
         depth = k if mode != "hybrid" else max(k, FUSION_DEPTH)
-        if mode == "lexical":
-            dense_rankings = [NO_RANKING] * len(queries)
-        else:
-            vectors = self.embed_queries(queries, names)
-            by_shard = [
-                shard.dense_documents(vectors, depth, chunks) for shard, chunks in self._searched(allowed)
-            ]  # [shard][query]
-            dense_rankings = [self._merged(list(parts), depth) for parts in zip(*by_shard)]
-        if mode == "dense":
-            lexical_rankings = [NO_RANKING] * len(queries)
-        else:
-            budget = HYBRID_WALK_BUDGET if mode == "hybrid" else None
-            lexical_rankings = list(
-                searching_threads().map(lambda query: self.lexical_documents(query, depth, allowed, budget), queries)
-            )
+        vectors = None if mode == "lexical" else self.embed_queries(queries, names)
+        collections = None
+        if mode != "dense":  # over several shards, BM25 scores with the whole collection's statistics (DFS)
+            collections = [None] * len(queries)
+            if len(self.shards) > 1:
+                shards = range(len(self.shards))
+                parts = self._ask([(n, "statistics", (query,)) for query in queries for n in shards])
+                collections = [
+                    CollectionStatistics.summed(parts[i * len(shards) : (i + 1) * len(shards)])
+                    for i in range(len(queries))
+                ]
+        budget = HYBRID_WALK_BUDGET if mode == "hybrid" else None
+        arguments = (vectors, queries, depth, filters, budget, collections)
+        found = self._ask([(n, "candidates", arguments) for n in range(len(self.shards))])
         results = []
-        for query, dense, lexical in zip(queries, dense_rankings, lexical_rankings):
+        for i, query in enumerate(queries):
+            dense = NO_RANKING if vectors is None else self._merged([shard_dense[i] for shard_dense, _ in found], depth)
+            lexical = NO_RANKING if collections is None else self._merged([lex[i] for _, lex in found], depth)
             ranked = fuse(dense, lexical, dense_weight) if mode == "hybrid" else dense if mode == "dense" else lexical
-            results.append(self.hits(query, self._ties_by_id(ranked, k).head(k)))
+            results.append(self.hits(query, ranked, k))
         return results
 
-    def _searched(self, allowed: list["AllowedChunks | None"]) -> list[tuple[IndexShard, "AllowedChunks | None"]]:
-        """The shards a request searches: those holding a chunk the filter allows (every one without a filter)."""
-        return [(shard, chunks) for shard, chunks in zip(self.shards, allowed) if chunks is None or chunks.count]
-
-    def lexical_documents(
-        self, query: str, n_docs: int, allowed: list["AllowedChunks | None"], walk_budget: int | None = None
-    ) -> Ranking:
-        """The query's best n_docs documents by BM25 over every shard: scored with the statistics of the whole
-        collection, summed over the shards first (the DFS phase of a distributed search engine)."""
-        collection = None
-        if len(self.shards) > 1:
-            collection = CollectionStatistics.summed([shard.lexical.statistics(query) for shard in self.shards])
-        found = [
-            shard.lexical_documents(query, n_docs, chunks, walk_budget, collection)
-            for shard, chunks in self._searched(allowed)
-        ]
-        return self._merged(found, n_docs)
+    def _ask(self, calls: list[tuple[int, str, tuple]]) -> list:
+        """The answers to (shard number, method, arguments) calls, in order. Every call is made before any answer
+        is awaited, so remote shards (search/serve/sharded.py) work side by side."""
+        pending = [(self.shards[n], self.shards[n].call(method, *arguments)) for n, method, arguments in calls]
+        return [shard.wait(answer) for shard, answer in pending]
 
     def _merged(self, rankings: list[Ranking], n: int) -> Ranking:
-        """The best n documents of several shards' rankings, by score, equal scores by their chunk's id: as one
+        """The best n documents of the shards' rankings, by score, equal scores by their chunk's id: as one
         index ranks them (its chunk positions are in id order)."""
         if len(rankings) == 1:
             return rankings[0]
         rankings = [ranking for ranking in rankings if len(ranking)]
         if not rankings:
             return NO_RANKING
-        scores = np.concatenate([r.scores for r in rankings])
-        chunk_ids = np.concatenate([self.shards[r.shards[0]].corpus.chunk_ids[r.chunks] for r in rankings])
-        best = np.lexsort((chunk_ids, -scores))[:n]
-        return Ranking(
+        merged = Ranking(
             *(
-                np.concatenate([getattr(r, name) for r in rankings])[best]
-                for name in ("docs", "chunks", "scores", "shards")
+                np.concatenate([getattr(r, name) for r in rankings])
+                for name in ("docs", "chunks", "scores", "shards", "chunk_ids")
             )
         )
+        return merged.take(np.lexsort((merged.chunk_ids, -merged.scores))[:n])
 
-    def _ties_by_id(self, ranking: Ranking, k: int) -> Ranking:
-        """Over several shards, the first k documents with equal fused scores ranked by document id, as one
-        index ranks them (its document positions are in id order); fuse ranks them by shard first."""
-        if len(self.shards) == 1 or not len(ranking):
-            return ranking
-        head = int(np.count_nonzero(ranking.scores >= ranking.scores[min(k, len(ranking)) - 1]))  # k and their ties
-        ids = [
-            self.shards[s].corpus.doc_id(d)
-            for s, d in zip(ranking.shards[:head].tolist(), ranking.docs[:head].tolist())
-        ]
-        order = np.array(
-            sorted(range(head), key=lambda i: (-ranking.scores[i], ids[i])) + list(range(head, len(ranking)))
-        )
-        return Ranking(ranking.docs[order], ranking.chunks[order], ranking.scores[order], ranking.shards[order])
-
-    def hits(self, query: str, ranking: Ranking) -> list[Hit]:
-        """The ranked documents as hits, each from its shard: its fields and a snippet of its best chunk."""
-        lexical = self.shards[0].lexical
-        terms = snippet_terms(query, lexical.analyzer if lexical is not None else Analyzer())
-        return [
-            self.shards[shard].hit(terms, rank, doc, chunk, score)
-            for rank, (shard, doc, chunk, score) in enumerate(
-                zip(ranking.shards.tolist(), ranking.docs.tolist(), ranking.chunks.tolist(), ranking.scores.tolist()),
-                start=1,
-            )
-        ]
+    def hits(self, query: str, ranking: Ranking, k: int) -> list[Hit]:
+        """The first k documents of `ranking` as hits, each read from its shard. Over several shards, documents
+        of equal score rank by id, as one index ranks them (its positions are in id order), where fuse ranked
+        them by shard: the k and any tied with the k-th are read, then ordered."""
+        if len(self.shards) == 1:
+            hits = self.shards[0].hits(query, ranking.head(k))
+        else:
+            tied = np.count_nonzero(ranking.scores >= ranking.scores[min(k, len(ranking)) - 1]) if len(ranking) else 0
+            head = ranking.head(int(tied))
+            rows = {int(n): np.flatnonzero(head.shards == n) for n in np.unique(head.shards)}
+            answers = self._ask([(n, "hits", (query, head.take(at))) for n, at in rows.items()])
+            hits = [None] * len(head)
+            for at, found in zip(rows.values(), answers):
+                for i, hit in zip(at.tolist(), found):
+                    hits[i] = hit
+            hits = sorted(hits, key=lambda hit: (-hit.score, hit.doc_id))[:k]
+        for rank, hit in enumerate(hits, start=1):
+            hit.rank = rank
+        return hits
 
     def document(self, doc_id: str) -> dict | None:
         """The stored document `doc_id` (from the shard holding it), or None."""
-        return next((found for shard in self.shards if (found := shard.document(doc_id)) is not None), None)
+        found = self._ask([(n, "document", (doc_id,)) for n in range(len(self.shards))])
+        return next((document for document in found if document is not None), None)
 
     @property
     def fields(self) -> dict[str, str]:
         """The fields filters can use, with their types (every shard's)."""
-        return {name: kind for shard in self.shards for name, kind in shard.filters.fields.items()}
+        found = self._ask([(n, "fields", ()) for n in range(len(self.shards))])
+        return {name: kind for fields in found for name, kind in fields.items()}
 
     def embed_queries(self, queries: list[str], names: list[str] | None = None) -> np.ndarray:
         model = self.model
@@ -638,10 +674,14 @@ def fuse(dense: Ranking, lexical: Ranking, dense_weight: float) -> Ranking:
         contributions.append(weight * ((raw - raw.min()) / deviation if deviation > 0 else np.ones(len(raw))))
     keys = np.concatenate([ranking.keys for _, ranking in parts])
     chunks = np.concatenate([ranking.chunks for _, ranking in parts])
+    chunk_ids = np.concatenate([ranking.chunk_ids for _, ranking in parts])
     contribution = np.concatenate(contributions)
     fused_keys, group = np.unique(keys, return_inverse=True)
     fused = np.bincount(group, weights=contribution, minlength=len(fused_keys))
     by_group = np.lexsort((-contribution, group))  # stable: among equal contributions, dense's comes first
-    best_chunk = chunks[by_group[np.r_[True, group[by_group][1:] != group[by_group][:-1]]]]
+    first_of_group = by_group[np.r_[True, group[by_group][1:] != group[by_group][:-1]]]
+    best_chunk, best_chunk_id = chunks[first_of_group], chunk_ids[first_of_group]
     order = np.lexsort((fused_keys, -fused))
-    return Ranking(fused_keys[order] & 0xFFFFFFFF, best_chunk[order], fused[order], fused_keys[order] >> 32)
+    return Ranking(
+        fused_keys[order] & 0xFFFFFFFF, best_chunk[order], fused[order], fused_keys[order] >> 32, best_chunk_id[order]
+    )
