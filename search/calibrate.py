@@ -143,8 +143,10 @@ class Collection:
             docs = collection_docs[positions]
             _, first = np.unique(docs, return_index=True)
             first = np.sort(first)[:DEPTH]
+            chunks = np.asarray(positions, dtype=np.int64)[first]
+            # One collection (shard 0); a chunk's position stands for its id: they order alike.
             return Ranking(
-                docs[first], np.asarray(positions, dtype=np.int64)[first], np.asarray(scores, dtype=np.float64)[first]
+                docs[first], chunks, np.asarray(scores, dtype=np.float64)[first], np.zeros_like(chunks), chunks
             )
 
         dense_rankings = []

@@ -97,9 +97,10 @@ class Hit:
 
 @dataclass(frozen=True)
 class Ranking:
-    """Documents best first, each with its best chunk: positions in the corpus (documents are in id order,
-    so ordering by position breaks ties by id), and scores. Arrays, not a row per document: a hybrid
-    query ranks 200 documents, and building a Python object for each was a tenth of its cost."""
+    """Documents best first, each with its best chunk (positions in their shard's corpus, and the chunk's id:
+    equal scores rank by it, in every ranking, so that shards merge as one index ranks), and scores. Arrays,
+    not a row per document: a hybrid query ranks 200 documents, and building a Python object for each was a
+    tenth of its cost."""
 
     docs: np.ndarray  # int64 document positions (in their shard's corpus)
     chunks: np.ndarray  # int64 chunk positions (in their shard's corpus)
@@ -382,10 +383,8 @@ class IndexShard:
         self, vectors: np.ndarray, n: int, allowed: AllowedChunks | None
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         """For each query vector, the best n (chunk positions, scores) of the base and delta indexes
-        together, best first."""
+        together, best first, equal scores by position (FAISS leaves their order open; shards must agree)."""
         found = [part.search(vectors, n, allowed) for part in self.dense]
-        if len(found) == 1:
-            return found[0]
         merged = []
         for per_part in zip(*found):
             positions, scores = np.concatenate([f[0] for f in per_part]), np.concatenate([f[1] for f in per_part])
@@ -590,21 +589,14 @@ class SearchEngine:
         return merged.take(np.lexsort((merged.chunk_ids, -merged.scores))[:n])
 
     def hits(self, query: str, ranking: Ranking, k: int) -> list[Hit]:
-        """The first k documents of `ranking` as hits, each read from its shard. Over several shards, documents
-        of equal score rank by id, as one index ranks them (its positions are in id order), where fuse ranked
-        them by shard: the k and any tied with the k-th are read, then ordered."""
-        if len(self.shards) == 1:
-            hits = self.shards[0].hits(query, ranking.head(k))
-        else:
-            tied = np.count_nonzero(ranking.scores >= ranking.scores[min(k, len(ranking)) - 1]) if len(ranking) else 0
-            head = ranking.head(int(tied))
-            rows = {int(n): np.flatnonzero(head.shards == n) for n in np.unique(head.shards)}
-            answers = self._ask([(n, "hits", (query, head.take(at))) for n, at in rows.items()])
-            hits = [None] * len(head)
-            for at, found in zip(rows.values(), answers):
-                for i, hit in zip(at.tolist(), found):
-                    hits[i] = hit
-            hits = sorted(hits, key=lambda hit: (-hit.score, hit.doc_id))[:k]
+        """The first k documents of `ranking` as hits, each read from its shard, ranked."""
+        head = ranking.head(k)
+        rows = {int(n): np.flatnonzero(head.shards == n) for n in np.unique(head.shards)}
+        answers = self._ask([(n, "hits", (query, head.take(at))) for n, at in rows.items()])
+        hits: list[Hit] = [None] * len(head)  # type: ignore[list-item]
+        for at, found in zip(rows.values(), answers):
+            for i, hit in zip(at.tolist(), found):
+                hits[i] = hit
         for rank, hit in enumerate(hits, start=1):
             hit.rank = rank
         return hits
@@ -661,7 +653,7 @@ def fuse(dense: Ranking, lexical: Ranking, dense_weight: float) -> Ranking:
     """Convex combination of the two rankings' standardised scores (module docstring). Each retriever
     adds weight * (z(d) - its lowest z), which ranks as the combination does with a missing document
     at its list's lowest score, and keeps every fused score at 0 or above. A document is shown with
-    the chunk of the retriever that contributed more to it (dense on a tie); equal scores rank by id."""
+    the chunk of the retriever that contributed more to it (dense on a tie); equal scores rank by their chunk's id."""
     parts = [
         (weight, ranking) for weight, ranking in ((dense_weight, dense), (1.0 - dense_weight, lexical)) if len(ranking)
     ]
@@ -681,7 +673,7 @@ def fuse(dense: Ranking, lexical: Ranking, dense_weight: float) -> Ranking:
     by_group = np.lexsort((-contribution, group))  # stable: among equal contributions, dense's comes first
     first_of_group = by_group[np.r_[True, group[by_group][1:] != group[by_group][:-1]]]
     best_chunk, best_chunk_id = chunks[first_of_group], chunk_ids[first_of_group]
-    order = np.lexsort((fused_keys, -fused))
+    order = np.lexsort((best_chunk_id, -fused))  # equal scores by chunk id, as every ranking here
     return Ranking(
         fused_keys[order] & 0xFFFFFFFF, best_chunk[order], fused[order], fused_keys[order] >> 32, best_chunk_id[order]
     )
