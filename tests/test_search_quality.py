@@ -115,7 +115,8 @@ def test_fusion_combines_standardised_scores():
         *scored, chunk=0
     ):  # (score, document letter) pairs, best first; a document's chunk: its number * 10 + chunk
         docs = np.array([ord(letter) - ord("a") for _, letter in scored], dtype=np.int64)
-        return Ranking(docs, docs * 10 + chunk, np.array([score for score, _ in scored], dtype=np.float64))
+        chunks = docs * 10 + chunk  # positions; ids the same
+        return Ranking(docs, chunks, np.array([s for s, _ in scored], dtype=np.float64), np.zeros_like(docs), chunks)
 
     def letters(fused):
         return [chr(ord("a") + int(d)) for d in fused.docs]
@@ -141,8 +142,9 @@ def test_fusion_combines_standardised_scores():
     assert letters(fuse(dense, NO_RANKING, 0.5)) == ["a", "b", "c"]
     # a list of one document, or of equal scores: each counts as one deviation above the documents not returned
     assert letters(fuse(ranking((0.5, "x")), ranking((1.0, "y"), (1.0, "x")), 0.5))[0] == "x"
-    # equal fused scores rank by document (id order)
-    assert letters(fuse(ranking((1.0, "d")), ranking((1.0, "b")), 0.5)) == ["b", "d"]
+    # equal fused scores rank by their chunk's id (as in every ranking: shards merge as one index ranks)
+    assert letters(fuse(ranking((1.0, "d")), ranking((1.0, "b"), chunk=5), 0.5)) == ["b", "d"]
+    assert letters(fuse(ranking((1.0, "b"), chunk=25), ranking((1.0, "d")), 0.5)) == ["d", "b"]  # 30 before 35
 
 
 def test_filters_restrict_results(engine, corpus_file):
