@@ -117,9 +117,10 @@ def test_an_updated_index_answers_as_a_full_build_of_the_same_documents(updated)
     incremental, scratch = SearchEngine(updated["ws"]), SearchEngine(updated["scratch"])
     assert document_ids(incremental) == document_ids(scratch)
     for mode in MODES:
-        # A hybrid score divides by the deviation of the top 100 scores: cosines that differ by float rounding
-        # (~1e-6: a base and a delta are two matrix products, a full build one) differ by up to ~1e-3 there.
-        tolerance = 2e-3 if mode == "hybrid" else 1e-4
+        # A hybrid score divides by the deviation of the top 100 scores, which for this tiny model's cosines is
+        # ~5e-5: cosines that differ by float rounding (~1e-7: a base with deletions is scanned query by query,
+        # a full build's queries in one matrix product) differ by up to ~3e-3 there.
+        tolerance = 5e-3 if mode == "hybrid" else 1e-4
         for got, want in zip(
             answers(incremental, updated["queries"], mode), answers(scratch, updated["queries"], mode)
         ):
