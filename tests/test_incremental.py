@@ -147,7 +147,7 @@ def test_deleted_and_replaced_documents_never_come_back(updated):
 def test_an_update_writes_the_snapshot_of_the_changed_store(updated):
     """The corpus snapshot search reads is the store's after the update: documents added, changed, deleted."""
     assert updated["second"]["update"] == "incremental"
-    corpus = SearchEngine(updated["ws"]).corpus
+    corpus = SearchEngine(updated["ws"]).shards[0].corpus
     with Store(updated["ws"].db_path, read_only=True) as store:
         assert_corpus_matches_store(corpus, store)
     rows = updated["rows"]
