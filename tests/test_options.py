@@ -30,6 +30,7 @@ REQUIRED = {"search": ["q"], "eval": ["--queries", "q.jsonl", "--qrels", "qrels.
 BAD = [
     ("index", "--memory-budget", "0", "0 is not in the range x>0"),
     ("index", "--memory-budget", "nan", "nan is not a finite number"),
+    ("index", "--shards", "0", "0 is not in the range x>=1"),
     ("pretrain", "--time-budget", "0s", "must be more than 0s, got '0s'"),
     ("pretrain", "--time-budget", "-5m", "must be more than 0s, got '-5m'"),
     ("pretrain", "--time-budget", "nan", "'nan' is not a duration (e.g. 90s, 15m, 1.5h)"),
