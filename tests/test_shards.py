@@ -95,3 +95,25 @@ def test_shards_built_as_ray_tasks_are_the_shards_built_here(whole, trained_work
     for query in QUERIES[:10]:
         want = whole.search(query, 10, "hybrid", dense_weight=0.4)
         assert [h.doc_id for h in engine.search(query, 10, "hybrid", dense_weight=0.4)] == [h.doc_id for h in want]
+
+
+def test_a_sharded_index_is_served_and_refuses_document_writes_before_storing_them(whole, trained_workspace, tmp_path):
+    import httpx
+
+    from common.store import Store
+    from server import running_server
+
+    ws = sharded_copy(trained_workspace, tmp_path, 2)
+    with Store(ws.db_path, read_only=True) as store:
+        generation = store.generation()
+    with running_server(ws.root) as base, httpx.Client(base_url=base, timeout=120) as client:
+        query = QUERIES[0]
+        answer = client.get("/search", params={"q": query, "k": 5, "mode": "hybrid", "dense_weight": 0.4}).json()
+        assert [h["doc_id"] for h in answer["results"]] == [
+            h.doc_id for h in whole.search(query, 5, "hybrid", dense_weight=0.4)
+        ]
+        note = {"id": "note-1", "title": "A note", "text": "Quokka survey on an island."}
+        refused = client.post("/documents", json={"documents": [note]})
+        assert refused.status_code == 409 and "sharded" in refused.json()["error"]
+    with Store(ws.db_path, read_only=True) as store:
+        assert store.generation() == generation  # nothing was stored

@@ -105,6 +105,10 @@ class Generation:
         index`, waited for up to WRITE_WAIT_SECONDS."""
         with self._store_lock, self.ws.writing(wait=WRITE_WAIT_SECONDS):
             engine = self.current()
+            if engine.index_entry.shards:  # refused before anything is stored: the shards are rebuilt in full
+                raise WriteConflict(
+                    "the index is sharded: add documents with `pipeline embed`, then `pipeline index` rebuilds it"
+                )
             if not engine.index_entry.built_by(require(self.ws, "embedder", "run `pipeline embed` first")):
                 raise WriteConflict(
                     "the workspace's documents were embedded with another model or chunking than the served "
