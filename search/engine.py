@@ -63,9 +63,10 @@ DEFAULT_DENSE_WEIGHT = 0.5
 FUSION_DEPTH = 100  # documents taken from each retriever before fusing
 FETCH_MARGIN = 1.5  # chunks fetched first per document wanted, over the collection's chunks per document
 # Hybrid's BM25 walks at most this many postings in full; its commonest terms are then only looked up for the
-# chunks the others hold (common/lexical.py): its cost stops growing with the collection where exact BM25's
-# grows with the postings of every common query word. Lexical mode stays exact. Never binding below ~100k chunks.
-HYBRID_WALK_BUDGET = 200_000
+# chunks the others hold (common/lexical.py). At 10M topical chunks (200 SciFact train queries, 152 chunks each,
+# CPU a query) exact BM25 took 29 ms on average, 115 at p99; with 1M postings walked 21 / 57, the same chunks;
+# 500k 17 / 53 and 98% of them, 200k 16 / 47 and 95%. Lexical mode stays exact; below ~1M chunks it never binds.
+HYBRID_WALK_BUDGET = 1_000_000
 MAX_K = 1000
 
 
