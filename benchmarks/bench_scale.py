@@ -201,7 +201,12 @@ def main() -> None:
     def step(name: str, command: list[str], json_output: bool = True) -> dict:
         if name in result:  # measured before (--resume)
             return result[name]["summary"]
-        measured = run_measured([*command, "-w", str(ws)] + (["--json"] if json_output else []))
+        try:
+            measured = run_measured([*command, "-w", str(ws)] + (["--json"] if json_output else []))
+        except SystemExit as failed:  # kept in the JSON: how far it got, its time and memory until then
+            result[name] = {"failed": str(failed)}
+            save()
+            raise
         stdout = measured.pop("stdout")
         summary = json.loads(stdout) if json_output else {}
         result[name] = {

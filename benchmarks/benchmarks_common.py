@@ -104,8 +104,14 @@ def run_measured(args: list[str], marks: dict[str, str] | None = None, script: P
     reader.join()
     seconds = time.perf_counter() - start
     stderr = "".join(line for _, line in lines)
-    if process.returncode != 0:
-        raise SystemExit(f"{script.name} {' '.join(args)} failed:\n{stderr[-3000:]}")
+    if process.returncode != 0:  # what it printed before the traceback says how far it got
+        progress = [line.rstrip() for _, line in lines if line[:1].isalnum()][-20:]
+        peak = max((rss for _, rss in samples), default=0) / 2**30
+        raise SystemExit(
+            f"{script.name} {' '.join(args)} failed after {seconds:.0f}s (peak RSS {peak:.2f} GB so far):\n"
+            + "\n".join(progress)
+            + f"\n{stderr[-3000:]}"
+        )
     result = {
         "seconds": round(seconds, 2),
         "peak_rss_gb": round(max(rss for _, rss in samples) / 2**30, 3),
