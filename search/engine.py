@@ -20,6 +20,12 @@ delta (index/build.py): both FAISS indexes are searched and their hits merged by
 chunks never among them; BM25 reads both segments. `search` can be called from several threads (FAISS and
 BM25 searches only read).
 
+A sharded index (index/shards.py) is searched shard by shard through IndexShard's interface (what a shard in
+another process could answer): the query embedded once, BM25 scored with the collection's statistics summed over
+the shards first (the DFS phase of a distributed search engine), each retriever's rankings merged by score, then
+fused, and the hits read from their shards. Every ranking orders equal scores by chunk id, so N shards answer
+exactly as one index over the same chunks.
+
 Filters (search/filters.py) are applied during retrieval, never after it, so k documents come back
 whenever k allowed documents match: the allowed chunks become a bitmap (FAISS) and a weight mask
 (BM25). For FAISS: flat scans only the allowed vectors; HNSW and IVF widen their search by the inverse
@@ -569,7 +575,7 @@ class SearchEngine:
 
     def _ask(self, calls: list[tuple[int, str, tuple]]) -> list:
         """The answers to (shard number, method, arguments) calls, in order. Every call is made before any answer
-        is awaited, so remote shards (search/serve/sharded.py) work side by side."""
+        is awaited, so shards answering from other processes or machines work side by side."""
         pending = [(self.shards[n], self.shards[n].call(method, *arguments)) for n, method, arguments in calls]
         return [shard.wait(answer) for shard, answer in pending]
 
