@@ -493,6 +493,11 @@ class Store:
             self.con.execute("SELECT chunk_id FROM chunks ORDER BY chunk_id").fetchnumpy()["chunk_id"].astype(np.int64)
         )
 
+    def chunk_texts(self, ids: list[int]) -> dict[int, str | None]:
+        """chunk_id -> text of the chunks `ids`."""
+        only, parameters = self._only(np.asarray(ids, dtype=np.int64))
+        return dict(self.con.execute(f"SELECT chunk_id, text FROM chunks {only}", parameters).fetchall())
+
     def iter_chunk_rows(
         self, ids: np.ndarray | None = None, batch_rows: int = 10_000
     ) -> Iterator[list[tuple[int, str, str]]]:
@@ -598,8 +603,11 @@ class Store:
     def iter_documents(self, batch_rows: int, doc_ids: list[str] | None = None) -> Iterator[tuple[pa.Table, pa.Table]]:
         """Every document with its chunks, or the documents `doc_ids`, in doc_id order, batch_rows documents at
         a time: (the documents (doc_id, title, source, text, metadata as JSON text, hash: SHORT_HASH), their chunks
-        (doc_id, chunk_id, chunk_index, start_char, end_char, text) by doc_id, then chunk_id). DuckDB sorts both
-        tables within SORT_MEMORY, on disk beyond it (in its temporary directory beside the store)."""
+        (doc_id, chunk_id, chunk_index, start_char, end_char, text_hash: SHORT_HASH of the text) by doc_id, then
+        chunk_id). DuckDB sorts both within SORT_MEMORY, on disk beyond it (in its temporary directory beside the
+        store). A chunk's text is not sorted with it, only its hash: a chunk is nearly always a slice of its
+        document's text, which the hash confirms (chunk_texts reads the others), and sorting every chunk's text
+        too had DuckDB spill the collection's text twice (10M documents: more than 26 GB beside the store)."""
         metadata = "metadata::VARCHAR" if self.has_metadata else "NULL::VARCHAR"
         short_hash = SHORT_HASH.format(column="content_hash")
         # One bound list of ids, joined: a constant clause, not user text.
@@ -620,8 +628,8 @@ class Store:
             chunks = (
                 self.con.cursor()
                 .sql(
-                    f"SELECT doc_id, chunk_id, chunk_index, start_char, end_char, text FROM chunks {only} "
-                    "ORDER BY doc_id, chunk_id",
+                    "SELECT doc_id, chunk_id, chunk_index, start_char, end_char, "
+                    f"{SHORT_HASH.format(column='text')} AS text_hash FROM chunks {only} ORDER BY doc_id, chunk_id",
                     params=parameters or None,
                 )
                 .to_arrow_reader(batch_rows)

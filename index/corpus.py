@@ -29,6 +29,7 @@ differ only in case, the first seen is.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import shutil
@@ -165,7 +166,7 @@ def write_documents_and_chunks(
             chunk_docs[at] = position + rows
             starts_mid_text[at] = chunks.column("chunk_index").to_numpy() > 0
             document_chunks[position:end] = np.bincount(rows, minlength=len(texts))
-            spans[at], kept_whole = chunk_spans(chunks, [texts[row] for row in rows.tolist()], own_texts)
+            spans[at], kept_whole = chunk_spans(chunks, [texts[row] for row in rows.tolist()], own_texts, store)
             chunk_texts_file.write_table(pa.table({"text": pa.array(kept_whole, pa.string())}))
             own_texts += len(kept_whole)
             position = end
@@ -319,24 +320,42 @@ def merge_chunks(
         out.write_table(pa.table({"text": new.chunk_texts}))
 
 
-def chunk_spans(chunks: pa.Table, document_texts: list[str], next_row: int) -> tuple[np.ndarray, list[str]]:
+def chunk_spans(
+    chunks: pa.Table, document_texts: list[str], next_row: int, store: Store
+) -> tuple[np.ndarray, list[str]]:
     """Each chunk's span [start, end) in its document's text (`document_texts`: each chunk's document's), and the
     texts of the chunks whose text is not that slice: their span is (NOT_A_SLICE, their row of chunk_texts.arrow,
     counting from `next_row`). The chunker cuts chunks from their document's text (embed/chunking.py); a chunk
-    stored otherwise keeps its text."""
-    spans, kept_whole = [], []
-    for document_text, first, last, text in zip(
-        document_texts,
-        chunks.column("start_char").to_pylist(),
-        chunks.column("end_char").to_pylist(),
-        chunks.column("text").to_pylist(),
+    stored otherwise keeps its text, read from the store. A slice is told by the chunk's text hash
+    (Store.iter_documents: DuckDB's md5_number_lower, the last 8 bytes of the text's MD5, little-endian)."""
+    spans, others = [], []
+    for i, (document_text, first, last, text_hash) in enumerate(
+        zip(
+            document_texts,
+            chunks.column("start_char").to_pylist(),
+            chunks.column("end_char").to_pylist(),
+            chunks.column("text_hash").to_pylist(),
+        )
     ):
-        if first is not None and last is not None and 0 <= first <= last and document_text[first:last] == text:
+        if (
+            first is not None
+            and last is not None
+            and 0 <= first <= last
+            and text_hash == short_hash(document_text[first:last])
+        ):
             spans.append((first, last))
         else:
-            spans.append((NOT_A_SLICE, next_row + len(kept_whole)))
-            kept_whole.append(text or "")
+            spans.append((NOT_A_SLICE, next_row + len(others)))
+            others.append(i)
+    chunk_ids = chunks.column("chunk_id").to_pylist()
+    texts = store.chunk_texts([chunk_ids[i] for i in others]) if others else {}
+    kept_whole = [texts[chunk_ids[i]] or "" for i in others]
     return np.array(spans, np.int32).reshape(-1, 2), kept_whole
+
+
+def short_hash(text: str) -> int:
+    """What DuckDB's md5_number_lower gives for `text` (Store's SHORT_HASH): its MD5's last 8 bytes, little-endian."""
+    return int.from_bytes(hashlib.md5(text.encode()).digest()[8:], "little")
 
 
 def text_dictionary(texts: list[str]) -> bytes:

@@ -20,7 +20,6 @@ A sharded index is built in full by every `pipeline index` (an update of one sha
 
 from __future__ import annotations
 
-import hashlib
 import time
 import uuid
 from pathlib import Path
@@ -33,7 +32,7 @@ from common.errors import PipelineError
 from common.lexical import Analyzer, LexicalIndex
 from common.store import Store
 from common.workspace import Workspace
-from index.corpus import write_corpus
+from index.corpus import short_hash, write_corpus
 from index.faiss_build import ShardBuild, build_and_tune, recall_record, tuning_queries
 from index.faiss_index import choose_type
 from index.files import write_directory
@@ -42,7 +41,7 @@ from index.ivf import codes_bytes, train_ivf
 
 def shard_of(doc_id: str, shards: int) -> int:
     """The shard of the document `doc_id` among `shards`: its id's MD5, last 8 bytes little-endian, modulo."""
-    return int.from_bytes(hashlib.md5(doc_id.encode()).digest()[8:], "little") % shards
+    return short_hash(doc_id) % shards
 
 
 def build_shards(
