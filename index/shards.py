@@ -20,6 +20,7 @@ A sharded index is built in full by every `pipeline index` (an update of one sha
 
 from __future__ import annotations
 
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -82,20 +83,24 @@ def build_shards(
     queries = tuning_queries(ws, store, largest) if chosen != "flat" else None
     directory = ws.index_dir / f"shards-{uuid.uuid4().hex[:12]}"
     directory.mkdir(parents=True)
+    shared = (chosen, analyzer, trained, on_disk, generation, queries, memory_budget)
     arguments = [
-        (str(ws.root), str(directory / str(i)), chunk_ids, doc_ids, chosen, analyzer, trained, on_disk, generation)
-        + (queries, memory_budget)
+        (str(ws.root), str(directory / str(i)), chunk_ids, doc_ids, *shared)
         for i, (chunk_ids, doc_ids) in enumerate(parts)
     ]
     start = time.perf_counter()
-    if ray_address:
-        from common.ray_cluster import connect
+    try:
+        if ray_address:
+            from common.ray_cluster import connect
 
-        ray = connect(ray_address)
-        task = ray.remote(num_cpus=1)(build_shard)
-        built = ray.get([task.remote(*shard_arguments) for shard_arguments in arguments])
-    else:
-        built = [build_shard(*shard_arguments) for shard_arguments in arguments]
+            ray = connect(ray_address)
+            task = ray.remote(num_cpus=1)(build_shard)
+            built = ray.get([task.remote(*shard_arguments) for shard_arguments in arguments])
+        else:
+            built = [build_shard(*shard_arguments) for shard_arguments in arguments]
+    except BaseException:  # nothing names these shards: they go, and the last build stays in use
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
     info(
         f"{shards} shards built in {time.perf_counter() - start:.1f}s"
         + (f" on Ray ({ray_address})" if ray_address else "")
