@@ -30,6 +30,7 @@ All SQL against the store is in this module, and it takes bound parameters.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -98,6 +99,11 @@ SORT_MEMORY = "1GB"
 # What the corpus snapshot keeps of a document's content_hash to tell whether it changed since: 64 bits of its MD5
 # (a standard function, so the same in every DuckDB version).
 SHORT_HASH = "md5_number_lower({column})"
+
+
+def short_hash(text: str) -> int:
+    """SHORT_HASH of `text` computed here: its MD5's last 8 bytes, read little-endian (as DuckDB reads them)."""
+    return int.from_bytes(hashlib.md5(text.encode()).digest()[8:], "little")
 
 
 @dataclass
@@ -566,9 +572,8 @@ class Store:
 
     def shard(self, shard: int, shards: int) -> tuple[np.ndarray, list[str]]:
         """(chunk ids, ascending; doc ids, ascending) of the documents of shard `shard` of `shards`: those whose
-        id's MD5 (its last 8 bytes, little-endian: DuckDB's md5_number_lower) is `shard` modulo `shards`
-        (index/shards.py shard_of is the same number)."""
-        where = "WHERE md5_number_lower(doc_id) % ? = ?"
+        id's SHORT_HASH is `shard` modulo `shards` (index/shards.py shard_of, with short_hash, the same number)."""
+        where = f"WHERE {SHORT_HASH.format(column='doc_id')} % ? = ?"
         chunk_ids = self.con.execute(
             f"SELECT chunk_id FROM chunks {where} ORDER BY chunk_id", [shards, shard]
         ).fetchnumpy()["chunk_id"]

@@ -35,9 +35,7 @@ from common.store import Store
 from common.workspace import Workspace
 from index.corpus import write_corpus
 from index.faiss_build import build_faiss
-from index.faiss_index import (
-    INDEX_TYPES,
-)
+from index.faiss_index import INDEX_TYPES
 from index.files import record, write_directory
 from index.shards import build_shards
 from index.update import Drifted, update, update_plan

@@ -29,7 +29,6 @@ differ only in case, the first seen is.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import shutil
@@ -62,7 +61,7 @@ from common.corpus import (
     compressor,
     read_arrow,
 )
-from common.store import Store
+from common.store import Store, short_hash
 from index.files import write_directory
 
 DOCUMENT_BATCH = 20_000  # documents read from the store at once, with their chunks: ~50 MB of 1 KB texts
@@ -327,7 +326,7 @@ def chunk_spans(
     texts of the chunks whose text is not that slice: their span is (NOT_A_SLICE, their row of chunk_texts.arrow,
     counting from `next_row`). The chunker cuts chunks from their document's text (embed/chunking.py); a chunk
     stored otherwise keeps its text, read from the store. A slice is told by the chunk's text hash
-    (Store.iter_documents: DuckDB's md5_number_lower, the last 8 bytes of the text's MD5, little-endian)."""
+    (Store.iter_documents' SHORT_HASH, which short_hash computes here for the slice)."""
     spans, others = [], []
     for i, (document_text, first, last, text_hash) in enumerate(
         zip(
@@ -351,11 +350,6 @@ def chunk_spans(
     texts = store.chunk_texts([chunk_ids[i] for i in others]) if others else {}
     kept_whole = [texts[chunk_ids[i]] or "" for i in others]
     return np.array(spans, np.int32).reshape(-1, 2), kept_whole
-
-
-def short_hash(text: str) -> int:
-    """What DuckDB's md5_number_lower gives for `text` (Store's SHORT_HASH): its MD5's last 8 bytes, little-endian."""
-    return int.from_bytes(hashlib.md5(text.encode()).digest()[8:], "little")
 
 
 def text_dictionary(texts: list[str]) -> bytes:

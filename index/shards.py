@@ -31,9 +31,9 @@ import numpy as np
 from common.console import info
 from common.errors import PipelineError
 from common.lexical import Analyzer, LexicalIndex
-from common.store import Store
+from common.store import Store, short_hash
 from common.workspace import Workspace
-from index.corpus import short_hash, write_corpus
+from index.corpus import write_corpus
 from index.faiss_build import ShardBuild, build_and_tune, recall_record, tuning_queries
 from index.faiss_index import choose_type
 from index.files import write_directory

@@ -189,9 +189,7 @@ class DenseIndex:
         queries are searched in one call: over a flat index several queries share one pass over the
         vectors (the scan is memory-bound)."""
         slots = allowed.slots(self) if allowed is not None else self.live_slots
-        if (
-            self.rescore_rows is not None
-        ):  # one query at a time, each on a thread (FAISS and re-scoring let go of the GIL)
+        if self.rescore_rows is not None:  # a query a thread: FAISS and the re-scoring let go of the GIL
             return list(
                 searching_threads().map(lambda i: self._rescored(vectors[i : i + 1], n, slots), range(len(vectors)))
             )
@@ -303,7 +301,7 @@ class IndexShard:
             raise PipelineError("the BM25 index does not hold the stored chunks: run `pipeline index`")
         self.filters = DocumentFilters(self.corpus.filters_path)
 
-    # ---- what a search asks of a shard (the same calls a shard's Ray Serve deployment answers: search/serve/)
+    # ---- what a search asks of a shard (calls a shard in another process could answer too: call, wait)
     def statistics(self, query: str) -> CollectionStatistics:
         """This shard's part of BM25's collection statistics for `query` (summed over the shards first)."""
         return self.lexical.statistics(query)
