@@ -17,8 +17,8 @@ into memory when it is opened; the operating system pages in what is used.
     chunk_texts.arrow           the texts of those chunks
     documents.arrow             doc_id, title, source, metadata (JSON text or null), by document position
     document_chunks.npy         int32 [documents]: how many chunks each document has
-    texts.bin                   each document's text, compressed on its own (text_offsets.npy: where each starts)
-    text_offsets.npy            int64 [documents + 1]
+    texts.bin                   each document's text, compressed on its own, in no particular order
+    text_spans.npy              int64 [documents, 2]: where each document's text is in texts.bin, [start, end)
     text_dictionary.bin         the preset dictionary every text is compressed with
     filters.duckdb              the documents' fields typed for filters (search/filters.py)
     document_hashes.npy         uint64 [documents]: 64 bits of each document's content hash, so that the
@@ -55,7 +55,8 @@ CHUNK_TEXTS = "chunk_texts.arrow"
 DOCUMENTS = "documents.arrow"
 DOCUMENT_CHUNKS = "document_chunks.npy"
 TEXTS = "texts.bin"
-TEXT_OFFSETS = "text_offsets.npy"
+TEXT_SPANS = "text_spans.npy"
+TEXT_OFFSETS = "text_offsets.npy"  # the layout before text_spans: [documents + 1], texts in position order
 TEXT_DICTIONARY = "text_dictionary.bin"
 FILTERS = "filters.duckdb"
 DOCUMENT_HASHES = "document_hashes.npy"
@@ -93,7 +94,11 @@ class Corpus:
             self.chunk_starts_mid_text = np.load(directory / CHUNK_STARTS_MID_TEXT, mmap_mode="r")
             self.chunk_spans = np.load(directory / CHUNK_SPANS, mmap_mode="r")
             self.document_chunks = np.load(directory / DOCUMENT_CHUNKS, mmap_mode="r")
-            self.text_offsets = np.load(directory / TEXT_OFFSETS, mmap_mode="r")
+            if (directory / TEXT_SPANS).exists():
+                self.text_spans = np.load(directory / TEXT_SPANS, mmap_mode="r")
+            else:  # an earlier layout: still searched, written anew by the next `pipeline index`
+                offsets = np.load(directory / TEXT_OFFSETS, mmap_mode="r")
+                self.text_spans = np.lib.stride_tricks.sliding_window_view(offsets, 2)
             self.chunk_texts = read_arrow(directory / CHUNK_TEXTS).column("text")  # of chunks that are not slices
             documents = read_arrow(directory / DOCUMENTS)
             self._texts = pa.memory_map(str(directory / TEXTS))
@@ -123,7 +128,7 @@ class Corpus:
 
     def text(self, position: int) -> str:
         """The document's whole text."""
-        start, end = int(self.text_offsets[position]), int(self.text_offsets[position + 1])
+        start, end = (int(x) for x in self.text_spans[position])
         stream = zlib.decompressobj(zlib.MAX_WBITS, self._dictionary)
         return stream.decompress(self._texts.read_at(end - start, start)).decode()
 

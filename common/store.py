@@ -22,14 +22,15 @@ documents from different files carry different fields, and a JSON column takes t
 schema change in the middle of an embed run. Search does not read the store per query: `pipeline index`
 writes what search shows of the documents and chunks, with each metadata field typed into a column of
 its own for filters, into a snapshot beside the indexes (index/corpus.py, read by common/corpus.py),
-streaming them from here in doc_id order (`iter_documents`).
+streaming them from here: the documents' fields in doc_id order, their chunks with their document's
+position, then the texts in the store's own order (`document_fields`, `chunk_positions`,
+`document_texts_by_row`), so that nothing sorts the collection's text.
 
 All SQL against the store is in this module, and it takes bound parameters.
 """
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
 from collections.abc import Iterator
@@ -93,8 +94,8 @@ BULK_CHECKPOINT_THRESHOLD = "4GB"
 PRUNED = "SELECT doc_id FROM documents ANTI JOIN source_read USING (doc_id) ANTI JOIN source_skipped USING (source)"
 # Rows fetched at a time from a long result (Store.stored_documents, the hash lines).
 FETCH_ROWS = 10_000
-# What DuckDB may hold while it sorts the documents and chunks for iter_documents: 1M documents of 1 KB were
-# sorted in 10.6 s with 1 GB (peak RSS 1.2 GB), in 5.4 s without a limit (2.2 GB): the difference is spilled to disk.
+# What DuckDB may hold while it sorts the documents' fields and the chunks for the corpus snapshot (and in
+# documents_since): beyond it the sort spills to disk beside the store.
 SORT_MEMORY = "1GB"
 # What the corpus snapshot keeps of a document's content_hash to tell whether it changed since: 64 bits of its MD5
 # (a standard function, so the same in every DuckDB version).
@@ -605,58 +606,66 @@ class Store:
             f"SELECT * FROM (SELECT doc_id, title, text FROM documents {sample}) ORDER BY doc_id"
         ).fetchall()
 
-    def iter_documents(self, batch_rows: int, doc_ids: list[str] | None = None) -> Iterator[tuple[pa.Table, pa.Table]]:
-        """Every document with its chunks, or the documents `doc_ids`, in doc_id order, batch_rows documents at
-        a time: (the documents (doc_id, title, source, text, metadata as JSON text, hash: SHORT_HASH), their chunks
-        (doc_id, chunk_id, chunk_index, start_char, end_char, text_hash: SHORT_HASH of the text) by doc_id, then
-        chunk_id). DuckDB sorts both within SORT_MEMORY, on disk beyond it (in its temporary directory beside the
-        store). A chunk's text is not sorted with it, only its hash: a chunk is nearly always a slice of its
-        document's text, which the hash confirms (chunk_texts reads the others), and sorting every chunk's text
-        too had DuckDB spill the collection's text twice (10M documents: more than 26 GB beside the store)."""
+    def document_fields(self, batch_rows: int, doc_ids: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+        """Every document's fields but its text, or those of the documents `doc_ids`, in doc_id order, batch_rows
+        at a time: doc_id, title, source, metadata (JSON text), hash (SHORT_HASH of the content hash) and row (its
+        rowid, which document_texts gives with each text). A document's position in this order is its position
+        in the corpus snapshot. The text is left out so that DuckDB's sort holds ~100 bytes a document, not the
+        collection's text: sorting the texts spilled 12 GB beside the store at 10M documents."""
         metadata = "metadata::VARCHAR" if self.has_metadata else "NULL::VARCHAR"
-        short_hash = SHORT_HASH.format(column="content_hash")
-        # One bound list of ids, joined: a constant clause, not user text.
-        only = "" if doc_ids is None else "SEMI JOIN (SELECT unnest(?::VARCHAR[]) AS doc_id) USING (doc_id)"
-        parameters = [] if doc_ids is None else [list(doc_ids)]
-        self.con.execute(f"SET memory_limit = '{SORT_MEMORY}'")
+        only, parameters = self._only_documents(doc_ids)
+        return self._sorted_batches(
+            f"SELECT doc_id, title, source, {metadata} AS metadata, "
+            f"{SHORT_HASH.format(column='content_hash')} AS hash, documents.rowid AS row "
+            f"FROM documents {only} ORDER BY doc_id",
+            parameters,
+            batch_rows,
+        )
+
+    def chunk_positions(self, batch_rows: int, doc_ids: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+        """Every chunk, or the chunks of the documents `doc_ids`, in chunk_id order, batch_rows at a time:
+        chunk_id, position (its document's position in document_fields' order), chunk_index, start_char,
+        end_char and text_hash (SHORT_HASH of its text: the text itself is not sorted, a chunk is nearly always a
+        slice of its document's text, which the hash confirms)."""
+        only, parameters = self._only_documents(doc_ids)
+        return self._sorted_batches(
+            "WITH positions AS (SELECT doc_id, row_number() OVER (ORDER BY doc_id) - 1 AS position "
+            f"FROM documents {only}) "
+            "SELECT c.chunk_id, p.position, c.chunk_index, c.start_char, c.end_char, c.text_hash FROM "
+            f"(SELECT doc_id, chunk_id, chunk_index, start_char, end_char, {SHORT_HASH.format(column='text')} "
+            "AS text_hash FROM chunks) c JOIN positions p USING (doc_id) ORDER BY c.chunk_id",
+            parameters,
+            batch_rows,
+        )
+
+    def document_texts_by_row(self, batch_rows: int, doc_ids: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+        """(row, text) of every document, or of the documents `doc_ids`, in the store's own order: nothing is
+        sorted. `row` is the rowid document_fields gives; rowids hold while nothing writes to the store."""
+        only, parameters = self._only_documents(doc_ids)
+        return self._sorted_batches(
+            f"SELECT documents.rowid AS row, text FROM documents {only}", parameters, batch_rows
+        )
+
+    def _sorted_batches(self, query: str, parameters: list, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        """A query's result as Arrow batches of batch_rows, on a cursor of its own (other queries may run
+        meanwhile), DuckDB holding at most SORT_MEMORY while it sorts (on disk, beside the store, beyond)."""
+        cursor = self.con.cursor()
         try:
-            # Two result sets read side by side: each on a cursor of its own.
-            documents = (
-                self.con.cursor()
-                .sql(
-                    f"SELECT doc_id, title, source, text, {metadata} AS metadata, {short_hash} AS hash "
-                    f"FROM documents {only} ORDER BY doc_id",
-                    params=parameters or None,
-                )
-                .to_arrow_reader(batch_rows)
-            )
-            chunks = (
-                self.con.cursor()
-                .sql(
-                    "SELECT doc_id, chunk_id, chunk_index, start_char, end_char, "
-                    f"{SHORT_HASH.format(column='text')} AS text_hash FROM chunks {only} ORDER BY doc_id, chunk_id",
-                    params=parameters or None,
-                )
-                .to_arrow_reader(batch_rows)
-            )
-            unread = (batch for batch in chunks if batch.num_rows)
-            ahead: list[pa.RecordBatch] = []  # chunks read, not yet given with their documents
-            for batch in documents:
-                if batch.num_rows == 0:
-                    continue
-                last = batch.column(0)[-1].as_py()
-                while not ahead or ahead[-1].column(0)[-1].as_py() <= last:  # Python orders str as DuckDB does
-                    following = next(unread, None)
-                    if following is None:
-                        break
-                    ahead.append(following)
-                read = pa.Table.from_batches(ahead, chunks.schema)
-                ids = read.column(0)
-                theirs = bisect.bisect_right(range(len(read)), last, key=lambda row: ids[row].as_py())
-                yield pa.Table.from_batches([batch]), read.slice(0, theirs)
-                ahead = read.slice(theirs).to_batches()
+            cursor.execute(f"SET memory_limit = '{SORT_MEMORY}'")
+            for batch in cursor.sql(query, params=parameters or None).to_arrow_reader(batch_rows):
+                if batch.num_rows:
+                    yield batch
         finally:
-            self.con.execute("RESET memory_limit")
+            cursor.execute("RESET memory_limit")
+            cursor.close()
+
+    @staticmethod
+    def _only_documents(doc_ids: list[str] | None) -> tuple[str, list]:
+        """A clause keeping only the documents `doc_ids` (one bound list, joined: a constant clause, not user
+        text) and its parameters, or nothing."""
+        if doc_ids is None:
+            return "", []
+        return "SEMI JOIN (SELECT unnest(?::VARCHAR[]) AS doc_id) USING (doc_id)", [list(doc_ids)]
 
     def documents_since(self, doc_ids: pa.Array, hashes: np.ndarray) -> tuple[np.ndarray, list[str]]:
         """Which stored documents an earlier snapshot holds as they are now, given its `doc_ids` (by position) and

@@ -2,15 +2,18 @@
 and the filter table, written by every full build and every update (an update changes the live chunks) into
 a new directory under index/ that the manifest's "index" section then names (index/files.py `record`).
 
-A full build reads the store once, in doc_id order, a batch of documents with their chunks at a time
-(Store.iter_documents): each document's text is compressed as it comes, and a chunk whose text is the slice
-of its document's text its offsets say is recorded as that slice, not as text. What is kept per chunk (21
-bytes: its document, whether it starts mid-text, its span) and per document (20 bytes, with 64 bits of its
-content hash) is written through memory maps; nothing else grows with the collection.
+A full build reads the store in three passes, none of which sorts text (at 10M documents DuckDB's sort of the
+texts spilled 12 GB beside the store, and ran out of disk): the documents' fields in doc_id order (a document's
+position), the chunks with their document's position, then the texts in the store's own order, each compressed
+as it comes and recorded by its span in texts.bin; a chunk whose text is the slice of its document's text its
+offsets say is recorded as that slice, not as text. What is kept per chunk (21 bytes: its document, whether it
+starts mid-text, its span; 16 more in memory while the texts pass) and per document (32 bytes, with 64 bits of
+its content hash) is written through memory maps; nothing else grows with the collection.
 
 An update reads only the documents added or changed since the last snapshot (their content hashes tell),
 writes them as a snapshot of their own and merges it with the last one: positions are arrays, texts are
-copied compressed (by the kernel, a run of unchanged documents at a time) and the filter rows by DuckDB.
+copied compressed (by the kernel, a run of unchanged documents lying together in the file at a time) and the
+filter rows by DuckDB.
 Rewriting 2M documents whole took 146 s; an update's cost grows with what changed, plus array work and
 copies over the collection.
 
@@ -54,7 +57,7 @@ from common.corpus import (
     META,
     NOT_A_SLICE,
     TEXT_DICTIONARY,
-    TEXT_OFFSETS,
+    TEXT_SPANS,
     TEXTS,
     Corpus,
     compress_text,
@@ -118,7 +121,10 @@ def can_update(previous: Path) -> bool:
     except (OSError, ValueError):
         return False
     return (
-        "fields" in meta and (previous / DOCUMENT_HASHES).exists() and (previous / TEXT_DICTIONARY).stat().st_size > 0
+        "fields" in meta
+        and (previous / DOCUMENT_HASHES).exists()
+        and (previous / TEXT_SPANS).exists()
+        and (previous / TEXT_DICTIONARY).stat().st_size > 0
     )
 
 
@@ -126,51 +132,83 @@ def write_documents_and_chunks(
     directory: Path, store: Store, live: np.ndarray, doc_ids: list[str] | None = None, dictionary: bytes | None = None
 ) -> "MetadataFields":
     """Every file of the snapshot but the filter table and corpus.json; returns what the metadata fields hold.
-    With `doc_ids`, of those documents only (`live`: their chunks), their texts compressed with `dictionary`."""
+    With `doc_ids`, of those documents only (`live`: their chunks), their texts compressed with `dictionary`.
+    Three passes over the store, none sorting text: the documents' fields in doc_id order (a document's
+    position), the chunks with their document's position, then the texts in the store's own order, each
+    compressed, written where the file ends and its span recorded at its document's position."""
     n_documents = store.counts()["documents"] if doc_ids is None else len(doc_ids)
+    document_schema = pa.schema([(name, pa.string()) for name in DOCUMENT_COLUMNS])
+    hashes = open_memmap(directory / DOCUMENT_HASHES, "w+", np.uint64, (n_documents,))
+    rows = np.empty(n_documents, np.int64)  # each position's rowid in the store
+    fields = MetadataFields()
+    position = 0  # of the batch's first document
+    with pa.ipc.new_file(str(directory / DOCUMENTS), document_schema) as documents_file:
+        for batch in store.document_fields(DOCUMENT_BATCH, doc_ids):
+            end = position + batch.num_rows
+            hashes[position:end] = batch.column("hash").to_numpy()
+            rows[position:end] = batch.column("row").to_numpy()
+            documents_file.write_table(pa.Table.from_batches([batch]).select(DOCUMENT_COLUMNS).cast(document_schema))
+            fields.add([json.loads(m) if m else {} for m in batch.column("metadata").to_pylist()])
+            position = end
+
     np.save(directory / CHUNK_IDS, live)
     chunk_docs = open_memmap(directory / CHUNK_DOCS, "w+", np.int32, (len(live),))
     starts_mid_text = open_memmap(directory / CHUNK_STARTS_MID_TEXT, "w+", np.bool_, (len(live),))
-    spans = open_memmap(directory / CHUNK_SPANS, "w+", np.int32, (len(live), 2))
+    firsts, lasts = np.empty(len(live), np.int32), np.empty(len(live), np.int32)  # the chunks' offsets
+    text_hashes = np.empty(len(live), np.uint64)
+    for batch in store.chunk_positions(DOCUMENT_BATCH, doc_ids):
+        at = np.searchsorted(live, batch.column("chunk_id").to_numpy())
+        chunk_docs[at] = batch.column("position").to_numpy()
+        starts_mid_text[at] = batch.column("chunk_index").to_numpy() > 0
+        firsts[at] = pc.fill_null(batch.column("start_char"), -1).to_numpy()
+        lasts[at] = pc.fill_null(batch.column("end_char"), -1).to_numpy()
+        text_hashes[at] = pc.fill_null(batch.column("text_hash"), 0).to_numpy()
     document_chunks = open_memmap(directory / DOCUMENT_CHUNKS, "w+", np.int32, (n_documents,))
-    text_offsets = open_memmap(directory / TEXT_OFFSETS, "w+", np.int64, (n_documents + 1,))
-    hashes = open_memmap(directory / DOCUMENT_HASHES, "w+", np.uint64, (n_documents,))
-    document_schema = pa.schema([(name, pa.string()) for name in DOCUMENT_COLUMNS])
-    chunk_text_schema = pa.schema([("text", pa.string())])
-    fields = MetadataFields()
+    document_chunks[:] = np.bincount(chunk_docs, minlength=n_documents)
+
+    position_of_row = np.full(int(rows.max(initial=-1)) + 1, -1, np.int64)
+    position_of_row[rows] = np.arange(n_documents)
+    chunks_by_document = np.argsort(chunk_docs, kind="stable")  # the chunks of position p: from first_chunk[p] on
+    first_chunk = np.concatenate([[0], np.cumsum(document_chunks, dtype=np.int64)])
+    text_spans = open_memmap(directory / TEXT_SPANS, "w+", np.int64, (n_documents, 2))
+    spans = open_memmap(directory / CHUNK_SPANS, "w+", np.int32, (len(live), 2))
     start = None if dictionary is None else compressor(dictionary)  # the compressor every text starts from
-    position = 0  # of the batch's first document
+    written = 0  # bytes of texts.bin
     own_texts = 0  # chunk texts written to chunk_texts.arrow
     with (
         (directory / TEXTS).open("wb") as texts_file,
-        pa.ipc.new_file(str(directory / DOCUMENTS), document_schema) as documents_file,
-        pa.ipc.new_file(str(directory / CHUNK_TEXTS), chunk_text_schema) as chunk_texts_file,
+        pa.ipc.new_file(str(directory / CHUNK_TEXTS), pa.schema([("text", pa.string())])) as chunk_texts_file,
     ):
-        for documents, chunks in store.iter_documents(DOCUMENT_BATCH, doc_ids):
-            texts = [text or "" for text in documents.column("text").to_pylist()]
+        for batch in store.document_texts_by_row(DOCUMENT_BATCH, doc_ids):
+            texts = [text or "" for text in batch.column("text").to_pylist()]
+            positions = position_of_row[batch.column("row").to_numpy()]
             if start is None:  # the dictionary is made from the first batch
                 dictionary = text_dictionary(texts)
                 start = compressor(dictionary)
             compressed = [compress_text(text, start) for text in texts]
             texts_file.write(b"".join(compressed))
-            end = position + len(texts)
-            text_offsets[position + 1 : end + 1] = text_offsets[position] + np.cumsum([len(c) for c in compressed])
-            hashes[position:end] = documents.column("hash").to_numpy()
-            documents_file.write_table(documents.select(DOCUMENT_COLUMNS).cast(document_schema))
-            fields.add([json.loads(m) if m else {} for m in documents.column("metadata").to_pylist()])
+            ends = written + np.cumsum([len(c) for c in compressed], dtype=np.int64)
+            text_spans[positions, 1] = ends
+            text_spans[positions, 0] = ends - [len(c) for c in compressed]
+            written = int(ends[-1])
 
-            row_of = {doc_id: row for row, doc_id in enumerate(documents.column("doc_id").to_pylist())}
-            rows = np.array([row_of[doc_id] for doc_id in chunks.column("doc_id").to_pylist()], np.int32)
-            at = np.searchsorted(live, chunks.column("chunk_id").to_numpy())
-            chunk_docs[at] = position + rows
-            starts_mid_text[at] = chunks.column("chunk_index").to_numpy() > 0
-            document_chunks[position:end] = np.bincount(rows, minlength=len(texts))
-            spans[at], kept_whole = chunk_spans(chunks, [texts[row] for row in rows.tolist()], own_texts, store)
+            counts = document_chunks[positions]
+            text_of_chunk = np.repeat(np.arange(len(texts)), counts)  # the batch's row of each chunk's document
+            within = np.arange(len(text_of_chunk)) - np.repeat(np.cumsum(counts) - counts, counts)
+            chunks = chunks_by_document[np.repeat(first_chunk[positions], counts) + within]
+            spans[chunks], kept_whole = chunk_spans(
+                live[chunks],
+                firsts[chunks],
+                lasts[chunks],
+                text_hashes[chunks],
+                [texts[row] for row in text_of_chunk.tolist()],
+                own_texts,
+                store,
+            )
             chunk_texts_file.write_table(pa.table({"text": pa.array(kept_whole, pa.string())}))
             own_texts += len(kept_whole)
-            position = end
     (directory / TEXT_DICTIONARY).write_bytes(dictionary or b"")
-    for array in (chunk_docs, starts_mid_text, spans, document_chunks, text_offsets, hashes):
+    for array in (chunk_docs, starts_mid_text, spans, document_chunks, text_spans, hashes):
         array.flush()
     return fields
 
@@ -224,7 +262,7 @@ def update_documents_and_chunks(
 
 
 def merge_documents(directory: Path, old: Corpus, new: Corpus, source: np.ndarray) -> None:
-    """The files by document position (documents.arrow, texts.bin, text_offsets.npy, document_chunks.npy,
+    """The files by document position (documents.arrow, texts.bin, text_spans.npy, document_chunks.npy,
     document_hashes.npy) of the documents at `source` (>= 0) of the `old` snapshot and, where source is -1,
     the next of the `new` one."""
     n = len(source)
@@ -240,22 +278,26 @@ def merge_documents(directory: Path, old: Corpus, new: Corpus, source: np.ndarra
         merged[~from_old] = new_values
         merged.flush()
 
-    # Texts are copied compressed, a run of documents lying one after the other in one file at a time.
-    starts, ends = np.empty(n, np.int64), np.empty(n, np.int64)
-    starts[from_old], ends[from_old] = old.text_offsets[source[from_old]], old.text_offsets[source[from_old] + 1]
-    starts[~from_old], ends[~from_old] = new.text_offsets[:-1], new.text_offsets[1:]
-    text_offsets = open_memmap(directory / TEXT_OFFSETS, "w+", np.int64, (n + 1,))
-    text_offsets[0] = 0
-    text_offsets[1:] = np.cumsum(ends - starts)
-    text_offsets.flush()
-    breaks = np.flatnonzero((from_old[1:] != from_old[:-1]) | (starts[1:] != ends[:-1])) + 1
+    # Texts are copied compressed: the old snapshot's kept ones in the order they lie in its file, a run of
+    # adjacent ones at a time (a run ends where a document changed or deleted since lay), then the new one's file.
+    in_old = np.flatnonzero(from_old)
+    old_spans = np.asarray(old.text_spans[source[in_old]])
+    in_file = np.argsort(old_spans[:, 0], kind="stable")
+    in_old, starts, ends = in_old[in_file], old_spans[in_file, 0], old_spans[in_file, 1]
+    text_spans = open_memmap(directory / TEXT_SPANS, "w+", np.int64, (n, 2))
+    text_spans[in_old, 1] = np.cumsum(ends - starts)
+    text_spans[in_old, 0] = text_spans[in_old, 1] - (ends - starts)
+    text_spans[~from_old] = np.asarray(new.text_spans) + int((ends - starts).sum())
+    text_spans.flush()
+    breaks = (np.flatnonzero(starts[1:] != ends[:-1]) + 1).tolist()
     with (
         (directory / TEXTS).open("wb") as out,
         (old.directory / TEXTS).open("rb") as old_texts,
         (new.directory / TEXTS).open("rb") as new_texts,
     ):
-        for first, last in zip([0, *breaks.tolist()], [*breaks.tolist(), n]):
-            copy_range(old_texts if from_old[first] else new_texts, out, int(starts[first]), int(ends[last - 1]))
+        for first, last in zip([0, *breaks], [*breaks, len(in_old)]) if len(in_old) else ():
+            copy_range(old_texts, out, int(starts[first]), int(ends[last - 1]))
+        copy_range(new_texts, out, 0, (new.directory / TEXTS).stat().st_size)
 
     old_documents, new_documents = read_arrow(old.directory / DOCUMENTS), read_arrow(new.directory / DOCUMENTS)
     with pa.ipc.new_file(str(directory / DOCUMENTS), old_documents.schema) as out:
@@ -320,35 +362,31 @@ def merge_chunks(
 
 
 def chunk_spans(
-    chunks: pa.Table, document_texts: list[str], next_row: int, store: Store
+    chunk_ids: np.ndarray,
+    firsts: np.ndarray,
+    lasts: np.ndarray,
+    text_hashes: np.ndarray,
+    document_texts: list[str],
+    next_row: int,
+    store: Store,
 ) -> tuple[np.ndarray, list[str]]:
-    """Each chunk's span [start, end) in its document's text (`document_texts`: each chunk's document's), and the
-    texts of the chunks whose text is not that slice: their span is (NOT_A_SLICE, their row of chunk_texts.arrow,
-    counting from `next_row`). The chunker cuts chunks from their document's text (embed/chunking.py); a chunk
-    stored otherwise keeps its text, read from the store. A slice is told by the chunk's text hash
-    (Store.iter_documents' SHORT_HASH, which short_hash computes here for the slice)."""
+    """Each chunk's span [start, end) in its document's text (`document_texts`: each chunk's document's, its
+    offsets `firsts` and `lasts`, -1 where none), and the texts of the chunks whose text is not that slice: their
+    span is (NOT_A_SLICE, their row of chunk_texts.arrow, counting from `next_row`). The chunker cuts chunks from
+    their document's text (embed/chunking.py); a chunk stored otherwise keeps its text, read from the store. A
+    slice is told by the chunk's text hash (`text_hashes`: Store.chunk_positions' SHORT_HASH, which short_hash
+    computes here for the slice)."""
     spans, others = [], []
     for i, (document_text, first, last, text_hash) in enumerate(
-        zip(
-            document_texts,
-            chunks.column("start_char").to_pylist(),
-            chunks.column("end_char").to_pylist(),
-            chunks.column("text_hash").to_pylist(),
-        )
+        zip(document_texts, firsts.tolist(), lasts.tolist(), text_hashes.tolist())
     ):
-        if (
-            first is not None
-            and last is not None
-            and 0 <= first <= last
-            and text_hash == short_hash(document_text[first:last])
-        ):
+        if 0 <= first <= last and text_hash == short_hash(document_text[first:last]):
             spans.append((first, last))
         else:
             spans.append((NOT_A_SLICE, next_row + len(others)))
             others.append(i)
-    chunk_ids = chunks.column("chunk_id").to_pylist()
-    texts = store.chunk_texts([chunk_ids[i] for i in others]) if others else {}
-    kept_whole = [texts[chunk_ids[i]] or "" for i in others]
+    texts = store.chunk_texts([int(chunk_ids[i]) for i in others]) if others else {}
+    kept_whole = [texts[int(chunk_ids[i])] or "" for i in others]
     return np.array(spans, np.int32).reshape(-1, 2), kept_whole
 
 

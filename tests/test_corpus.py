@@ -79,6 +79,32 @@ def test_a_chunk_that_is_not_a_slice_of_its_document_keeps_its_text(snapshot):
     assert (corpus.chunk_spans[:, 0] != NOT_A_SLICE).sum() == len(corpus.chunk_ids) - 2
 
 
+def test_a_snapshot_of_the_earlier_layout_is_read_and_then_written_whole(snapshot, tmp_path, monkeypatch):
+    """Snapshots written before texts.bin was kept in the store's order held the texts in position order with
+    their offsets (text_offsets.npy): search still reads one, and the next snapshot is written whole from it."""
+    corpus, store = snapshot
+    earlier = tmp_path / "earlier"
+    shutil.copytree(corpus.directory, earlier)
+    texts = [corpus._texts.read_at(int(end - start), int(start)) for start, end in corpus.text_spans]
+    (earlier / "texts.bin").write_bytes(b"".join(texts))
+    np.save(earlier / "text_offsets.npy", np.cumsum([0] + [len(text) for text in texts]))
+    (earlier / "text_spans.npy").unlink()
+    assert_corpus_matches_store(Corpus(earlier), store)
+
+    read = []
+    document_texts_by_row = Store.document_texts_by_row
+    monkeypatch.setattr(
+        Store,
+        "document_texts_by_row",
+        lambda self, n, ids=None: read.append(ids) or document_texts_by_row(self, n, ids),
+    )
+    change_store(store, [("b", "Bee again", "Changed text of b.", {})], remove=[])
+    assert_corpus_matches_store(
+        Corpus(write_corpus(tmp_path / "index", store, store.chunk_ids(), store.generation(), earlier)), store
+    )
+    assert read == [None]
+
+
 def test_field_types_over_batches_are_those_of_all_the_values(snapshot):
     """Typed two documents at a time: `year` is whole in the first batches that have it, `mixed` text in its
     first, and both take the type all their values give (the documents in id order: A, a/2 | b, z | é, 日本 | 😀)."""
@@ -141,9 +167,11 @@ def test_an_updated_snapshot_reads_only_what_changed_and_equals_one_written_whol
         remove=["A"],
     )
     read = []
-    iter_documents = Store.iter_documents
+    document_texts_by_row = Store.document_texts_by_row
     monkeypatch.setattr(
-        Store, "iter_documents", lambda self, n, ids=None: read.append(ids) or iter_documents(self, n, ids)
+        Store,
+        "document_texts_by_row",
+        lambda self, n, ids=None: read.append(ids) or document_texts_by_row(self, n, ids),
     )
     previous_dir = tmp_path / "index" / Path(previous.filters_path).parent.name
     updated = Corpus(write_corpus(tmp_path / "index", store, store.chunk_ids(), store.generation(), previous_dir))
@@ -166,9 +194,11 @@ def test_a_snapshot_that_no_longer_matches_the_store_is_written_whole(snapshot, 
     ids = store.chunk_ids()
     store.con.execute("UPDATE chunks SET chunk_id = chunk_id + 100")
     read = []
-    iter_documents = Store.iter_documents
+    document_texts_by_row = Store.document_texts_by_row
     monkeypatch.setattr(
-        Store, "iter_documents", lambda self, n, ids=None: read.append(ids) or iter_documents(self, n, ids)
+        Store,
+        "document_texts_by_row",
+        lambda self, n, ids=None: read.append(ids) or document_texts_by_row(self, n, ids),
     )
     previous_dir = tmp_path / "index" / Path(previous.filters_path).parent.name
     corpus = Corpus(write_corpus(tmp_path / "index", store, ids + 100, store.generation(), previous_dir))
