@@ -829,19 +829,34 @@ def serve(
             help="Require this key (X-API-Key header or ?api_key=) on every request but /health.",
         ),
     ] = None,
+    ray: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Serve on a Ray cluster with Ray Serve, a deployment per shard: local, auto, or the head's address "
+            "(the workspace on storage every node reads; needs the ray extra)."
+        ),
+    ] = None,
+    replicas: Annotated[
+        int, typer.Option(min=1, max=64, help="With --ray: replicas of each shard (Ray Serve restarts one that dies).")
+    ] = 1,
 ):
     """Serve search over HTTP: a web page at /, the JSON API (/search, /documents, /health), docs at /docs.
 
     The model and indexes load once; a rebuilt index (`pipeline index`) is picked up without a restart.
     POST /documents and DELETE /documents/{id} add, replace and delete documents, searchable on return.
+    With --ray, each shard of the index (`pipeline index --shards N`) is a Ray Serve deployment and the HTTP
+    API is Ray Serve's, answering as one machine does.
 
     Examples:
 
     \b
         pipeline serve                                   # http://127.0.0.1:8000/
         pipeline serve --port 9000 --api-key s3cret      # curl -H 'X-API-Key: s3cret' 'localhost:9000/search?q=x'
+        pipeline serve --ray auto --replicas 2           # every shard twice, on the Ray cluster
     """
-    workflows.serve(Workspace(workspace), host, port, api_key)
+    if ray is None and replicas != 1:
+        raise PipelineError("--replicas is for --ray: give --ray ADDRESS too")
+    workflows.serve(Workspace(workspace), host, port, api_key, ray, replicas)
 
 
 @app.command(short_help="what the workspace holds, and whether it is consistent")

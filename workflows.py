@@ -190,11 +190,27 @@ def write_documents(ws: Workspace, engine, upserts: list[Document], deletes: lis
     }
 
 
-def serve(ws: Workspace, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None) -> None:
-    """`pipeline serve`: the HTTP API and page; the document API writes through write_documents."""
-    from search.serve import run_server
+def serve(
+    ws: Workspace,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    ray: str | None = None,
+    replicas: int = 1,
+) -> None:
+    """`pipeline serve`: the HTTP API and page; the document API writes through write_documents. With `ray`,
+    on that Ray cluster, each shard a Ray Serve deployment of `replicas` replicas."""
+    if ray is None:
+        from search.serve import run_server
 
-    run_server(ws, host, port, api_key, write_documents)
+        run_server(ws, host, port, api_key, write_documents)
+        return
+    from common.ray_cluster import import_ray
+
+    import_ray()  # one line without the ray extra, before Ray Serve's module is imported
+    from search.serve.ray_serve import serve_on_ray
+
+    serve_on_ray(ws, ray, host, port, api_key, write_documents, replicas)
 
 
 def status(ws: Workspace) -> dict:

@@ -22,8 +22,9 @@ def import_ray():
     return ray
 
 
-def connect(address: str, num_cpus: int | None = None):
-    """Start or join a Ray cluster; returns the ray module. Reuses a connection already open."""
+def connect(address: str, num_cpus: int | None = None, log_to_driver: bool = True):
+    """Start or join a Ray cluster; returns the ray module. Reuses a connection already open. log_to_driver:
+    whether the workers' output is shown here (else it stays in Ray's log directory)."""
     ray = import_ray()
     if ray.is_initialized():
         return ray
@@ -35,12 +36,12 @@ def connect(address: str, num_cpus: int | None = None):
             ray.init(
                 num_cpus=num_cpus or os.cpu_count(),
                 include_dashboard=False,
-                log_to_driver=True,
+                log_to_driver=log_to_driver,
                 runtime_env=runtime_env,
                 configure_logging=False,
             )
         else:
-            ray.init(address=address, runtime_env=runtime_env, log_to_driver=True, configure_logging=False)
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=log_to_driver, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise PipelineError(f"--ray {address}: cannot connect to a Ray cluster ({str(e).splitlines()[0]})") from None
     return ray

@@ -44,6 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import faiss
 import numpy as np
@@ -452,11 +453,28 @@ class IndexShard:
         }
 
 
+class ShardUnavailable(Exception):
+    """A shard answering from another process did not answer (search/serve/ray_serve.py): the request fails
+    naming it (503), never answered from the other shards alone."""
+
+
+def local_shards(root: Path, entry: IndexEntry) -> list[IndexShard]:
+    """The index's shards opened in this process (one for an unsharded index)."""
+    return [IndexShard(root, shard_entry, i) for i, shard_entry in enumerate(entry.shard_entries())]
+
+
+# (workspace root, the index's record) -> its shards: IndexShards here, or what answers for them elsewhere
+OpenShards = Callable[[Path, IndexEntry], list]
+
+
 class SearchEngine:
     """Search over the workspace's index: the query model, and the index's shards (one IndexShard for an
-    unsharded index), whose answers are merged and fused here."""
+    unsharded index), whose answers are merged and fused here. `open_shards` opens them (local_shards: in this
+    process; search/serve/ray_serve.py: deployments of Ray Serve)."""
 
-    def __init__(self, ws: Workspace, load_model: bool = True, reuse_model=None):
+    def __init__(
+        self, ws: Workspace, load_model: bool = True, reuse_model=None, open_shards: OpenShards = local_shards
+    ):
         self.ws = ws
         manifest = read_manifest(ws)
         if manifest.index is None or manifest.embedder is None:
@@ -477,7 +495,8 @@ class SearchEngine:
         # The indexes and the snapshot hold the store generation they were built from: any other is refused.
         if self.index_entry.stale_reason(store_generation):
             raise PipelineError(self.index_entry.stale_reason(store_generation))
-        self.shards = [IndexShard(ws.root, entry, i) for i, entry in enumerate(self.index_entry.shard_entries())]
+        self.shards = open_shards(ws.root, self.index_entry)
+        self.in_process = all(isinstance(shard, IndexShard) for shard in self.shards)
         self.has_lexical = all(entry.lexical_path for entry in self.index_entry.shard_entries())
         self._model = reuse_model
         self._default_mode, self._default_dense_weight = self.measured_defaults(manifest.search)

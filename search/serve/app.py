@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from common.console import info, warn
 from common.errors import PipelineError
 from common.workspace import Workspace
+from search.engine import OpenShards, ShardUnavailable, local_shards
 from search.serve.batcher import SearchBatcher
 from search.serve.generation import POLL_SECONDS, Generation, WriteDocuments
 from search.serve.routes import data, public, read_assets, require_key
@@ -51,15 +52,25 @@ async def http_error(request: Request, exc: StarletteHTTPException):
     return error(exc.status_code, str(exc.detail))
 
 
+async def shard_unavailable(request: Request, exc: ShardUnavailable):
+    return error(503, str(exc))
+
+
 async def unexpected(request: Request, exc: Exception):
     log.exception("error while answering %s", request.url.path)
     return error(500, f"internal error ({type(exc).__name__}); the server keeps running")
 
 
 def create_app(
-    ws: Workspace, write_documents: WriteDocuments, api_key: str | None = None, poll_seconds: float = POLL_SECONDS
+    ws: Workspace,
+    write_documents: WriteDocuments,
+    api_key: str | None = None,
+    poll_seconds: float | None = POLL_SECONDS,
+    open_shards: OpenShards = local_shards,
 ) -> FastAPI:
-    """The app serving `ws`; its document API writes through `write_documents` (workflows.write_documents)."""
+    """The app serving `ws`; its document API writes through `write_documents` (workflows.write_documents).
+    With `open_shards` the index's shards answer from elsewhere (search/serve/ray_serve.py), and with
+    poll_seconds None the index is reloaded when told (Generation.check), not when the manifest changes."""
     app = FastAPI(
         title="embedding-pipeline search",
         lifespan=lifespan,
@@ -69,12 +80,13 @@ def create_app(
         description="Search the documents of a pipeline workspace: dense, lexical (BM25) or "
         "hybrid, with metadata filters.",
     )
-    app.state.generation = Generation(ws, write_documents, poll_seconds)
+    app.state.generation = Generation(ws, write_documents, poll_seconds, open_shards)
     app.state.batcher = SearchBatcher()
     app.state.api_key = api_key
     app.state.assets = read_assets()
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(ShardUnavailable, shard_unavailable)
     app.add_exception_handler(Exception, unexpected)
     # Without a key nothing is checked, and the OpenAPI description declares no key (and a request skips
     # resolving the two key parameters).

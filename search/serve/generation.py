@@ -17,7 +17,7 @@ from common.errors import PipelineError
 from common.manifest import read_manifest, require
 from common.readers import Document
 from common.workspace import Workspace
-from search.engine import SearchEngine
+from search.engine import OpenShards, SearchEngine, local_shards
 
 POLL_SECONDS = 1.0
 WRITE_WAIT_SECONDS = 10.0  # how long a document write waits for another writer (e.g. `pipeline embed`) before a 503
@@ -34,17 +34,26 @@ class Generation:
     """The engine now serving, the watcher that replaces it when the index is rebuilt, and the document
     API's writes (`write`)."""
 
-    def __init__(self, ws: Workspace, write_documents: WriteDocuments, poll_seconds: float = POLL_SECONDS):
+    def __init__(
+        self,
+        ws: Workspace,
+        write_documents: WriteDocuments,
+        poll_seconds: float | None = POLL_SECONDS,
+        open_shards: OpenShards = local_shards,
+    ):
+        """poll_seconds None: no watcher; the index is reloaded when `check` is called (search/serve/ray_serve.py:
+        once every shard of the new index is deployed)."""
         self.ws = ws
         self.write_documents = write_documents
         self.poll_seconds = poll_seconds
+        self.open_shards = open_shards
         self._lock = threading.Lock()
         # DuckDB refuses a read-only and a read-write connection to one file in one process: loading a
         # generation and writing documents take turns.
         self._store_lock = threading.RLock()
         self._stop = threading.Event()
         self._seen_mtime = self._manifest_mtime()
-        self.engine = SearchEngine(ws)
+        self.engine = SearchEngine(ws, open_shards=open_shards)
         self.loaded_at = time.time()
         self.reloads = 0
         self.last_error: str | None = None
@@ -80,7 +89,7 @@ class Generation:
             if entry.stale_reason(store_generation):  # known stale without reading the store
                 raise PipelineError(entry.stale_reason(store_generation))
             same_model = entry.embedder_fingerprint == old.index_entry.embedder_fingerprint
-            new = SearchEngine(self.ws, reuse_model=old.model if same_model else None)
+            new = SearchEngine(self.ws, reuse_model=old.model if same_model else None, open_shards=self.open_shards)
         except (PipelineError, OSError, duckdb.Error) as e:
             if raise_errors:
                 raise
@@ -119,6 +128,9 @@ class Generation:
         return written
 
     def start(self) -> None:
+        if self.poll_seconds is None:
+            return
+
         def watch():
             while not self._stop.wait(self.poll_seconds):
                 try:

@@ -108,7 +108,8 @@ async def run_search(generation: Generation, batcher: SearchBatcher, body: Searc
                 engine.search, body.q, body.k, body.mode, DocumentFilter.of(body.filter), body.dense_weight
             )
             # A transformer's forward pass (tens of ms) would stall every other request on the event loop.
-            hits = search() if is_static(engine.model) else await run_in_threadpool(search)
+            # Shards in other processes are awaited in a worker thread too.
+            hits = search() if is_static(engine.model) and engine.in_process else await run_in_threadpool(search)
     except FilterError as e:
         return error(422, str(e))
     except PipelineError as e:
