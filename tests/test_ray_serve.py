@@ -1,0 +1,179 @@
+"""`pipeline serve --ray` (search/serve/ray_serve.py) on a local Ray cluster of three nodes: a sharded index's
+shards as Ray Serve applications answer as the whole index does, the ingress serves the HTTP API, a killed shard
+replica is restarted while requests either succeed or fail naming the shard, and a new index is swapped in with
+all its shards or not at all."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed")
+
+from test_shards import FILTERS, QUERIES  # noqa: E402
+
+from common.manifest import read_manifest  # noqa: E402
+from common.ray_cluster import connect  # noqa: E402
+from common.workspace import Workspace  # noqa: E402
+from index.build import refresh_indexes  # noqa: E402
+from search.engine import SearchEngine  # noqa: E402
+from search.serve.ray_serve import RayServing, deploy_shards, remote_shards, shard_application  # noqa: E402
+from server import free_port  # noqa: E402
+from workflows import write_documents  # noqa: E402
+
+KEY = "ray-serve-key"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head and two more nodes, one CPU each, on this machine (ray.cluster_utils.Cluster), Ray Serve started on
+    it: its HTTP port."""
+    from ray.cluster_utils import Cluster
+
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    for _ in range(2):
+        nodes.add_node(num_cpus=1)
+    connect(nodes.address, log_to_driver=False)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})  # RayServing.start asks for the same
+    yield port
+    serve.shutdown()
+    ray.shutdown()
+    nodes.shutdown()
+
+
+@pytest.fixture(scope="module")
+def whole(trained_workspace) -> SearchEngine:
+    return SearchEngine(Workspace(trained_workspace))
+
+
+def sharded_copy(trained_workspace, directory, shards: int) -> Workspace:
+    ws = Workspace(directory)
+    shutil.copytree(trained_workspace, ws.root)
+    refresh_indexes(ws, "flat", shards=shards)
+    return ws
+
+
+def assert_same_answers(engine, whole, queries, modes=("dense", "lexical", "hybrid"), filters=(None,)) -> None:
+    for where in filters:
+        for mode in modes:
+            for query in queries:
+                want = whole.search(query, 10, mode, where, dense_weight=0.4)
+                got = engine.search(query, 10, mode, where, dense_weight=0.4)
+                assert [(h.doc_id, h.chunk_id, h.snippet) for h in got] == [
+                    (h.doc_id, h.chunk_id, h.snippet) for h in want
+                ], (query, mode, where)
+                np.testing.assert_allclose([h.score for h in got], [h.score for h in want], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_shards_deployed_on_ray_serve_answer_as_the_whole_index(cluster, whole, trained_workspace, tmp_path, shards):
+    ws = sharded_copy(trained_workspace, tmp_path / "ws", shards)
+    entry = read_manifest(ws).index
+    names = deploy_shards(ws.root, entry, replicas=1)
+    try:
+        assert names == [shard_application(entry.build_id, n) for n in range(shards)]
+        engine = SearchEngine(ws, open_shards=remote_shards)
+        assert not engine.in_process
+        assert_same_answers(engine, whole, QUERIES[:12], filters=FILTERS)
+        doc_id = whole.shards[0].corpus.doc_id(7)
+        assert engine.document(doc_id) == whole.document(doc_id)
+        assert engine.fields == whole.fields
+    finally:
+        for name in names:
+            serve.delete(name)
+
+
+def shard_replicas(application: str) -> list[str]:
+    """The names of the running replica actors of a shard's application."""
+    return [
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["namespace"] == "serve" and actor["name"].startswith(f"SERVE_REPLICA::{application}#")
+    ]
+
+
+def test_the_ingress_serves_the_api_survives_a_killed_replica_and_swaps_whole_indexes(
+    cluster, whole, trained_workspace, tmp_path
+):
+    ws = sharded_copy(trained_workspace, tmp_path / "ws", 2)
+    serving = RayServing(ws, KEY, write_documents, replicas=2, retire_after=0)
+    port = cluster
+    serving.start("127.0.0.1", port)
+    query = QUERIES[0]
+    want = [h.doc_id for h in whole.search(query, 5, "hybrid", dense_weight=0.4)]
+    params = {"q": query, "k": 5, "mode": "hybrid", "dense_weight": 0.4}
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"X-API-Key": KEY}, timeout=120) as client:
+            # The API as one machine serves it: the key, filters, documents, fields; writes refused before storing.
+            answer = client.get("/search", params=params).json()
+            assert [h["doc_id"] for h in answer["results"]] == want
+            assert httpx.get(f"http://127.0.0.1:{port}/search", params=params).status_code == 401
+            filtered = client.post("/search", json={"q": query, "k": 5, "filter": {"year": {"lt": 1930}}}).json()
+            assert [h["doc_id"] for h in filtered["results"]] == [
+                h.doc_id for h in whole.search(query, 5, None, FILTERS[1])
+            ]
+            unknown = client.post("/search", json={"q": query, "filter": {"nope": 1}})
+            assert unknown.status_code == 422 and "nope" in unknown.json()["error"]
+            doc_id = want[0]
+            assert client.get(f"/documents/{doc_id}").json() == whole.document(doc_id)
+            assert client.get("/fields").json()["fields"] == whole.fields
+            note = {"id": "note-1", "title": "A note", "text": "Quokka survey on an island."}
+            assert client.post("/documents", json={"documents": [note]}).status_code == 409
+
+            # A replica of shard 0 killed while requests come: each answers right or fails naming the shard.
+            application = shard_application(serving.entry.build_id, 0)
+            assert len(shard_replicas(application)) == 2
+            answers, stop = [], threading.Event()
+
+            def ask():
+                while not stop.is_set():
+                    response = client.get("/search", params=params)
+                    answers.append((response.status_code, response.json()))
+
+            asking = threading.Thread(target=ask)
+            asking.start()
+            time.sleep(1)
+            ray.kill(ray.get_actor(shard_replicas(application)[0], namespace="serve"), no_restart=True)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:  # Ray Serve starts another
+                time.sleep(1)
+                running = serve.status().applications[application].deployments["shard"].replica_states
+                if running.get("RUNNING", 0) == 2 and len(answers) > 20:
+                    break
+            stop.set()
+            asking.join()
+            assert running.get("RUNNING", 0) == 2
+            for status, body in answers:
+                if status == 200:
+                    assert [h["doc_id"] for h in body["results"]] == want
+                else:
+                    assert status == 503 and "shard 0" in body["error"], body
+            assert sum(status == 200 for status, _ in answers) > 10
+
+            # A new index: its shards deployed beside the old ones, then swapped in.
+            first = serving.entry.build_id
+            refresh_indexes(ws, "flat")
+            assert serving.poll()
+            second = read_manifest(ws).index.build_id
+            assert client.get("/health").json()["index"]["build_id"] == second != first
+            assert [h["doc_id"] for h in client.get("/search", params=params).json()["results"]] == want
+            serving.poll()  # retires the first index's shards
+            assert not shard_replicas(shard_application(first, 0))
+
+            # One shard of the next index cannot load: none of its shards is served, the last index answers.
+            refresh_indexes(ws, "flat")
+            third = read_manifest(ws).index
+            (ws.root / third.shard_entries()[1].corpus_path / "chunk_ids.npy").unlink()
+            assert not serving.poll()
+            assert client.get("/health").json()["index"]["build_id"] == second
+            assert not shard_replicas(shard_application(third.build_id, 0))
+            assert [h["doc_id"] for h in client.get("/search", params=params).json()["results"]] == want
+    finally:
+        serving.stop()
