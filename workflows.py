@@ -205,10 +205,12 @@ def serve(
 
         run_server(ws, host, port, api_key, write_documents)
         return
-    from common.ray_cluster import import_ray
+    from common.ray_cluster import INSTALL_HINT
 
-    import_ray()  # one line without the ray extra, before Ray Serve's module is imported
-    from search.serve.ray_serve import serve_on_ray
+    try:
+        from search.serve.ray_serve import serve_on_ray
+    except ImportError:  # Ray, or its Serve part, is not installed
+        raise PipelineError(INSTALL_HINT) from None
 
     serve_on_ray(ws, ray, host, port, api_key, write_documents, replicas)
 

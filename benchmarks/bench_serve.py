@@ -6,6 +6,12 @@ default `pipeline tune` (reused when the workspace already has it). Queries are 
 Client and server share this machine (2 cores here): the figures include the client's own cost.
 
     python benchmarks/bench_serve.py [--workspace DIR] [--time-budget 12m] [--requests 2000] [--concurrency 16]
+    python benchmarks/bench_serve.py --ray --shards 1,2,4 [--replicas 1]
+
+With --ray: the single-process server first (the baseline, same run), then for each shard count a copy of the
+workspace indexed with `--shards N` and served by `pipeline serve --ray local` (Ray Serve on this machine: the
+proxy, the ingress and a replica per shard are processes of their own), loaded the same way. Server CPU is then
+the machine's busy CPU time less the client's, per request: Ray's own processes included.
 """
 
 from __future__ import annotations
@@ -163,6 +169,40 @@ def served(base: str, server_pid: int, mode: str, queries: list[str], n_requests
     return result
 
 
+def served_on_ray(base: str, mode: str, queries: list[str], n_requests: int, concurrency: int) -> dict:
+    """One mode's load against Ray Serve, with the machine's CPU time per request beyond the client's."""
+    import psutil
+
+    busy = psutil.cpu_times()
+    before = busy.user + busy.system
+    client_before = sum(psutil.Process().cpu_times()[:2])
+    result = asyncio.run(load(base, mode, queries, n_requests, concurrency))
+    busy = psutil.cpu_times()
+    server_cpu = (busy.user + busy.system - before) - (sum(psutil.Process().cpu_times()[:2]) - client_before)
+    result["server_cpu_ms_per_request"] = 1000 * server_cpu / (n_requests + 2 * concurrency)
+    return result
+
+
+def ray_scale_out(ws: Path, shard_counts: list[int], replicas: int, queries, args) -> list[dict]:
+    """For each shard count: a copy of `ws` indexed in that many shards, served on Ray Serve, loaded per mode."""
+    import shutil
+
+    results = []
+    for shards in shard_counts:
+        copy = Path(tempfile.mkdtemp(prefix=f"bench-ray-{shards}-"))
+        try:
+            shutil.copytree(ws, copy / "ws")
+            pipeline("index", "-w", str(copy / "ws"), "--shards", str(shards))
+            start = time.perf_counter()
+            with running_server(copy / "ws", "--ray", "local", "--replicas", str(replicas)) as base:
+                started = time.perf_counter() - start
+                http = [served_on_ray(base, mode, queries, args.requests, args.concurrency) for mode in MODES]
+            results.append({"shards": shards, "replicas": replicas, "startup_s": started, "http": http})
+        finally:
+            shutil.rmtree(copy, ignore_errors=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workspace", type=Path, default=Path(tempfile.gettempdir()) / "bench-serve-ws")
@@ -170,6 +210,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--step-queries", type=int, default=300)
+    parser.add_argument("--ray", action="store_true", help="also serve on Ray Serve, sharded (--shards)")
+    parser.add_argument("--shards", default="1,2,4", help="with --ray: the shard counts, comma-separated")
+    parser.add_argument("--replicas", type=int, default=1, help="with --ray: replicas of each shard")
     args = parser.parse_args()
 
     ws = prepared_workspace(args.workspace, args.time_budget)
@@ -181,15 +224,23 @@ def main() -> None:
     with running_server(ws) as base:
         server_pid = server_process(base)
         http = [served(base, server_pid, mode, queries, args.requests, args.concurrency) for mode in MODES]
-    write_result(
-        "serve",
-        {
-            "workspace": str(ws),
-            "in_process": steps,
-            "http": http,
-            "note": "client and server on the same machine; other jobs may share it: compare ratios within one run",
-        },
-    )
+    result = {
+        "workspace": str(ws),
+        "in_process": steps,
+        "http": http,
+        "note": "client and server on the same machine; other jobs may share it: compare ratios within one run",
+    }
+    if args.ray:
+        shard_counts = [int(n) for n in args.shards.split(",")]
+        result["ray"] = ray_scale_out(ws, shard_counts, args.replicas, queries, args)
+        for run in result["ray"]:  # against the single-process server of this run
+            for mode_result, single in zip(run["http"], http):
+                mode_result["vs_single_process"] = {
+                    "requests_per_s": mode_result["requests_per_s"] / single["requests_per_s"],
+                    "p50": mode_result["p50_ms"] / single["p50_ms"],
+                    "p99": mode_result["p99_ms"] / single["p99_ms"],
+                }
+    write_result("serve-ray" if args.ray else "serve", result)
 
 
 def server_process(base: str) -> int:

@@ -11,7 +11,7 @@ import os
 
 from common.errors import PipelineError
 
-INSTALL_HINT = "Ray is not installed: pip install 'embedding-pipeline[ray]' (or: pip install 'ray[train,data]')"
+INSTALL_HINT = "Ray is not installed: pip install 'embedding-pipeline[ray]' (or: pip install 'ray[train,data,serve]')"
 
 
 def import_ray():

@@ -106,6 +106,7 @@ BAD = [
     ("tune", "--seed", "4294967296", "4294967296 is not in the range 0<=x<=4294967295"),
     ("serve", "--port", "0", "0 is not in the range 1<=x<=65535"),
     ("serve", "--port", "65536", "65536 is not in the range 1<=x<=65535"),
+    ("serve", "--replicas", "0", "0 is not in the range 1<=x<=64"),
     ("plan", "--seq-len", "0", "0 is not in the range x>=1"),
     ("plan", "--global-batch", "0", "0 is not in the range x>=1"),
     ("plan", "--vocab-size", "0", "0 is not in the range x>=1"),
