@@ -44,7 +44,6 @@ import pyarrow as pa
 from common.errors import PipelineError
 from common.vectors import dequantize, quantize
 
-ROW_SORT_MEMORY = "512MB"  # DuckDB's memory while it sorts chunk texts by id for iter_chunk_rows
 DOCUMENT_COLUMNS = """(doc_id VARCHAR PRIMARY KEY, title VARCHAR, source VARCHAR, text VARCHAR,
     content_hash VARCHAR NOT NULL, updated_at TIMESTAMP DEFAULT current_timestamp, metadata JSON)"""
 CHUNK_COLUMNS = """(chunk_id BIGINT PRIMARY KEY, doc_id VARCHAR NOT NULL, chunk_index INTEGER NOT NULL, text VARCHAR,
@@ -94,9 +93,11 @@ BULK_CHECKPOINT_THRESHOLD = "4GB"
 PRUNED = "SELECT doc_id FROM documents ANTI JOIN source_read USING (doc_id) ANTI JOIN source_skipped USING (source)"
 # Rows fetched at a time from a long result (Store.stored_documents, the hash lines).
 FETCH_ROWS = 10_000
-# What DuckDB may hold while it sorts the documents' fields and the chunks for the corpus snapshot (and in
-# documents_since): beyond it the sort spills to disk beside the store.
-SORT_MEMORY = "1GB"
+# DuckDB's memory for a store opened other than for bulk writes: its sorts (the chunks' texts for BM25, the
+# documents' fields for the corpus snapshot) spill to disk beside the store beyond it, and its buffer pool keeps
+# the blocks a scan read up to it. Without a limit (80% of RAM) the IVF build's one pass over 10M vectors left
+# 12 GB of them in memory; set per connection, not per query, as a RESET returns to that default.
+MEMORY_LIMIT = "1GB"
 # What the corpus snapshot keeps of a document's content_hash to tell whether it changed since: 64 bits of its MD5
 # (a standard function, so the same in every DuckDB version).
 SHORT_HASH = "md5_number_lower({column})"
@@ -182,8 +183,8 @@ class Store:
             # of 1,024-d it made the file larger (419 against 412 MB) and the checkpoint 0.7-1 s slower.
             self.con.execute("SET disabled_compression_methods = 'alp,alprd'")
             self.con.execute(RUN_TABLES)
+        self.con.execute(f"SET memory_limit = '{BULK_MEMORY_LIMIT if bulk else MEMORY_LIMIT}'")
         if bulk:
-            self.con.execute(f"SET memory_limit = '{BULK_MEMORY_LIMIT}'")
             self.con.execute(f"SET checkpoint_threshold = '{BULK_CHECKPOINT_THRESHOLD}'")
         self.has_metadata = "metadata" in {
             r[0]
@@ -513,9 +514,8 @@ class Store:
         only, parameters = self._only(ids)
         cursor = self.con.cursor()  # a result of its own: another query on the store meanwhile does not end it
         try:
-            # DuckDB sorts the whole result before the first row: past this memory it spills the sort to disk
+            # DuckDB sorts the whole result before the first row: past MEMORY_LIMIT it spills the sort to disk
             # (beside the store) rather than hold every text (2 GB of memory at a million chunks of SciFact).
-            cursor.execute(f"SET memory_limit = '{ROW_SORT_MEMORY}'")
             cursor.execute(
                 f"SELECT c.chunk_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) {only} "
                 "ORDER BY c.chunk_id",
@@ -524,7 +524,6 @@ class Store:
             while batch := cursor.fetchmany(batch_rows):
                 yield batch
         finally:
-            cursor.execute("RESET memory_limit")
             cursor.close()
 
     def source_files(self) -> dict[str, tuple[str | None, int, int, str, str]]:
@@ -648,15 +647,13 @@ class Store:
 
     def _sorted_batches(self, query: str, parameters: list, batch_rows: int) -> Iterator[pa.RecordBatch]:
         """A query's result as Arrow batches of batch_rows, on a cursor of its own (other queries may run
-        meanwhile), DuckDB holding at most SORT_MEMORY while it sorts (on disk, beside the store, beyond)."""
+        meanwhile), DuckDB holding at most MEMORY_LIMIT while it sorts (on disk, beside the store, beyond)."""
         cursor = self.con.cursor()
         try:
-            cursor.execute(f"SET memory_limit = '{SORT_MEMORY}'")
             for batch in cursor.sql(query, params=parameters or None).to_arrow_reader(batch_rows):
                 if batch.num_rows:
                     yield batch
         finally:
-            cursor.execute("RESET memory_limit")
             cursor.close()
 
     @staticmethod
@@ -677,7 +674,6 @@ class Store:
         short_hash = SHORT_HASH.format(column="d.content_hash")
         cursor = self.con.cursor()
         try:
-            cursor.execute(f"SET memory_limit = '{SORT_MEMORY}'")
             cursor.register("previous", previous)
             found = cursor.sql(
                 "SELECT coalesce(p.position, -1) AS position, CASE WHEN p.position IS NULL THEN d.doc_id END AS doc_id "
@@ -685,7 +681,6 @@ class Store:
                 "ORDER BY d.doc_id"
             ).to_arrow_table()
         finally:
-            cursor.execute("RESET memory_limit")
             cursor.close()
         return found.column("position").to_numpy().astype(np.int64), found.column("doc_id").drop_null().to_pylist()
 
