@@ -125,7 +125,7 @@ def dense_recall(ws: Path, queries: list[str]) -> dict:
     best_ids = np.zeros((len(queries), 10), np.int64)
     start = time.perf_counter()
     with Store(ws / "pipeline.duckdb", read_only=True) as store:
-        for ids, codes, scales in store.iter_vector_codes():
+        for ids, codes, scales in store.iter_vector_codes(ordered=False):  # not sorting 10 GB first
             scores = vectors @ dequantize(codes, scales).T
             both_scores = np.concatenate([best_scores, scores], axis=1)
             both_ids = np.concatenate([best_ids, np.broadcast_to(ids, scores.shape)], axis=1)

@@ -35,7 +35,6 @@ from common.manifest import IndexEntry, read_manifest
 from common.ray_cluster import connect
 from common.workspace import Workspace
 from search.engine import IndexShard, ShardUnavailable
-from search.serve.app import create_app
 from search.serve.generation import POLL_SECONDS, WriteDocuments
 
 INGRESS = "search"  # the ingress application's name
@@ -119,6 +118,8 @@ class Ingress:
 
     def __init__(self, root: str, api_key: str | None, write_documents: WriteDocuments):
         import torch
+
+        from search.serve.app import create_app  # here: a shard's replica has no use for the HTTP app
 
         torch.set_num_threads(1)  # as run_server: a query is a few tokens
         # Ray Serve runs this on the replica's event loop, where a shard's answer cannot be waited for: the app
