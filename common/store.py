@@ -700,8 +700,9 @@ class Store:
         self, ids: np.ndarray | None = None, batch_rows: int = VECTOR_BATCH, ordered: bool = True
     ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """(chunk ids int64, int8 codes [m, dim], scales float32 [m]) of every stored vector, or of the chunks
-        `ids`, batch_rows at a time (an older store's float32 vectors coded as read): in chunk_id order, or
-        without `ordered` in the table's own order, streamed without DuckDB sorting every vector first (2 GB
+        `ids`, batch_rows at a time (an older store's float32 vectors coded as read; the codes and scales are
+        views of the batch read, valid while it is used): in chunk_id order, or without `ordered` in the table's
+        own order, streamed without DuckDB sorting every vector first (2 GB
         at two million chunks, more than the memory DuckDB is given while BM25 reads the texts beside it)."""
         dim = int(self.get_meta("dim") or 0)
         vector_format = self.vector_format("vectors")
@@ -716,7 +717,10 @@ class Store:
         for batch in reader:
             if batch.num_rows == 0:
                 continue
-            chunk_ids = arrow_numbers(batch.column(0), np.int64)
+            # The ids copied (8 bytes a row), the codes and scales read in place: a view of any of the batch's
+            # buffers keeps the whole batch alive, and the IVF build keeps every slice's ids (at 10M chunks, views
+            # kept 10 GB of vectors in memory).
+            chunk_ids = arrow_numbers(batch.column(0), np.int64).copy()
             flat = batch.column(1).flatten()
             if vector_format == INT8:
                 codes = arrow_numbers(flat, np.int8).reshape(-1, dim)
