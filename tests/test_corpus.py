@@ -63,6 +63,19 @@ def snapshot(tmp_path, monkeypatch) -> tuple[Corpus, Store]:
     store.close()
 
 
+def texts_read(monkeypatch) -> list:
+    """What the snapshots written from now on read of the documents' texts from the store: for each, the
+    doc_ids asked for (None: every document)."""
+    read = []
+    document_texts_by_row = Store.document_texts_by_row
+    monkeypatch.setattr(
+        Store,
+        "document_texts_by_row",
+        lambda self, n, ids=None: read.append(ids) or document_texts_by_row(self, n, ids),
+    )
+    return read
+
+
 def test_the_snapshot_reads_back_what_the_store_holds(snapshot):
     corpus, store = snapshot
     assert_corpus_matches_store(corpus, store)
@@ -91,13 +104,7 @@ def test_a_snapshot_of_the_earlier_layout_is_read_and_then_written_whole(snapsho
     (earlier / "text_spans.npy").unlink()
     assert_corpus_matches_store(Corpus(earlier), store)
 
-    read = []
-    document_texts_by_row = Store.document_texts_by_row
-    monkeypatch.setattr(
-        Store,
-        "document_texts_by_row",
-        lambda self, n, ids=None: read.append(ids) or document_texts_by_row(self, n, ids),
-    )
+    read = texts_read(monkeypatch)
     change_store(store, [("b", "Bee again", "Changed text of b.", {})], remove=[])
     assert_corpus_matches_store(
         Corpus(write_corpus(tmp_path / "index", store, store.chunk_ids(), store.generation(), earlier)), store
@@ -166,13 +173,7 @@ def test_an_updated_snapshot_reads_only_what_changed_and_equals_one_written_whol
         ],
         remove=["A"],
     )
-    read = []
-    document_texts_by_row = Store.document_texts_by_row
-    monkeypatch.setattr(
-        Store,
-        "document_texts_by_row",
-        lambda self, n, ids=None: read.append(ids) or document_texts_by_row(self, n, ids),
-    )
+    read = texts_read(monkeypatch)
     previous_dir = tmp_path / "index" / Path(previous.filters_path).parent.name
     updated = Corpus(write_corpus(tmp_path / "index", store, store.chunk_ids(), store.generation(), previous_dir))
     assert read == [["b", "c", "🙂"]]
@@ -193,13 +194,7 @@ def test_a_snapshot_that_no_longer_matches_the_store_is_written_whole(snapshot, 
     previous, store = snapshot
     ids = store.chunk_ids()
     store.con.execute("UPDATE chunks SET chunk_id = chunk_id + 100")
-    read = []
-    document_texts_by_row = Store.document_texts_by_row
-    monkeypatch.setattr(
-        Store,
-        "document_texts_by_row",
-        lambda self, n, ids=None: read.append(ids) or document_texts_by_row(self, n, ids),
-    )
+    read = texts_read(monkeypatch)
     previous_dir = tmp_path / "index" / Path(previous.filters_path).parent.name
     corpus = Corpus(write_corpus(tmp_path / "index", store, ids + 100, store.generation(), previous_dir))
     assert read == [None]

@@ -81,15 +81,12 @@ class RemoteShard:
             self.handle = serve.get_app_handle(self.application)
         except Exception:  # noqa: BLE001 -- Ray Serve raises several kinds for an application it does not have
             raise PipelineError(f"shard {number} of index {build_id} is not deployed ({self.application})") from None
-        described = self.wait(self.call_method("describe"))
+        described = self.wait(self.handle.describe.remote())
         if tuple(described) != (build_id, number):  # never an answer from another index's shard
             raise PipelineError(f"{self.application} answers for {described}, not shard {number} of {build_id}")
 
     def call(self, method: str, *arguments):
         return self.handle.remote(method, *arguments)
-
-    def call_method(self, name: str):
-        return getattr(self.handle, name).remote()
 
     def wait(self, response):
         try:
