@@ -608,12 +608,12 @@ class Store:
     def document_fields(self, batch_rows: int, doc_ids: list[str] | None = None) -> Iterator[pa.RecordBatch]:
         """Every document's fields but its text, or those of the documents `doc_ids`, in doc_id order, batch_rows
         at a time: doc_id, title, source, metadata (JSON text), hash (SHORT_HASH of the content hash) and row (its
-        rowid, which document_texts gives with each text). A document's position in this order is its position
+        rowid, which document_texts_by_row gives with each text). A document's position in this order is its position
         in the corpus snapshot. The text is left out so that DuckDB's sort holds ~100 bytes a document, not the
         collection's text: sorting the texts spilled 12 GB beside the store at 10M documents."""
         metadata = "metadata::VARCHAR" if self.has_metadata else "NULL::VARCHAR"
         only, parameters = self._only_documents(doc_ids)
-        return self._sorted_batches(
+        return self._arrow_batches(
             f"SELECT doc_id, title, source, {metadata} AS metadata, "
             f"{SHORT_HASH.format(column='content_hash')} AS hash, documents.rowid AS row "
             f"FROM documents {only} ORDER BY doc_id",
@@ -627,7 +627,7 @@ class Store:
         end_char and text_hash (SHORT_HASH of its text: the text itself is not sorted, a chunk is nearly always a
         slice of its document's text, which the hash confirms)."""
         only, parameters = self._only_documents(doc_ids)
-        return self._sorted_batches(
+        return self._arrow_batches(
             "WITH positions AS (SELECT doc_id, row_number() OVER (ORDER BY doc_id) - 1 AS position "
             f"FROM documents {only}) "
             "SELECT c.chunk_id, p.position, c.chunk_index, c.start_char, c.end_char, c.text_hash FROM "
@@ -641,13 +641,11 @@ class Store:
         """(row, text) of every document, or of the documents `doc_ids`, in the store's own order: nothing is
         sorted. `row` is the rowid document_fields gives; rowids hold while nothing writes to the store."""
         only, parameters = self._only_documents(doc_ids)
-        return self._sorted_batches(
-            f"SELECT documents.rowid AS row, text FROM documents {only}", parameters, batch_rows
-        )
+        return self._arrow_batches(f"SELECT documents.rowid AS row, text FROM documents {only}", parameters, batch_rows)
 
-    def _sorted_batches(self, query: str, parameters: list, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    def _arrow_batches(self, query: str, parameters: list, batch_rows: int) -> Iterator[pa.RecordBatch]:
         """A query's result as Arrow batches of batch_rows, on a cursor of its own (other queries may run
-        meanwhile), DuckDB holding at most MEMORY_LIMIT while it sorts (on disk, beside the store, beyond)."""
+        meanwhile), DuckDB holding at most MEMORY_LIMIT if it sorts (on disk, beside the store, beyond)."""
         cursor = self.con.cursor()
         try:
             for batch in cursor.sql(query, params=parameters or None).to_arrow_reader(batch_rows):

@@ -187,9 +187,10 @@ def write_documents_and_chunks(
                 start = compressor(dictionary)
             compressed = [compress_text(text, start) for text in texts]
             texts_file.write(b"".join(compressed))
-            ends = written + np.cumsum([len(c) for c in compressed], dtype=np.int64)
+            lengths = np.array([len(c) for c in compressed], np.int64)
+            ends = written + np.cumsum(lengths)
             text_spans[positions, 1] = ends
-            text_spans[positions, 0] = ends - [len(c) for c in compressed]
+            text_spans[positions, 0] = ends - lengths
             written = int(ends[-1])
 
             counts = document_chunks[positions]

@@ -53,15 +53,11 @@ class SearchBatcher:
                 asyncio.ensure_future(self._answer_in_thread(members))
 
     async def _answer_in_thread(self, members: list) -> None:
-        try:
-            answers = await run_in_threadpool(self._answers, members)
-        except Exception as e:  # noqa: BLE001 -- a fault answers its requests, never leaves them waiting
-            answers = [e] * len(members)
-        self._settle(members, answers)
+        self._settle(members, await run_in_threadpool(self._answers, members))
 
     @staticmethod
     def _answers(members: list) -> list:
-        """Each request's hits, or the exception answering it."""
+        """Each request's hits, or the exception answering it (it never raises)."""
         engine, first, _ = members[0]
         try:
             queries = [body.q for _, body, _ in members]
