@@ -212,12 +212,12 @@ def one_compute_thread():
     torch.set_num_threads(threads)
 
 
-def ivfpq_with_rescoring(vectors: np.ndarray, ids: np.ndarray, lists: int) -> tuple:
+def ivfpq_with_rescoring(vectors: np.ndarray, ids: np.ndarray, lists: int, directory: Path) -> tuple:
     """An IDMap-wrapped IVF-PQ fast-scan index whose labels are slots, as index/ivf.py builds it, and its
-    rescoring rows."""
+    rescoring rows, written to `directory`/rescore.npy and memory-mapped."""
     import faiss
 
-    from common.index_files import rescore_dtype
+    from common.index_files import read_rescore, rescore_dtype
     from common.vectors import quantize
 
     ivf = faiss.index_factory(vectors.shape[1], f"IVF{lists},PQ8x4fs", faiss.METRIC_INNER_PRODUCT)
@@ -230,7 +230,8 @@ def ivfpq_with_rescoring(vectors: np.ndarray, ids: np.ndarray, lists: int) -> tu
     index.ntotal = len(ids)
     rows = np.empty(len(vectors), rescore_dtype(vectors.shape[1]))
     rows["codes"], rows["scale"] = quantize(vectors)
-    return index, rows
+    np.save(directory / "rescore.npy", rows)
+    return index, read_rescore(directory / "rescore.npy", vectors.shape[1])
 
 
 def assert_corpus_matches_store(corpus, store) -> None:

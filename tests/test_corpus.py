@@ -155,15 +155,22 @@ def filter_rows(corpus: Corpus) -> tuple[dict, list[dict]]:
     return filters.fields, [dict(zip(names, row)) for row in rows.fetchall()]
 
 
-@pytest.mark.parametrize("new_year", [2003, "unknown"])  # fits the year column (DOUBLE) / does not
+@pytest.mark.parametrize(
+    "new_year, stale_texts",
+    [(2003, 1.0), ("unknown", 0.0)],  # fits the year column (DOUBLE) / does not; texts file linked / copied
+)
 def test_an_updated_snapshot_reads_only_what_changed_and_equals_one_written_whole(
-    snapshot, tmp_path, monkeypatch, new_year
+    snapshot, tmp_path, monkeypatch, new_year, stale_texts
 ):
     """After documents are added (one between stored ids, one sorting last), changed and deleted (one whose
     fields decided no column's type: a column's type only widens over updates, a full build makes them anew),
     the snapshot written from the last one reads only the added and changed documents from the store, and
-    holds what one written whole holds: the same documents, chunks, texts and filter rows."""
+    holds what one written whole holds: the same documents, chunks, texts and filter rows. Its texts file is
+    the last one's with the new texts appended while few enough of those are stale (and the last snapshot
+    still reads its own), else a copy of the texts kept."""
+    monkeypatch.setattr(index.corpus, "STALE_TEXTS", stale_texts)
     previous, store = snapshot
+    previous_texts = [previous.text(i) for i in range(previous.n_documents)]
     change_store(
         store,
         [
@@ -186,6 +193,9 @@ def test_an_updated_snapshot_reads_only_what_changed_and_equals_one_written_whol
     )  # VARCHAR: each value's JSON
     allowed = DocumentFilters(updated.filters_path).allowed_documents(DocumentFilter.of(where='"new field"'))
     assert [updated.doc_id(i) for i in allowed] == ["c"]
+    linked = (updated.directory / "texts.bin").stat().st_ino == (previous.directory / "texts.bin").stat().st_ino
+    assert linked == (stale_texts == 1.0)
+    assert [Corpus(previous.directory).text(i) for i in range(previous.n_documents)] == previous_texts
 
 
 def test_a_snapshot_that_no_longer_matches_the_store_is_written_whole(snapshot, tmp_path, monkeypatch):

@@ -425,7 +425,9 @@ def test_an_approximate_index_is_searched_wide_enough_to_find_the_target_recall(
     vectors = rng.standard_normal((3000, 32)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     ids = np.arange(1000, 4000, dtype=np.int64)
-    index, rows = (make_index(kind, vectors, ids), None) if kind == "hnsw" else ivfpq_with_rescoring(vectors, ids, 32)
+    index, rows = (
+        (make_index(kind, vectors, ids), None) if kind == "hnsw" else ivfpq_with_rescoring(vectors, ids, 32, tmp_path)
+    )
     inner = faiss.downcast_index(faiss.downcast_index(index).index)
     holder = inner.hnsw if kind == "hnsw" else inner
     setattr(holder, parameter, 1)

@@ -128,7 +128,7 @@ def test_filters_keep_k_hits_in_every_mode_and_index_type(copied_workspace, kind
                 assert [h.doc_id for h in hits] == expected, (kind, share, mode)
 
 
-def test_dense_filters_return_k_hits_on_a_large_approximate_index():
+def test_dense_filters_return_k_hits_on_a_large_approximate_index(tmp_path):
     """8,000 vectors, where HNSW's walk (efSearch 64) and IVF-PQ's 16 probed lists of its 224 miss most of a small
     allowed set when filtered naively (IVF-PQ's candidates then re-scored)."""
     rng = np.random.default_rng(0)
@@ -142,7 +142,7 @@ def test_dense_filters_return_k_hits_on_a_large_approximate_index():
         if kind == "hnsw":
             dense = DenseIndex(make_index(kind, vectors, ids), ids)
         else:
-            index, rows = ivfpq_with_rescoring(vectors, ids, 224)
+            index, rows = ivfpq_with_rescoring(vectors, ids, 224, tmp_path)
             faiss.downcast_index(faiss.downcast_index(index).index).nprobe = 16
             dense = DenseIndex(index, ids, rows, rescore=10)
         for share in (0.01, 0.1, 0.9):
