@@ -76,8 +76,10 @@ def pipeline(*args: str) -> subprocess.CompletedProcess:
 
 def run_measured(args: list[str], marks: dict[str, str] | None = None, script: Path = REPO / "cli.py") -> dict:
     """Run `pipeline ARGS` (or another Python `script` with ARGS); wall seconds and the peak RSS of the
-    process with its children (sampled every 50 ms), and for each of `marks` (name -> the start of a
-    progress line), the seconds until that line was printed and the peak RSS until then."""
+    process with its children (sampled every 50 ms), and of its anonymous memory (RSS less the pages it
+    shares with files: what memory-mapped files it reads bring in is reclaimable, what it allocates is not),
+    and for each of `marks` (name -> the start of a progress line), the seconds until that line was printed
+    and the peak RSS until then."""
     start = time.perf_counter()
     process = subprocess.Popen(
         [sys.executable, str(script), *args],
@@ -95,8 +97,9 @@ def run_measured(args: list[str], marks: dict[str, str] | None = None, script: P
     parent, samples = psutil.Process(process.pid), []
     while process.poll() is None:
         try:
-            rss = sum(p.memory_info().rss for p in [parent, *parent.children(recursive=True)])
-            samples.append((time.perf_counter() - start, rss))
+            memory = [p.memory_info() for p in [parent, *parent.children(recursive=True)]]
+            rss = sum(m.rss for m in memory)
+            samples.append((time.perf_counter() - start, rss, rss - sum(m.shared for m in memory)))
         except psutil.Error:
             pass
         time.sleep(0.05)
@@ -106,7 +109,7 @@ def run_measured(args: list[str], marks: dict[str, str] | None = None, script: P
     stderr = "".join(line for _, line in lines)
     if process.returncode != 0:  # what it printed before the traceback says how far it got
         progress = [line.rstrip() for _, line in lines if line[:1].isalnum()][-20:]
-        peak = max((rss for _, rss in samples), default=0) / 2**30
+        peak = max((rss for _, rss, _ in samples), default=0) / 2**30
         raise SystemExit(
             f"{script.name} {' '.join(args)} failed after {seconds:.0f}s (peak RSS {peak:.2f} GB so far):\n"
             + "\n".join(progress)
@@ -114,7 +117,8 @@ def run_measured(args: list[str], marks: dict[str, str] | None = None, script: P
         )
     result = {
         "seconds": round(seconds, 2),
-        "peak_rss_gb": round(max(rss for _, rss in samples) / 2**30, 3),
+        "peak_rss_gb": round(max(rss for _, rss, _ in samples) / 2**30, 3),
+        "peak_anon_gb": round(max(anon for _, _, anon in samples) / 2**30, 3),
         "stdout": stdout,
         "log": stderr.strip().splitlines()[-6:],
     }
@@ -123,7 +127,7 @@ def run_measured(args: list[str], marks: dict[str, str] | None = None, script: P
         if at is not None:
             result[name] = {
                 "seconds": round(at, 2),
-                "peak_rss_gb": round(max((rss for t, rss in samples if t <= at), default=0) / 2**30, 3),
+                "peak_rss_gb": round(max((rss for t, rss, _ in samples if t <= at), default=0) / 2**30, 3),
             }
     return result
 

@@ -662,21 +662,26 @@ class Store:
             return "", []
         return "SEMI JOIN (SELECT unnest(?::VARCHAR[]) AS doc_id) USING (doc_id)", [list(doc_ids)]
 
-    def documents_since(self, doc_ids: pa.Array, hashes: np.ndarray) -> tuple[np.ndarray, list[str]]:
-        """Which stored documents an earlier snapshot holds as they are now, given its `doc_ids` (by position) and
-        `hashes` (SHORT_HASH of each): (for every stored document in doc_id order, its position
-        there, or -1 when it is new or changed since; the doc_ids of those, in doc_id order)."""
+    def documents_since(
+        self, doc_ids: pa.Array, hashes: np.ndarray, only: list[str] | None = None
+    ) -> tuple[np.ndarray, list[str]]:
+        """Which stored documents (or of them, the documents `only`) an earlier snapshot holds as they are now,
+        given its `doc_ids` (by position) and `hashes` (SHORT_HASH of each): (for every such document in doc_id
+        order, its position there, or -1 when it is new or changed since; the doc_ids of those, in doc_id
+        order)."""
         previous = pa.table(
             {"doc_id": doc_ids, "hash": pa.array(hashes, pa.uint64()), "position": np.arange(len(hashes))}
         )
         short_hash = SHORT_HASH.format(column="d.content_hash")
+        restriction, parameters = self._only_documents(only)
         cursor = self.con.cursor()
         try:
             cursor.register("previous", previous)
             found = cursor.sql(
                 "SELECT coalesce(p.position, -1) AS position, CASE WHEN p.position IS NULL THEN d.doc_id END AS doc_id "
-                f"FROM documents d LEFT JOIN previous p ON d.doc_id = p.doc_id AND {short_hash} = p.hash "
-                "ORDER BY d.doc_id"
+                f"FROM documents d {restriction} "
+                f"LEFT JOIN previous p ON d.doc_id = p.doc_id AND {short_hash} = p.hash ORDER BY d.doc_id",
+                params=parameters or None,
             ).to_arrow_table()
         finally:
             cursor.close()

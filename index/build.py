@@ -14,7 +14,6 @@ from __future__ import annotations
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
 
 import numpy as np
 
@@ -37,8 +36,8 @@ from index.corpus import write_corpus
 from index.faiss_build import build_faiss
 from index.faiss_index import INDEX_TYPES
 from index.files import record, write_directory
-from index.shards import build_shards
-from index.update import Drifted, update, update_plan
+from index.shards import build_shards, update_shards
+from index.update import Drifted, chunks_to_index, update, update_plan
 
 DEFAULT_MEMORY_BUDGET = 4 * 2**30  # bytes an IVF index's codes may take in memory before its lists go on disk
 
@@ -59,8 +58,9 @@ def refresh_indexes(
     `full_build_allowed` (a document write through the server, which must answer quickly) the last build
     is updated even past REBUILD_SHARE, and says so: the next `pipeline index` then builds in full.
     `memory_budget` (bytes): an IVF index whose codes would take more is built with its lists on disk.
-    `shards`: build the collection as that many shards (index/shards.py; on the Ray cluster `ray`), in full;
-    None: as many as the last build had (none: one unsharded index)."""
+    `shards`: build the collection as that many shards (index/shards.py; on the Ray cluster `ray`), in full
+    (a document write updates the shards it changed); None: as many as the last build had (none: one
+    unsharded index)."""
     if kind not in INDEX_TYPES:
         raise PipelineError(f"--type: unknown index type '{kind}' (choose from {', '.join(INDEX_TYPES)})")
     language = language.lower()
@@ -73,16 +73,14 @@ def refresh_indexes(
         raise PipelineError(f"workspace {ws.root} has no index: run `pipeline index` first")
     if shards is None and previous is not None and previous.shards:
         shards = len(previous.shards)
-    if shards is not None and not full_build_allowed:
-        raise PipelineError(
-            "the index is sharded: documents are added to it by `pipeline embed`, then `pipeline index`"
-        )
     with Store(ws.db_path, read_only=True) as store:
         embedder.check_store(store.get_meta("embedder"), ws.db_path)
         generation = store.generation()
         live = store.chunk_ids()
         if len(live) == 0 and full_build_allowed:
             raise PipelineError(f"{ws.db_path}: no vectors stored; run `pipeline embed` first")
+        if shards is not None and not full_build_allowed:  # a document write: only the shards it changed
+            return record(ws, update_shards(ws, previous, store, generation), embedder, live, generation)
         if shards is not None:
             sample = [text for batch in store.iter_chunk_rows(language_sample(live)) for _, _, text in batch]
             analyzer, mix = choose_analyzer(sample, language)
@@ -179,16 +177,6 @@ def analyzer_record(analyzer: Analyzer, mix: LanguageMix | None) -> dict:
         "chosen_by": "detected" if mix else "--language",
         "languages_detected": mix.shares if mix else None,
     }
-
-
-def chunks_to_index(
-    store: Store, live: np.ndarray, base: Segment, vectors: bool = True
-) -> tuple[np.ndarray, np.ndarray | None, Iterator[list[tuple[int, str, str]]]]:
-    """(chunk ids, vectors (None without `vectors`), batches of (chunk id, title, text) rows read from the store
-    as they are used) of the chunks added since the base, for an update."""
-    only = np.setdiff1d(live, base.chunk_ids, assume_unique=True)
-    loaded = store.load_vectors(only)[1] if vectors else None
-    return only, loaded, store.iter_chunk_rows(only)
 
 
 def language_sample(live: np.ndarray) -> np.ndarray:

@@ -99,12 +99,13 @@ def write_corpus(
     under index_dir and return it: the manifest then names it, so a reader never sees half of one. With
     `previous` (the snapshot of an earlier generation) only the documents added or changed since are read from
     the store, and the rest is copied from it (update_documents_and_chunks). With `doc_ids` (a shard's
-    documents, ascending: index/shards.py), of those documents only (`live`: their chunks)."""
+    documents, ascending: index/shards.py), of those documents only (`live`: their chunks), the previous
+    snapshot being that shard's."""
 
     def write(directory: Path) -> None:
         fields = None
         if previous is not None and can_update(previous):
-            fields = update_documents_and_chunks(directory, previous, store, live)
+            fields = update_documents_and_chunks(directory, previous, store, live, doc_ids)
         if fields is None:
             fields = write_documents_and_chunks(directory, store, live, doc_ids)
             write_filter_table(read_arrow(directory / DOCUMENTS), fields.column_types(), directory / FILTERS)
@@ -216,18 +217,19 @@ def write_documents_and_chunks(
 
 
 def update_documents_and_chunks(
-    directory: Path, previous: Path, store: Store, live: np.ndarray
+    directory: Path, previous: Path, store: Store, live: np.ndarray, doc_ids: list[str] | None = None
 ) -> "MetadataFields | None":
     """The snapshot's files, as write_documents_and_chunks and write_filter_table write them, from the
     `previous` snapshot and the documents added or changed since (a document changed when its content hash
     did; a changed document's chunks are new ones: ids are never reused): those are written as a snapshot of
     their own (by write_documents_and_chunks, with the previous dictionary) and merged with the previous one's
-    documents still stored, by position. Texts are copied compressed, and the filter table's rows by DuckDB.
-    Returns what the metadata fields hold, or None when the previous snapshot does not match the store (a
-    chunk of an unchanged document is gone): the caller then writes the snapshot whole."""
+    documents still stored, by position (with `doc_ids`, a shard's: of those documents only). Texts are
+    appended or copied compressed (write_texts), and the filter table's rows merged by DuckDB. Returns what
+    the metadata fields hold, or None when the previous snapshot does not match the store (a chunk of an
+    unchanged document is gone): the caller then writes the snapshot whole."""
     old = Corpus(previous)
     source, changed_ids = store.documents_since(
-        read_arrow(previous / DOCUMENTS).column("doc_id"), np.load(previous / DOCUMENT_HASHES, mmap_mode="r")
+        read_arrow(previous / DOCUMENTS).column("doc_id"), np.load(previous / DOCUMENT_HASHES, mmap_mode="r"), doc_ids
     )
     from_old = source >= 0
     old_kept = np.isin(old.chunk_ids, live, assume_unique=True)

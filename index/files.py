@@ -23,7 +23,8 @@ from common.workspace import Workspace, atomic_write_bytes
 
 
 def record(ws: Workspace, summary: dict, embedder: EmbedderEntry, live: np.ndarray, generation: int) -> dict:
-    """Name the new files, and the store generation they hold, in the manifest (last), then remove older ones."""
+    """Name the new files, and the store generation they hold, in the manifest (last), then remove older ones
+    (in a sharded index's directory too: what an update of a shard replaced)."""
     summary.update(
         {
             "vectors": int(len(live)),
@@ -37,6 +38,8 @@ def record(ws: Workspace, summary: dict, embedder: EmbedderEntry, live: np.ndarr
     entry = IndexEntry.from_json(summary)
     write_section(ws, entry)
     remove_other_files(ws.index_dir, keep={Path(path).name for path in entry.all_paths})
+    for number, shard in enumerate(entry.shard_entries() if entry.shards else []):
+        remove_other_files(ws.root / entry.path / str(number), keep={Path(path).name for path in shard.all_paths})
     return summary
 
 

@@ -15,7 +15,10 @@ FAISS's distributed recipe does (each shard then tunes its own search widths for
 
 Shards are built as Ray tasks with --ray (in parallel across the cluster's nodes; each task opens the store
 read-only, so the workspace must be on storage every node reads), else one after another in this process.
-A sharded index is built in full by every `pipeline index` (an update of one shard is not made yet).
+A sharded index is built in full by every `pipeline index`. A document written through the server concerns
+one shard: `update_shards` updates the shards whose chunks changed as an unsharded index is updated (a delta
+beside the shard's base: index/update.py; its snapshot written from its last one) and keeps the others as
+they are, with their build id, so that their Ray Serve deployments go on serving.
 """
 
 from __future__ import annotations
@@ -29,8 +32,11 @@ import faiss
 import numpy as np
 
 from common.console import info
+from common.corpus import Corpus
 from common.errors import PipelineError
-from common.lexical import Analyzer, LexicalIndex
+from common.index_files import base_segment_dir
+from common.lexical import Analyzer, LexicalIndex, Segment
+from common.manifest import IndexEntry
 from common.store import Store, short_hash
 from common.workspace import Workspace
 from index.corpus import write_corpus
@@ -38,6 +44,7 @@ from index.faiss_build import ShardBuild, build_and_tune, recall_record, tuning_
 from index.faiss_index import choose_type
 from index.files import write_directory
 from index.ivf import codes_bytes, train_ivf
+from index.update import Drifted, chunks_to_index, update
 
 
 def shard_of(doc_id: str, shards: int) -> int:
@@ -154,6 +161,7 @@ def build_shard(
         corpus_dir = write_corpus(shard_dir, store, chunk_ids, generation, doc_ids=doc_ids)
     return {
         **built,
+        "build_id": uuid.uuid4().hex,  # the shard's own: an update of other shards keeps it
         **recall_record(built["recall_at_10"], built["search_setting"]),
         "dim": dim,
         "vectors": int(len(chunk_ids)),
@@ -163,4 +171,49 @@ def build_shard(
         "corpus_path": str(corpus_dir.relative_to(ws.root)),
         "analyzer": analyzer.to_json(),
         "store_generation": generation,
+    }
+
+
+def update_shards(ws: Workspace, previous: IndexEntry, store: Store, generation: int) -> dict:
+    """A document write's update of the sharded index `previous`: every shard whose chunks the store no longer
+    matches is updated (a delta beside its base, and a corpus snapshot written from its last one, in its own
+    directory), the others kept; returns what the manifest records, as build_shards does."""
+    shards, updated = [], []
+    for number, (record, entry) in enumerate(zip(previous.shards, previous.shard_entries())):
+        chunk_ids, doc_ids = store.shard(number, len(previous.shards))
+        if np.array_equal(chunk_ids, Corpus(ws.root / entry.corpus_path).chunk_ids):
+            shards.append(record)
+            continue
+        shard_dir = ws.root / previous.path / str(number)
+        base = Segment.load(base_segment_dir(ws, entry))
+        added, vectors, batches = chunks_to_index(store, chunk_ids, base, vectors=entry.trained_path is None)
+        deleted = len(base.chunk_ids) - (len(chunk_ids) - len(added))
+        reason = (
+            f"shard {number}: update ({len(added):,} chunks added and {deleted:,} deleted since its last full "
+            f"build of {len(base.chunk_ids):,})"
+        )
+        try:
+            summary = update(ws, entry, base, added, vectors, batches, chunk_ids, reason, store, shard_dir)
+        except Drifted as drifted:
+            raise PipelineError(f"shard {number} cannot be updated ({drifted}): run `pipeline index`") from None
+        corpus_dir = write_corpus(shard_dir, store, chunk_ids, generation, ws.root / entry.corpus_path, doc_ids)
+        shards.append(
+            {
+                **record,
+                **summary,
+                "vectors": int(len(chunk_ids)),
+                "documents": len(doc_ids),
+                "corpus_path": str(corpus_dir.relative_to(ws.root)),
+                "store_generation": generation,
+                "build_id": uuid.uuid4().hex,
+            }
+        )
+        updated.append(number)
+    return {
+        **previous.to_json(),
+        "update": "incremental",
+        "update_reason": f"update of shard{'s' * (len(updated) != 1)} {', '.join(map(str, updated)) or 'none'}",
+        "delta_vectors": sum(int(shard.get("delta_vectors") or 0) for shard in shards),
+        "deleted_in_base": sum(int(shard.get("deleted_in_base") or 0) for shard in shards),
+        "shards": shards,
     }

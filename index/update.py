@@ -101,23 +101,26 @@ def update(
     live: np.ndarray,
     update_reason: str,
     store: Store,
+    index_dir: Path | None = None,
 ) -> dict:
     """The last build's base with a new delta holding `ids` (every chunk added since the base), whose
     (chunk id, title, text) rows `chunk_batches` reads from the store: exact (flat, from `vectors`) beside a
     flat or HNSW base; beside an IVF base, filled with the base's trained lists from the store (`vectors` is
-    then None), unless the vectors added drifted from them (Drifted)."""
+    then None), unless the vectors added drifted from them (Drifted). Its files are written in index_dir (the
+    workspace's index directory, or a shard's: index/shards.py)."""
+    index_dir = index_dir or ws.index_dir
     info(update_reason)
     start = time.perf_counter()
     delta_path, delta_rescore = None, None
     if len(ids) and previous.trained_path:
-        delta_path, delta_rescore = ivf_delta(ws, previous, store, ids)
+        delta_path, delta_rescore = ivf_delta(ws, previous, store, ids, index_dir)
     elif len(ids):
         delta = make_index("flat", vectors, ids)  # exact: small, and merged with the base's hits
-        delta_path = write_faiss(delta, ws.index_dir, "faiss-delta")
+        delta_path = write_faiss(delta, index_dir, "faiss-delta")
     build_seconds = time.perf_counter() - start
     start = time.perf_counter()
     lexical_dir = write_directory(
-        lambda directory: LexicalIndex.write_updated(directory, base, chunk_batches, live), ws.index_dir, "lexical"
+        lambda directory: LexicalIndex.write_updated(directory, base, chunk_batches, live), index_dir, "lexical"
     )
     lexical_seconds = time.perf_counter() - start
     info(f"delta of {len(ids):,} chunks: FAISS {build_seconds:.2f}s, BM25 {lexical_seconds:.2f}s")
@@ -154,18 +157,28 @@ def update(
     }
 
 
+def chunks_to_index(
+    store: Store, live: np.ndarray, base: Segment, vectors: bool = True
+) -> tuple[np.ndarray, np.ndarray | None, Iterator[list[tuple[int, str, str]]]]:
+    """(chunk ids, vectors (None without `vectors`), batches of (chunk id, title, text) rows read from the store
+    as they are used) of the chunks added since the base, for an update."""
+    only = np.setdiff1d(live, base.chunk_ids, assume_unique=True)
+    loaded = store.load_vectors(only)[1] if vectors else None
+    return only, loaded, store.iter_chunk_rows(only)
+
+
 class Drifted(Exception):
     """The vectors added since an IVF base fit its trained lists worse than the base's own: build in full."""
 
 
-def ivf_delta(ws: Workspace, previous: IndexEntry, store: Store, ids: np.ndarray) -> tuple[Path, Path]:
+def ivf_delta(ws: Workspace, previous: IndexEntry, store: Store, ids: np.ndarray, index_dir: Path) -> tuple[Path, Path]:
     """The delta of an IVF base: the chunks `ids` added in lists trained for the base (FAISS adds to trained
     lists without training again), with their rescoring rows; (index file, rescoring file). Raises Drifted
     when the added vectors are further from the base's centroids than DRIFT_RATIO times the base's vectors
     were (measured on a sample of each): their lists would then be searched with a worse fit."""
     trained = faiss.read_index(str(ws.root / previous.trained_path))
-    path = new_index_path(ws.index_dir, "faiss-delta")
-    staging = new_staging(ws.index_dir)
+    path = new_index_path(index_dir, "faiss-delta")
+    staging = new_staging(index_dir)
     try:
         dim = trained.d
         built = build_ivf(
@@ -178,7 +191,7 @@ def ivf_delta(ws: Workspace, previous: IndexEntry, store: Store, ids: np.ndarray
                 f"{built.centroid_distance / base_fit:.2f}x as far from its trained lists as its own: "
                 f"over {DRIFT_RATIO}x)"
             )
-        write_faiss(built.index, ws.index_dir, "faiss-delta", path)
+        write_faiss(built.index, index_dir, "faiss-delta", path)
         rescore = (staging / "rescore.npy").rename(path.with_suffix(".rescore.npy"))
     finally:
         remove_staging(staging)

@@ -68,8 +68,6 @@ def test_a_sharded_index_is_built_in_full_again_and_keeps_its_shard_count(traine
     again = read_manifest(ws).index
     assert len(again.shards) == 2 and again.build_id != first.build_id
     assert not (ws.root / first.path).exists()  # the older build's shards are removed once the manifest moved on
-    with pytest.raises(Exception, match="sharded"):
-        refresh_indexes(ws, full_build_allowed=False)  # the document API's update
 
 
 def test_more_shards_than_documents_is_one_line_before_anything_is_written(trained_workspace, tmp_path):
@@ -97,23 +95,42 @@ def test_shards_built_as_ray_tasks_are_the_shards_built_here(whole, trained_work
         assert [h.doc_id for h in engine.search(query, 10, "hybrid", dense_weight=0.4)] == [h.doc_id for h in want]
 
 
-def test_a_sharded_index_is_served_and_refuses_document_writes_before_storing_them(whole, trained_workspace, tmp_path):
+def test_document_writes_update_only_their_shards_and_answer_as_a_full_build(whole, trained_workspace, tmp_path):
+    """Served on one machine, a sharded index takes the document API's writes: the shard the documents belong
+    to is updated (a delta beside its base, its snapshot written anew, what it replaced removed), the other one
+    kept as it was (its files and build id), and the index answers as a sharded one built in full over the same
+    store would."""
     import httpx
 
-    from common.store import Store
     from server import running_server
 
     ws = sharded_copy(trained_workspace, tmp_path, 2)
-    with Store(ws.db_path, read_only=True) as store:
-        generation = store.generation()
+    before = read_manifest(ws).index
+    ids = [doc_id for doc_id in (f"note-{i}" for i in range(20)) if shard_of(doc_id, 2) == 0][:3]
+    notes = [{"id": doc_id, "title": "A note", "text": f"Quokka survey {doc_id} on an island."} for doc_id in ids]
+    corpus = whole.shards[0].corpus
+    deleted = next(d for d in (corpus.doc_id(i) for i in range(corpus.n_documents)) if shard_of(d, 2) == 0)
     with running_server(ws.root) as base, httpx.Client(base_url=base, timeout=120) as client:
-        query = QUERIES[0]
-        answer = client.get("/search", params={"q": query, "k": 5, "mode": "hybrid", "dense_weight": 0.4}).json()
-        assert [h["doc_id"] for h in answer["results"]] == [
-            h.doc_id for h in whole.search(query, 5, "hybrid", dense_weight=0.4)
-        ]
-        note = {"id": "note-1", "title": "A note", "text": "Quokka survey on an island."}
-        refused = client.post("/documents", json={"documents": [note]})
-        assert refused.status_code == 409 and "sharded" in refused.json()["error"]
-    with Store(ws.db_path, read_only=True) as store:
-        assert store.generation() == generation  # nothing was stored
+        written = client.post("/documents", json={"documents": notes})
+        assert written.status_code == 200, written.text
+        assert written.json()["index"]["update"] == "incremental"
+        assert client.delete(f"/documents/{deleted}").status_code == 200
+        found = client.get("/search", params={"q": "quokka survey island", "k": 5, "mode": "lexical"}).json()
+        assert {hit["doc_id"] for hit in found["results"][:3]} == set(ids)
+        assert client.get(f"/documents/{deleted}").status_code == 404
+    after = read_manifest(ws).index
+    assert after.shards[1] == before.shards[1]  # untouched: the same files, the same build
+    assert after.shards[0]["build_id"] != before.shards[0]["build_id"] and after.shards[0]["delta_vectors"] > 0
+    assert not (ws.root / before.shards[0]["corpus_path"]).exists()  # what the update replaced is removed
+    assert (ws.root / before.shards[0]["path"]).exists()  # the base it kept is not
+    rebuilt = Workspace(tmp_path / "rebuilt")
+    shutil.copytree(ws.root, rebuilt.root)
+    refresh_indexes(rebuilt, "flat")  # `pipeline index`: the shards built in full
+    assert read_manifest(rebuilt).index.update == "full"
+    engine, full = SearchEngine(ws), SearchEngine(rebuilt)
+    for mode in ("dense", "lexical", "hybrid"):
+        for query in [*QUERIES[:10], "quokka survey island"]:
+            want = full.search(query, 10, mode, dense_weight=0.4)
+            got = engine.search(query, 10, mode, dense_weight=0.4)
+            assert [h.doc_id for h in got] == [h.doc_id for h in want], (query, mode)
+            np.testing.assert_allclose([h.score for h in got], [h.score for h in want], rtol=0, atol=1e-5)

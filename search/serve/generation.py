@@ -21,6 +21,7 @@ from search.engine import OpenShards, SearchEngine, local_shards
 
 POLL_SECONDS = 1.0
 WRITE_WAIT_SECONDS = 10.0  # how long a document write waits for another writer (e.g. `pipeline embed`) before a 503
+SERVED_WAIT_SECONDS = 120.0  # how long a write waits for another process to serve what it wrote (Ray Serve)
 log = logging.getLogger("pipeline.serve")
 # (workspace, the serving engine, documents to store, ids to delete) -> what was written
 WriteDocuments = Callable[[Workspace, SearchEngine, list[Document], list[str]], dict]
@@ -42,7 +43,7 @@ class Generation:
         open_shards: OpenShards = local_shards,
     ):
         """poll_seconds None: no watcher; the index is reloaded when `check` is called (search/serve/ray_serve.py:
-        once every shard of the new index is deployed)."""
+        once every shard of the new index is deployed), and a write waits for that."""
         self.ws = ws
         self.write_documents = write_documents
         self.poll_seconds = poll_seconds
@@ -109,23 +110,34 @@ class Generation:
 
     def write(self, upserts: list[Document], deletes: list[str]) -> dict:
         """Store these documents (new or changed ones embedded with the served model) and delete `deletes`
-        in one publish of the store, update the index and serve the result: searchable when this returns.
-        One writer at a time: the workspace's writer lock, shared with `pipeline embed` and `pipeline
-        index`, waited for up to WRITE_WAIT_SECONDS."""
+        in one publish of the store, update the index (of a sharded one, the shards they belong to) and serve
+        the result: searchable when this returns. One writer at a time: the workspace's writer lock, shared
+        with `pipeline embed` and `pipeline index`, waited for up to WRITE_WAIT_SECONDS."""
         with self._store_lock, self.ws.writing(wait=WRITE_WAIT_SECONDS):
             engine = self.current()
-            if engine.index_entry.shards:  # refused before anything is stored: the shards are rebuilt in full
-                raise WriteConflict(
-                    "the index is sharded: add documents with `pipeline embed`, then `pipeline index` rebuilds it"
-                )
             if not engine.index_entry.built_by(require(self.ws, "embedder", "run `pipeline embed` first")):
                 raise WriteConflict(
                     "the workspace's documents were embedded with another model or chunking than the served "
                     "index: run `pipeline index`, then the server loads it"
                 )
             written = self.write_documents(self.ws, engine, upserts, deletes)
-            self.check(raise_errors=True)
+            if self.poll_seconds is not None:
+                self.check(raise_errors=True)
+                return written
+        self.wait_until_served(read_manifest(self.ws).index.build_id)
         return written
+
+    def wait_until_served(self, build_id: str) -> None:
+        """Wait until the index `build_id` is the one served, loaded by whoever reloads this generation (on Ray
+        Serve the driver, once the shards a write changed are deployed: search/serve/ray_serve.py)."""
+        deadline = time.monotonic() + SERVED_WAIT_SECONDS
+        while self.current().index_entry.build_id != build_id:
+            if time.monotonic() > deadline:
+                raise PipelineError(
+                    f"the documents are stored and indexed (index {build_id}), but that index was not served "
+                    f"within {SERVED_WAIT_SECONDS:.0f} s; they are searchable once it is"
+                )
+            time.sleep(0.05)
 
     def start(self) -> None:
         if self.poll_seconds is None:

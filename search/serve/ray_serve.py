@@ -1,6 +1,6 @@
 """`pipeline serve --ray ADDRESS`: a sharded index (`pipeline index --shards N`) served by Ray Serve.
 
-Each shard is a Ray Serve application of its own, `shard-<build>-<i>`, one deployment (ShardReplica, replicas
+Each shard is a Ray Serve application of its own, `shard-<its build>-<i>`, one deployment (ShardReplica, replicas
 as asked) holding the shard's IndexShard: its FAISS and BM25 indexes and its corpus snapshot, memory-mapped
 from the workspace (every node must read the workspace at the same path: a shared file system). The ingress is
 the application `search`, routed at `/`: the same FastAPI app as `pipeline serve` (search/serve/app.py), whose
@@ -17,6 +17,11 @@ deploys the new build's shard applications beside the old ones; only when every 
 tell the ingress to load the new index (Generation.check); the old ones are deleted SHARD_TIMEOUT_S later,
 when the requests still asking them are answered. A shard that fails to start, or an ingress that cannot load
 the new index, deletes the new ones: every shard is swapped, or none.
+
+Writes. The document API runs in the ingress, and updates only the shards the documents belong to
+(index/shards.py update_shards): the others keep their build, so their applications go on serving, and only
+the updated shards are deployed anew; the write answers once the driver has had the ingress load the result
+(Generation.wait_until_served).
 """
 
 from __future__ import annotations
@@ -105,7 +110,7 @@ class RemoteShard:
 
 def remote_shards(root: Path, entry: IndexEntry) -> list[RemoteShard]:
     """The index's shards as deployed by `serve_on_ray` (search.engine.OpenShards)."""
-    return [RemoteShard(entry.build_id, number) for number in range(len(entry.shard_entries()))]
+    return [RemoteShard(shard.build_id, number) for number, shard in enumerate(entry.shard_entries())]
 
 
 @serve.deployment(ray_actor_options={"num_cpus": INGRESS_CPUS})
@@ -136,21 +141,26 @@ class Ingress:
         return generation.current().index_entry.build_id
 
 
-def deploy_shards(root: Path, entry: IndexEntry, replicas: int, timeout_s: float = DEPLOY_TIMEOUT_S) -> list[str]:
-    """Deploy every shard of the index `entry` as an application, side by side, and wait until they all run;
-    all of them or, when one fails or they are not all running within timeout_s (e.g. the cluster lacks the
-    CPUs to place them), none: the new ones are deleted. Returns their names."""
-    names = [shard_application(entry.build_id, number) for number in range(len(entry.shard_entries()))]
+def deploy_shards(
+    root: Path, entry: IndexEntry, replicas: int, running: list[str] = (), timeout_s: float = DEPLOY_TIMEOUT_S
+) -> list[str]:
+    """Deploy every shard of the index `entry` that is not `running` already (a shard a write left as it was) as
+    an application, side by side, and wait until they all run; all of them or, when one fails or they are not
+    all running within timeout_s (e.g. the cluster lacks the CPUs to place them), none: the new ones are
+    deleted. Returns the names of all its shards' applications."""
+    shards = entry.shard_entries()
+    names = [shard_application(shard.build_id, number) for number, shard in enumerate(shards)]
+    new = [(number, name) for number, name in enumerate(names) if name not in running]
     deployment = ShardReplica.options(name="shard", num_replicas=replicas)
     serve.run_many(
         [
             serve.RunTarget(
-                deployment.bind(str(root), shard_entry, number, entry.build_id),
+                deployment.bind(str(root), shards[number], number, shards[number].build_id),
                 name=name,
                 route_prefix=None,
                 logging_config=QUIET,
             )
-            for number, (name, shard_entry) in enumerate(zip(names, entry.shard_entries()))
+            for number, name in new
         ],
         wait_for_ingress_deployment_creation=False,
         wait_for_applications_running=False,
@@ -169,7 +179,7 @@ def deploy_shards(root: Path, entry: IndexEntry, replicas: int, timeout_s: float
         elif time.monotonic() > deadline:
             problem = f"the shards of index {entry.build_id} were not all running after {timeout_s:.0f} s"
         time.sleep(0.5)
-    for name in names:
+    for _, name in new:
         serve.delete(name)
     raise PipelineError(problem)
 
@@ -229,7 +239,7 @@ class RayServing:
         if latest is None or latest.build_id == self.entry.build_id:
             return False
         try:
-            new = deploy_shards(self.ws.root, latest, self.replicas)
+            names = deploy_shards(self.ws.root, latest, self.replicas, running=self.served)
         except PipelineError as e:
             warn(f"keeping index {self.entry.build_id}: {e}")
             return False
@@ -238,12 +248,12 @@ class RayServing:
         except Exception as e:  # noqa: BLE001 -- the ingress's error, through Ray
             loaded = f"not loaded ({last_line(e)})"
         if loaded != latest.build_id:  # the ingress kept the old index: so do its shards
-            for name in new:
+            for name in set(names) - set(self.served):
                 serve.delete(name)
             warn(f"keeping index {self.entry.build_id}: the ingress did not load {latest.build_id}: {loaded}")
             return False
-        self.retiring.append((time.monotonic() + self.retire_after, self.served))
-        self.served, self.entry = new, latest
+        self.retiring.append((time.monotonic() + self.retire_after, [n for n in self.served if n not in names]))
+        self.served, self.entry = names, latest
         info(f"loaded the rebuilt index {latest.build_id} ({latest.vectors} vectors)")
         return True
 
