@@ -1,13 +1,15 @@
 """`pipeline serve --ray` (search/serve/ray_serve.py) on a local Ray cluster of three nodes: a sharded index's
 shards as Ray Serve applications answer as the whole index does (N = 1, 2, 3), the ingress serves the HTTP
-API, a killed shard replica is restarted while requests either succeed or fail naming the shard, and a new
-index is swapped in with all its shards or not at all."""
+API, a killed shard replica is restarted while requests either succeed or fail naming the shard, a document
+write deploys anew only the shard it changed, and a new index is swapped in with all its shards or not at
+all."""
 
 from __future__ import annotations
 
 import shutil
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -22,12 +24,14 @@ from common.manifest import read_manifest  # noqa: E402
 from common.ray_cluster import connect  # noqa: E402
 from common.workspace import Workspace  # noqa: E402
 from index.build import refresh_indexes  # noqa: E402
+from index.shards import shard_of  # noqa: E402
 from search.engine import SearchEngine  # noqa: E402
 from search.serve.ray_serve import RayServing, deploy_shards, remote_shards, shard_application  # noqa: E402
 from server import free_port  # noqa: E402
 from workflows import write_documents  # noqa: E402
 
 KEY = "ray-serve-key"
+NOTE = {"id": "note-1", "title": "A note", "text": "Quokka survey on an island."}
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +82,7 @@ def test_shards_deployed_on_ray_serve_answer_as_the_whole_index(cluster, whole, 
     entry = read_manifest(ws).index
     names = deploy_shards(ws.root, entry, replicas=1)
     try:
-        assert names == [shard_application(entry.build_id, n) for n in range(shards)]
+        assert names == [shard_application(shard.build_id, n) for n, shard in enumerate(entry.shard_entries())]
         assert_answers_as_the_whole_index(SearchEngine(ws, open_shards=remote_shards), whole)
     finally:
         for name in names:
@@ -100,6 +104,18 @@ def shard_replicas(application: str) -> list[str]:
         for actor in ray.util.list_named_actors(all_namespaces=True)
         if actor["namespace"] == "serve" and actor["name"].startswith(f"SERVE_REPLICA::{application}#")
     ]
+
+
+def answered_while_polling(serving: RayServing, request):
+    """The response of request(), made on a thread while the driver polls the manifest as `pipeline serve --ray`
+    does: a document write answers once the driver has deployed the shard it changed."""
+    with ThreadPoolExecutor(1) as pool:
+        response = pool.submit(request)
+        deadline = time.monotonic() + 120
+        while not response.done() and time.monotonic() < deadline:
+            serving.poll()
+            time.sleep(0.2)
+        return response.result(timeout=1)
 
 
 def test_the_ingress_serves_the_api_survives_a_killed_replica_and_swaps_whole_indexes(
@@ -128,11 +144,9 @@ def test_the_ingress_serves_the_api_survives_a_killed_replica_and_swaps_whole_in
             doc_id = want[0]
             assert client.get(f"/documents/{doc_id}").json() == whole.document(doc_id)
             assert client.get("/fields").json()["fields"] == whole.fields
-            note = {"id": "note-1", "title": "A note", "text": "Quokka survey on an island."}
-            assert client.post("/documents", json={"documents": [note]}).status_code == 409
 
             # A replica of shard 0 killed while requests come: each answers right or fails naming the shard.
-            application = shard_application(serving.entry.build_id, 0)
+            application = serving.served[0]
             assert len(shard_replicas(application)) == 2
             answers, stop = [], threading.Event()
 
@@ -161,24 +175,40 @@ def test_the_ingress_serves_the_api_survives_a_killed_replica_and_swaps_whole_in
                     assert status == 503 and "shard 0" in body["error"], body
             assert sum(status == 200 for status, _ in answers) > 10
 
+            # A document written, then deleted: each time only the shard it belongs to is deployed anew.
+            serving.replicas = 1  # (fewer replica starts)
+            owner = shard_of(NOTE["id"], 2)
+            for request, stored in (
+                (lambda: client.post("/documents", json={"documents": [NOTE]}), True),
+                (lambda: client.delete(f"/documents/{NOTE['id']}"), False),
+            ):
+                served = list(serving.served)
+                response = answered_while_polling(serving, request)
+                assert response.status_code == 200, response.text
+                assert serving.served[1 - owner] == served[1 - owner] and serving.served[owner] != served[owner]
+                serving.poll()  # retires the shard replaced
+                assert not shard_replicas(served[owner]) and shard_replicas(served[1 - owner])
+                found = client.get("/search", params={"q": "quokka survey island", "k": 3, "mode": "lexical"}).json()
+                assert (NOTE["id"] in [h["doc_id"] for h in found["results"]]) == stored
+            assert [h["doc_id"] for h in client.get("/search", params=params).json()["results"]] == want
+
             # A new index: its shards deployed beside the old ones, then swapped in.
-            first = serving.entry.build_id
+            first, first_shards = serving.entry.build_id, list(serving.served)
             refresh_indexes(ws, "flat")
             assert serving.poll()
             second = read_manifest(ws).index.build_id
             assert client.get("/health").json()["index"]["build_id"] == second != first
             assert [h["doc_id"] for h in client.get("/search", params=params).json()["results"]] == want
             serving.poll()  # retires the first index's shards
-            assert not shard_replicas(shard_application(first, 0))
+            assert not any(shard_replicas(name) for name in first_shards)
 
             # One shard of the next index cannot load: none of its shards is served, the last index answers.
-            serving.replicas = 1  # (fewer replica starts to fail)
             refresh_indexes(ws, "flat")
             third = read_manifest(ws).index
             (ws.root / third.shard_entries()[1].corpus_path / "chunk_ids.npy").unlink()
             assert not serving.poll()
             assert client.get("/health").json()["index"]["build_id"] == second
-            assert not shard_replicas(shard_application(third.build_id, 0))
+            assert not shard_replicas(shard_application(third.shard_entries()[0].build_id, 0))
             assert [h["doc_id"] for h in client.get("/search", params=params).json()["results"]] == want
     finally:
         serving.stop()
