@@ -161,6 +161,24 @@ def trained_workspace(tmp_path_factory, corpus_file) -> Path:
     return ws
 
 
+@pytest.fixture(scope="session")
+def ray_cluster() -> str:
+    """One Ray cluster for every Ray test (starting one costs seconds): a head and two more nodes, one CPU each,
+    on this machine (ray.cluster_utils.Cluster), this process connected to it; its address, for `--ray`."""
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+    from ray.cluster_utils import Cluster
+
+    from common.ray_cluster import connect
+
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    for _ in range(2):
+        nodes.add_node(num_cpus=1)
+    connect(nodes.address, log_to_driver=False)
+    yield nodes.address
+    ray.shutdown()
+    nodes.shutdown()
+
+
 def read_metrics(ws: Path) -> list[dict]:
     return [json.loads(line) for line in (ws / "metrics.jsonl").read_text().splitlines() if line]
 

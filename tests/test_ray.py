@@ -1,4 +1,5 @@
-"""Ray paths on a throw-away local Ray cluster (slow to start: few, bounded tests)."""
+"""Ray paths: embedding on a throw-away local Ray cluster (`--ray local`), training and tokenizing on the
+suite's Ray cluster of three nodes (conftest.py ray_cluster; slow to start: few, bounded tests)."""
 
 import numpy as np
 import pytest
@@ -48,7 +49,7 @@ def test_ray_embedded_vectors_equal_single_process_ones(trained_workspace, tmp_p
     np.testing.assert_allclose(vectors_r, vectors_1, atol=1e-5)
 
 
-def test_ray_training_matches_torchrun_and_survives_a_killed_worker(tmp_path, corpus_file):
+def test_ray_training_matches_torchrun_and_survives_a_killed_worker(tmp_path, corpus_file, ray_cluster):
     """One Ray run with a worker SIGKILLed mid-run must end with the losses of an uninterrupted torchrun run."""
     import os
     import signal
@@ -87,7 +88,7 @@ def test_ray_training_matches_torchrun_and_survives_a_killed_worker(tmp_path, co
             str(ws),
             *args,
             "--ray",
-            "local",
+            ray_cluster,
             "--max-failures",
             "1",
         ],
@@ -117,10 +118,9 @@ def test_ray_training_matches_torchrun_and_survives_a_killed_worker(tmp_path, co
     assert (ws / "model" / "model.safetensors").exists()
 
 
-def test_tokenizing_on_ray_gives_the_token_stream_of_one_machine(tmp_path):
+def test_tokenizing_on_ray_gives_the_token_stream_of_one_machine(tmp_path, ray_cluster):
     """Ray Data tasks, one per input file, each writing that file's shards: listed in file order, the same
     tokens as a preparation on one machine, shard by shard within each file."""
-    import ray
     from test_pretrain_data import write_corpus
 
     from pretrain.config import TrainConfig
@@ -128,17 +128,14 @@ def test_tokenizing_on_ray_gives_the_token_stream_of_one_machine(tmp_path):
 
     corpus = write_corpus(tmp_path / "corpus", files=3, documents=50)
     metas, streams = {}, {}
-    try:
-        for name, on_ray in (("local", None), ("ray", "local")):
-            ws = Workspace(tmp_path / name)
-            cfg = TrainConfig(seq_len=16, vocab_size=320)
-            metas[name] = prepare_data(ws, Corpus((corpus,), None), cfg, DataOptions(shard_tokens=2_000, ray=on_ray))
-            streams[name] = {
-                split: np.concatenate([np.fromfile(ws.data_dir / s["file"], dtype="uint16") for s in shards])
-                for split, shards in metas[name]["shards"].items()
-            }
-    finally:
-        ray.shutdown()
+    for name, on_ray in (("local", None), ("ray", ray_cluster)):
+        ws = Workspace(tmp_path / name)
+        cfg = TrainConfig(seq_len=16, vocab_size=320)
+        metas[name] = prepare_data(ws, Corpus((corpus,), None), cfg, DataOptions(shard_tokens=2_000, ray=on_ray))
+        streams[name] = {
+            split: np.concatenate([np.fromfile(ws.data_dir / s["file"], dtype="uint16") for s in shards])
+            for split, shards in metas[name]["shards"].items()
+        }
     for split in ("train", "val"):
         np.testing.assert_array_equal(streams["ray"][split], streams["local"][split])
     files = [s["file"] for s in metas["ray"]["shards"]["train"]]

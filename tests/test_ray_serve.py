@@ -21,7 +21,6 @@ serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed")
 from test_shards import FILTERS, QUERIES  # noqa: E402
 
 from common.manifest import read_manifest  # noqa: E402
-from common.ray_cluster import connect  # noqa: E402
 from common.workspace import Workspace  # noqa: E402
 from index.build import refresh_indexes  # noqa: E402
 from index.shards import shard_of  # noqa: E402
@@ -35,21 +34,12 @@ NOTE = {"id": "note-1", "title": "A note", "text": "Quokka survey on an island."
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A head and two more nodes, one CPU each, on this machine (ray.cluster_utils.Cluster), Ray Serve started on
-    it: its HTTP port."""
-    from ray.cluster_utils import Cluster
-
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    for _ in range(2):
-        nodes.add_node(num_cpus=1)
-    connect(nodes.address, log_to_driver=False)
+def cluster(ray_cluster):
+    """Ray Serve started on the suite's Ray cluster: its HTTP port."""
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})  # RayServing.start asks for the same
     yield port
     serve.shutdown()
-    ray.shutdown()
-    nodes.shutdown()
 
 
 @pytest.fixture(scope="module")

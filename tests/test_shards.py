@@ -80,11 +80,10 @@ def test_more_shards_than_documents_is_one_line_before_anything_is_written(train
     assert not list(ws.index_dir.glob("shards-*"))
 
 
-def test_shards_built_as_ray_tasks_are_the_shards_built_here(whole, trained_workspace, tmp_path):
-    pytest.importorskip("ray", reason="the ray extra is not installed")
+def test_shards_built_as_ray_tasks_are_the_shards_built_here(whole, trained_workspace, tmp_path, ray_cluster):
     ws = Workspace(tmp_path / "ray")
     shutil.copytree(trained_workspace, ws.root)
-    run_cli_process("index", "-w", str(ws.root), "--type", "flat", "--shards", "3", "--ray", "local", timeout=400)
+    run_cli_process("index", "-w", str(ws.root), "--type", "flat", "--shards", "3", "--ray", ray_cluster, timeout=400)
     entry = read_manifest(ws).index
     corpus = whole.shards[0].corpus
     owners = [shard_of(corpus.doc_id(i), 3) for i in range(corpus.n_documents)]

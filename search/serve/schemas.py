@@ -251,6 +251,7 @@ WRITE_ERRORS = {
     },
     503: {
         "model": ErrorResponse,
-        "description": "Another writer (e.g. `pipeline embed`) held the workspace too long; retry.",
+        "description": "Another writer (e.g. `pipeline embed`) held the workspace too long (retry), or the "
+        "documents are stored but the index holding them is not served yet (Ray Serve deploying its shards).",
     },
 }
