@@ -59,14 +59,14 @@ def test_ray_training_matches_torchrun_and_survives_a_killed_worker(tmp_path, co
 
     from conftest import REPO, TINY_TRAINING, read_metrics
 
-    # The kill lands within a step or two of the checkpoint of step 8; four more checkpoints (about 2 s each
+    # The kill lands within a step or two of the checkpoint of step 8; two more checkpoints (about 2 s each
     # on Ray) follow it, so it lands mid-run, not after the last step.
     args = [
         "--data",
         str(corpus_file),
         *TINY_TRAINING,
         "--max-steps",
-        "24",
+        "16",
         "--checkpoint-every",
         "4",
         "--nproc",
@@ -113,7 +113,7 @@ def test_ray_training_matches_torchrun_and_survives_a_killed_worker(tmp_path, co
     assert resumes[-1]["step"] >= 8
     want = [m["loss"] for m in read_metrics(reference) if m["event"] == "train"]
     got = [m["loss"] for m in read_metrics(ws) if m["event"] == "train"]
-    assert len(got) == len(want) == 24
+    assert len(got) == len(want) == 16
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert (ws / "model" / "model.safetensors").exists()
 
