@@ -48,6 +48,9 @@ SHARD_TIMEOUT_S = 30.0  # how long the ingress waits for a shard's answer before
 # core of its node). Small, so that a new index's shards fit beside the old ones while they are swapped.
 SHARD_CPUS = 0.25
 INGRESS_CPUS = 0.25
+# Requests the ingress takes at once (Ray Serve's default is 5): its batcher answers the searches that arrive
+# together with one call to each shard, and with 5 at a time the proxy held the rest back.
+INGRESS_ONGOING_REQUESTS = 64
 DEPLOY_TIMEOUT_S = 600.0  # a new index's shards all running (their replicas placed and their indexes loaded)
 QUIET = {"log_level": "WARNING", "enable_access_log": False}  # Ray Serve's logging: what goes wrong, not each call
 
@@ -113,7 +116,7 @@ def remote_shards(root: Path, entry: IndexEntry) -> list[RemoteShard]:
     return [RemoteShard(shard.build_id, number) for number, shard in enumerate(entry.shard_entries())]
 
 
-@serve.deployment(ray_actor_options={"num_cpus": INGRESS_CPUS})
+@serve.deployment(ray_actor_options={"num_cpus": INGRESS_CPUS}, max_ongoing_requests=INGRESS_ONGOING_REQUESTS)
 @serve.ingress()
 class Ingress:
     """The HTTP API of `pipeline serve`, its engine asking the shards' applications."""
