@@ -242,7 +242,8 @@ def tune_search(
             for name, width in widths.items()
             if width < limits[name]
         }
-        if not tried or (max(tried.values()) - recall < 0.005 and max(tried.values()) < TARGET_RECALL):
+        best = max(tried.values(), default=recall)
+        if best - recall < 0.005 and best < TARGET_RECALL:  # a step that reaches the target is taken however small
             break
         name = max(tried, key=tried.get)
         widths[name], recall = min(limits[name], 2 * widths[name]), tried[name]
