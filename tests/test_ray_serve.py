@@ -25,7 +25,13 @@ from common.workspace import Workspace  # noqa: E402
 from index.build import refresh_indexes  # noqa: E402
 from index.shards import shard_of  # noqa: E402
 from search.engine import SearchEngine  # noqa: E402
-from search.serve.ray_serve import RayServing, deploy_shards, remote_shards, shard_application  # noqa: E402
+from search.serve.ray_serve import (  # noqa: E402
+    RayServing,
+    delete_applications,
+    deploy_shards,
+    remote_shards,
+    shard_application,
+)
 from server import free_port  # noqa: E402
 from workflows import write_documents  # noqa: E402
 
@@ -75,8 +81,7 @@ def test_shards_deployed_on_ray_serve_answer_as_the_whole_index(cluster, whole, 
         assert names == [shard_application(shard.build_id, n) for n, shard in enumerate(entry.shard_entries())]
         assert_answers_as_the_whole_index(SearchEngine(ws, open_shards=remote_shards), whole)
     finally:
-        for name in names:
-            serve.delete(name)
+        delete_applications(names)
 
 
 def assert_answers_as_the_whole_index(engine: SearchEngine, whole: SearchEngine) -> None:
@@ -182,23 +187,24 @@ def test_the_ingress_serves_the_api_survives_a_killed_replica_and_swaps_whole_in
                 assert (NOTE["id"] in [h["doc_id"] for h in found["results"]]) == stored
             assert [h["doc_id"] for h in client.get("/search", params=params).json()["results"]] == want
 
-            # A new index: its shards deployed beside the old ones, then swapped in.
+            # A new index one of whose shards cannot load: none of its shards is served, the last index answers.
             first, first_shards = serving.entry.build_id, list(serving.served)
             refresh_indexes(ws, "flat")
+            second = read_manifest(ws).index
+            chunk_ids = ws.root / second.shard_entries()[1].corpus_path / "chunk_ids.npy"
+            saved = chunk_ids.read_bytes()
+            chunk_ids.unlink()
+            assert not serving.poll()
+            assert client.get("/health").json()["index"]["build_id"] == first
+            assert not shard_replicas(shard_application(second.shard_entries()[0].build_id, 0))
+            assert [h["doc_id"] for h in client.get("/search", params=params).json()["results"]] == want
+
+            # Once it can: its shards deployed beside the old ones, then swapped in.
+            chunk_ids.write_bytes(saved)
             assert serving.poll()
-            second = read_manifest(ws).index.build_id
-            assert client.get("/health").json()["index"]["build_id"] == second != first
+            assert client.get("/health").json()["index"]["build_id"] == second.build_id != first
             assert [h["doc_id"] for h in client.get("/search", params=params).json()["results"]] == want
             serving.poll()  # retires the first index's shards
             assert not any(shard_replicas(name) for name in first_shards)
-
-            # One shard of the next index cannot load: none of its shards is served, the last index answers.
-            refresh_indexes(ws, "flat")
-            third = read_manifest(ws).index
-            (ws.root / third.shard_entries()[1].corpus_path / "chunk_ids.npy").unlink()
-            assert not serving.poll()
-            assert client.get("/health").json()["index"]["build_id"] == second
-            assert not shard_replicas(shard_application(third.shard_entries()[0].build_id, 0))
-            assert [h["doc_id"] for h in client.get("/search", params=params).json()["results"]] == want
     finally:
         serving.stop()

@@ -59,7 +59,17 @@ def shard_application(build_id: str, number: int) -> str:
     return f"shard-{build_id}-{number}"
 
 
-@serve.deployment(ray_actor_options={"num_cpus": SHARD_CPUS}, health_check_period_s=2, health_check_timeout_s=10)
+# A replica whose shard cannot load (a file missing or damaged) fails the same way each time: give up after a few
+# tries (Ray Serve's default is 20), so that a new index that cannot be served is said, and dropped, quickly.
+CONSTRUCTOR_TRIES = 3
+
+
+@serve.deployment(
+    ray_actor_options={"num_cpus": SHARD_CPUS},
+    health_check_period_s=2,
+    health_check_timeout_s=10,
+    max_constructor_retry_count=CONSTRUCTOR_TRIES,
+)
 class ShardReplica:
     """One replica of a shard: its IndexShard, answering the calls of the IndexShard interface."""
 
@@ -182,9 +192,17 @@ def deploy_shards(
         elif time.monotonic() > deadline:
             problem = f"the shards of index {entry.build_id} were not all running after {timeout_s:.0f} s"
         time.sleep(0.5)
-    for _, name in new:
-        serve.delete(name)
+    delete_applications([name for _, name in new])
     raise PipelineError(problem)
+
+
+def delete_applications(names: list[str]) -> None:
+    """Delete Ray Serve applications, all at once (one by one, each waits for its replicas to stop)."""
+    for name in names:
+        serve.delete(name, _blocking=False)
+    deadline = time.monotonic() + DEPLOY_TIMEOUT_S
+    while any(name in serve.status().applications for name in names) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def last_line(error: Exception | str) -> str:
@@ -235,8 +253,7 @@ class RayServing:
         have the ingress load it. True when it did; a new index that cannot be served is said, and the old one
         kept (with its shards)."""
         now = time.monotonic()
-        for name in [name for when, names in self.retiring if when <= now for name in names]:
-            serve.delete(name)
+        delete_applications([name for when, names in self.retiring if when <= now for name in names])
         self.retiring = [(when, names) for when, names in self.retiring if when > now]
         latest = read_manifest(self.ws).index
         if latest is None or latest.build_id == self.entry.build_id:
@@ -251,8 +268,7 @@ class RayServing:
         except Exception as e:  # noqa: BLE001 -- the ingress's error, through Ray
             loaded = f"not loaded ({last_line(e)})"
         if loaded != latest.build_id:  # the ingress kept the old index: so do its shards
-            for name in set(names) - set(self.served):
-                serve.delete(name)
+            delete_applications(sorted(set(names) - set(self.served)))
             warn(f"keeping index {self.entry.build_id}: the ingress did not load {latest.build_id}: {loaded}")
             return False
         self.retiring.append((time.monotonic() + self.retire_after, [n for n in self.served if n not in names]))
@@ -262,8 +278,7 @@ class RayServing:
 
     def stop(self) -> None:
         """Delete every application deployed."""
-        for name in [INGRESS, *self.served, *(name for _, names in self.retiring for name in names)]:
-            serve.delete(name)
+        delete_applications([INGRESS, *self.served, *(name for _, names in self.retiring for name in names)])
         self.retiring = []
 
 
