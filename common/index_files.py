@@ -6,7 +6,6 @@ corpus snapshot written beside them through common/corpus.py.
 
 from __future__ import annotations
 
-import mmap
 from pathlib import Path
 
 import faiss
@@ -63,10 +62,7 @@ def rescore_dtype(dim: int) -> np.dtype:
 
 
 def read_rescore(path: Path, dim: int) -> np.ndarray:
-    """The rescoring rows by slot, memory-mapped: a search reads the rows of its candidates only, and only
-    their pages: the kernel is told the rows are read at random, so that a row missing from memory is not
-    read with the ones around it (its default read-ahead). At ten million chunks the rows are 10 GB; read
-    ahead, a served hybrid search caused 127 reads from disk and its rows no longer fitted in memory."""
+    """The rescoring rows by slot, memory-mapped: a search reads the rows of its candidates only."""
     try:
         rows = np.load(path, mmap_mode="r")
     except FileNotFoundError:
@@ -75,8 +71,6 @@ def read_rescore(path: Path, dim: int) -> np.ndarray:
         rows = None
     if rows is None or rows.dtype != rescore_dtype(dim):
         raise PipelineError(f"{path}: damaged rescoring file; run `pipeline index --rebuild`")
-    if rows.size:  # (an empty file is not mapped)
-        rows._mmap.madvise(mmap.MADV_RANDOM)
     return rows
 
 
