@@ -294,8 +294,12 @@ class IndexShard:
             index = load_index(root / path)
             rows = read_rescore(root / rescore_path, index.d) if rescore_path else None
             self.dense.append(DenseIndex(index, self.corpus.chunk_ids, rows, rescore))
+        # Every stored chunk held once: as many held as stored, and every position among them. (np.unique of
+        # the positions took 9.7 s of a 15.7 s load at ten million chunks.)
         held = np.concatenate([part.live_positions for part in self.dense])
-        if len(held) != len(self.corpus.chunk_ids) or len(np.unique(held)) != len(held):
+        covered = np.zeros(len(self.corpus.chunk_ids), bool)
+        covered[held] = True
+        if len(held) != len(covered) or not covered.all():
             raise PipelineError("the FAISS index does not hold the stored chunks: run `pipeline index`")
         self.lexical = LexicalIndex.load(root / entry.lexical_path) if entry.lexical_path else None
         if self.lexical is not None and not np.array_equal(self.lexical.chunk_ids, self.corpus.chunk_ids):

@@ -174,6 +174,24 @@ def test_each_index_type_finds_stored_vectors(trained_workspace, tmp_path):
     assert refresh_indexes(ws, "auto")["type"] == "flat"
 
 
+@pytest.mark.parametrize("held", ["one chunk twice, another not", "one chunk missing"])
+def test_an_index_that_does_not_hold_every_stored_chunk_once_is_refused(trained_workspace, tmp_path, held):
+    from index.faiss_index import make_index
+    from search.engine import SearchEngine
+
+    ws = copy_workspace(trained_workspace, tmp_path / "ws")
+    with Store(ws.db_path, read_only=True) as store:
+        ids, vectors = store.load_vectors()
+    ids = ids.copy()
+    if held == "one chunk twice, another not":
+        ids[1] = ids[0]
+    else:
+        ids, vectors = ids[1:], vectors[1:]
+    faiss.write_index(make_index("flat", vectors, ids), str(ws.root / read_json(ws)["index"]["path"]))
+    with pytest.raises(PipelineError, match="does not hold the stored chunks"):
+        SearchEngine(ws, load_model=False)
+
+
 def test_index_failure_leaves_the_previous_index(trained_workspace, tmp_path, monkeypatch):
     ws = copy_workspace(trained_workspace, tmp_path / "ws")
     recorded = ws.root / read_json(ws)["index"]["path"]
