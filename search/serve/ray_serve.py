@@ -52,6 +52,7 @@ INGRESS_CPUS = 0.25
 # together with one call to each shard, and with 5 at a time the proxy held the rest back.
 INGRESS_ONGOING_REQUESTS = 64
 DEPLOY_TIMEOUT_S = 600.0  # a new index's shards all running (their replicas placed and their indexes loaded)
+DELETE_TIMEOUT_S = 60.0  # applications deleted (their replicas stopped), as Ray Serve's own serve.delete waits
 QUIET = {"log_level": "WARNING", "enable_access_log": False}  # Ray Serve's logging: what goes wrong, not each call
 
 
@@ -200,9 +201,11 @@ def delete_applications(names: list[str]) -> None:
     """Delete Ray Serve applications, all at once (one by one, each waits for its replicas to stop)."""
     for name in names:
         serve.delete(name, _blocking=False)
-    deadline = time.monotonic() + DEPLOY_TIMEOUT_S
-    while any(name in serve.status().applications for name in names) and time.monotonic() < deadline:
+    deadline = time.monotonic() + DELETE_TIMEOUT_S
+    while (left := [name for name in names if name in serve.status().applications]) and time.monotonic() < deadline:
         time.sleep(0.2)
+    if left:
+        warn(f"Ray Serve had not deleted {', '.join(left)} after {DELETE_TIMEOUT_S:.0f} s")
 
 
 def last_line(error: Exception | str) -> str:
