@@ -201,9 +201,11 @@ def delete_applications(names: list[str]) -> None:
     """Delete Ray Serve applications, all at once (one by one, each waits for its replicas to stop)."""
     for name in names:
         serve.delete(name, _blocking=False)
-    deadline = time.monotonic() + DELETE_TIMEOUT_S
-    while (left := [name for name in names if name in serve.status().applications]) and time.monotonic() < deadline:
+    deadline, left = time.monotonic() + DELETE_TIMEOUT_S, names
+    while left and time.monotonic() < deadline:
         time.sleep(0.2)
+        applications = serve.status().applications  # one call a round: it asks Ray Serve's controller
+        left = [name for name in left if name in applications]
     if left:
         warn(f"Ray Serve had not deleted {', '.join(left)} after {DELETE_TIMEOUT_S:.0f} s")
 
