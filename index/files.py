@@ -39,8 +39,13 @@ def record(ws: Workspace, summary: dict, embedder: EmbedderEntry, live: np.ndarr
     write_section(ws, entry)
     remove_other_files(ws.index_dir, keep={Path(path).name for path in entry.all_paths})
     for number, shard in enumerate(entry.shard_entries() if entry.shards else []):
-        remove_other_files(ws.root / entry.path / str(number), keep={Path(path).name for path in shard.all_paths})
+        remove_other_files(shard_dir(ws.root / entry.path, number), keep={Path(path).name for path in shard.all_paths})
     return summary
+
+
+def shard_dir(index_path: Path, number: int) -> Path:
+    """Where shard `number` of a sharded index (its directory: index_path) keeps its files."""
+    return index_path / str(number)
 
 
 def new_index_path(index_dir: Path, prefix: str) -> Path:

@@ -42,9 +42,9 @@ from common.workspace import Workspace
 from index.corpus import write_corpus
 from index.faiss_build import ShardBuild, build_and_tune, recall_record, tuning_queries
 from index.faiss_index import choose_type
-from index.files import write_directory
+from index.files import shard_dir, write_directory
 from index.ivf import codes_bytes, train_ivf
-from index.update import Drifted, chunks_to_index, update
+from index.update import Drifted, chunks_to_index, deleted_since, update, update_summary
 
 
 def shard_of(doc_id: str, shards: int) -> int:
@@ -92,7 +92,7 @@ def build_shards(
     directory.mkdir(parents=True)
     shared = (chosen, analyzer, trained, on_disk, generation, queries, memory_budget)
     arguments = [
-        (str(ws.root), str(directory / str(i)), chunk_ids, doc_ids, *shared)
+        (str(ws.root), str(shard_dir(directory, i)), chunk_ids, doc_ids, *shared)
         for i, (chunk_ids, doc_ids) in enumerate(parts)
     ]
     start = time.perf_counter()
@@ -184,19 +184,17 @@ def update_shards(ws: Workspace, previous: IndexEntry, store: Store, generation:
         if np.array_equal(chunk_ids, Corpus(ws.root / entry.corpus_path).chunk_ids):
             shards.append(record)
             continue
-        shard_dir = ws.root / previous.path / str(number)
+        directory = shard_dir(ws.root / previous.path, number)
         base = Segment.load(base_segment_dir(ws, entry))
         added, vectors, batches = chunks_to_index(store, chunk_ids, base, vectors=entry.trained_path is None)
-        deleted = len(base.chunk_ids) - (len(chunk_ids) - len(added))
         reason = (
-            f"shard {number}: update ({len(added):,} chunks added and {deleted:,} deleted since its last full "
-            f"build of {len(base.chunk_ids):,})"
+            f"shard {number}: update ({update_summary(base, len(added), deleted_since(base, chunk_ids, len(added)))})"
         )
         try:
-            summary = update(ws, entry, base, added, vectors, batches, chunk_ids, reason, store, shard_dir)
+            summary = update(ws, entry, base, added, vectors, batches, chunk_ids, reason, store, directory)
         except Drifted as drifted:
             raise PipelineError(f"shard {number} cannot be updated ({drifted}): run `pipeline index`") from None
-        corpus_dir = write_corpus(shard_dir, store, chunk_ids, generation, ws.root / entry.corpus_path, doc_ids)
+        corpus_dir = write_corpus(directory, store, chunk_ids, generation, ws.root / entry.corpus_path, doc_ids)
         shards.append(
             {
                 **record,

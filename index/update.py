@@ -78,17 +78,20 @@ def update_plan(
         return None, "full build (the last build's BM25 index is of an older layout)"
     base = Segment.load(base_dir)
     added = len(live) - int(np.isin(live, base.chunk_ids, assume_unique=True).sum())
-    deleted = len(base.chunk_ids) - (len(live) - added)
+    deleted = deleted_since(base, live, added)
     limit = REBUILD_SHARE * len(base.chunk_ids)
     if added > limit or deleted > limit:
-        return None, (
-            f"full build ({added:,} chunks added and {deleted:,} deleted since the last full build of "
-            f"{len(base.chunk_ids):,}: over {REBUILD_SHARE:.0%})"
-        )
-    return (
-        base,
-        f"update ({added:,} chunks added and {deleted:,} deleted since the last full build of {len(base.chunk_ids):,})",
-    )
+        return None, f"full build ({update_summary(base, added, deleted)}: over {REBUILD_SHARE:.0%})"
+    return base, f"update ({update_summary(base, added, deleted)})"
+
+
+def deleted_since(base: Segment, live: np.ndarray, added: int) -> int:
+    """How many of the base's chunks the store no longer holds, given the `live` chunks, `added` of them since."""
+    return len(base.chunk_ids) - (len(live) - added)
+
+
+def update_summary(base: Segment, added: int, deleted: int) -> str:
+    return f"{added:,} chunks added and {deleted:,} deleted since the last full build of {len(base.chunk_ids):,}"
 
 
 def update(
@@ -124,7 +127,7 @@ def update(
     )
     lexical_seconds = time.perf_counter() - start
     info(f"delta of {len(ids):,} chunks: FAISS {build_seconds:.2f}s, BM25 {lexical_seconds:.2f}s")
-    deleted = len(base.chunk_ids) - (len(live) - len(ids))
+    deleted = deleted_since(base, live, len(ids))
     kept = (  # the base's
         "path",
         "type",
