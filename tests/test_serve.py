@@ -322,6 +322,47 @@ def test_a_static_embedders_searches_answer_concurrently_as_the_engine_does(trai
             continue
         expected = [(h.doc_id, h.chunk_id, h.snippet) for h in engine.search(q, 5, mode)]
         assert [(h["doc_id"], h["chunk_id"], h["snippet"]) for h in answer.json()["results"]] == expected
+    assert_batches_move_to_worker_threads_when_costly(engine, [r for r in requests if r[0].strip()])
+
+
+def assert_batches_move_to_worker_threads_when_costly(engine, requests):
+    """The batcher times an engine's first batches on the event loop; once they are measured costly (here: any
+    cost at all), its later batches are answered in worker threads, with the same answers."""
+    import asyncio
+
+    from search.serve.batcher import SearchBatcher
+    from search.serve.schemas import SearchRequest
+
+    on_main_thread = []
+    search_many = engine.search_many
+
+    def observed(*args):
+        on_main_thread.append(threading.current_thread() is threading.main_thread())
+        return search_many(*args)
+
+    engine.search_many = observed  # (only watched: the engine's own search answers)
+
+    async def rounds(batcher: SearchBatcher) -> list:
+        answers = []
+        for _ in range(batcher.MEASURED_BATCHES + 2):
+            asked = (batcher.search(engine, SearchRequest(q=q, k=5, mode=mode)) for q, mode in requests)
+            answers.append(await asyncio.gather(*asked))
+        return answers
+
+    for threshold, in_threads in ((float("inf"), False), (0.0, True)):
+        batcher = SearchBatcher()
+        batcher.ON_LOOP_MAX_S = threshold
+        on_main_thread.clear()
+        answered = asyncio.run(rounds(batcher))
+        assert batcher.on_loop(engine) is not in_threads
+        # a round is a batch a mode: the measured batches on the loop, the ones after them in threads
+        measured, later = on_main_thread[: batcher.MEASURED_BATCHES], on_main_thread[batcher.MEASURED_BATCHES :]
+        assert all(measured) and len(later) >= 3 and all(on_main is not in_threads for on_main in later)
+        for answers in answered:
+            for (q, mode), hits in zip(requests, answers):
+                assert [(h.doc_id, h.chunk_id) for h in hits] == [
+                    (h.doc_id, h.chunk_id) for h in engine.search(q, 5, mode)
+                ]
 
 
 def test_a_rebuilt_index_is_picked_up_without_a_failed_request(client, workspace):

@@ -107,9 +107,12 @@ async def run_search(generation: Generation, batcher: SearchBatcher, body: Searc
             search = functools.partial(
                 engine.search, body.q, body.k, body.mode, DocumentFilter.of(body.filter), body.dense_weight
             )
-            # A transformer's forward pass (tens of ms) would stall every other request on the event loop.
-            # Shards in other processes are awaited in a worker thread too.
-            hits = search() if is_static(engine.model) and engine.in_process else await run_in_threadpool(search)
+            # A transformer's forward pass (tens of ms) would stall every other request on the event loop, as
+            # would a large collection's searches; shards in other processes are awaited in a worker thread too.
+            if is_static(engine.model) and batcher.on_loop(engine):
+                hits = batcher.run_on_loop(engine, search, 1)
+            else:
+                hits = await run_in_threadpool(search)
     except FilterError as e:
         return error(422, str(e))
     except PipelineError as e:
