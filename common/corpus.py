@@ -44,6 +44,7 @@ from __future__ import annotations
 import bisect
 import json
 import mmap
+import os
 import zlib
 from pathlib import Path
 
@@ -87,15 +88,16 @@ def read_arrow(path: Path) -> pa.Table:
     return pa.ipc.open_file(pa.memory_map(str(path))).read_all()
 
 
-def map_for_random_reads(path: Path) -> mmap.mmap | bytes:
+def map_for_random_reads(path: Path) -> pa.Buffer:
     """The file memory-mapped for reads at random places: a page is read from disk when touched, not the
     128 KB around it (module docstring)."""
     with path.open("rb") as f:
-        if not path.stat().st_size:
-            return b""  # an empty file cannot be mapped
+        if not os.fstat(f.fileno()).st_size:
+            return pa.py_buffer(b"")  # an empty file cannot be mapped
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    mapped.madvise(mmap.MADV_RANDOM)
-    return mapped
+    if hasattr(mapped, "madvise"):  # (not on Windows)
+        mapped.madvise(mmap.MADV_RANDOM)
+    return pa.py_buffer(mapped)
 
 
 class Corpus:
@@ -117,8 +119,9 @@ class Corpus:
                 offsets = np.load(directory / TEXT_OFFSETS, mmap_mode="r")
                 self.text_spans = np.lib.stride_tricks.sliding_window_view(offsets, 2)
             self.chunk_texts = read_arrow(directory / CHUNK_TEXTS).column("text")  # of chunks that are not slices
-            documents = pa.ipc.open_file(pa.py_buffer(map_for_random_reads(directory / DOCUMENTS))).read_all()
-            self._texts = map_for_random_reads(directory / TEXTS)
+            documents = pa.ipc.open_file(map_for_random_reads(directory / DOCUMENTS)).read_all()
+            # read_at copies without the interpreter lock: a text read from disk holds up no other thread
+            self._texts = pa.BufferReader(map_for_random_reads(directory / TEXTS))
             self._dictionary = (directory / TEXT_DICTIONARY).read_bytes()
         except (OSError, ValueError, KeyError, pa.ArrowException) as e:
             raise PipelineError(
@@ -147,7 +150,7 @@ class Corpus:
         """The document's whole text."""
         start, end = (int(x) for x in self.text_spans[position])
         stream = zlib.decompressobj(zlib.MAX_WBITS, self._dictionary)
-        return stream.decompress(self._texts[start:end]).decode()
+        return stream.decompress(self._texts.read_at(end - start, start)).decode()
 
     def chunk_text(self, position: int) -> str:
         start, end = (int(x) for x in self.chunk_spans[position])

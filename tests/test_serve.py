@@ -288,7 +288,7 @@ def test_concurrent_requests_all_succeed_with_consistent_answers(client):
 def test_a_static_embedders_searches_answer_concurrently_as_the_engine_does(trained_workspace, tmp_path):
     """A static model's searches run on the server's event loop (search/serve/batcher.py): many at once, in every
     mode, each answered exactly as the engine answers it in process; a served transformer (the other
-    tests) goes through the thread pool."""
+    tests) goes through the thread pool, and so do a static model's searches once timed costly."""
     from test_embed_index_search import save_static_model
 
     from common.workspace import Workspace
@@ -326,8 +326,8 @@ def test_a_static_embedders_searches_answer_concurrently_as_the_engine_does(trai
 
 
 def assert_batches_move_to_worker_threads_when_costly(engine, requests):
-    """The batcher times an engine's first batches on the event loop; once they are measured costly (here: any
-    cost at all), its later batches are answered in worker threads, with the same answers."""
+    """The batcher times an engine's batches on the event loop, each mode apart; once a mode's are timed costly
+    (here: any cost at all), its later batches are answered in worker threads, with the same answers."""
     import asyncio
 
     from search.serve.batcher import SearchBatcher
@@ -341,10 +341,11 @@ def assert_batches_move_to_worker_threads_when_costly(engine, requests):
         return search_many(*args)
 
     engine.search_many = observed  # (only watched: the engine's own search answers)
+    modes = {mode for _, mode in requests}
 
-    async def rounds(batcher: SearchBatcher) -> list:
+    async def rounds(batcher: SearchBatcher, count: int) -> list:
         answers = []
-        for _ in range(batcher.MEASURED_BATCHES + 2):
+        for _ in range(count):
             asked = (batcher.search(engine, SearchRequest(q=q, k=5, mode=mode)) for q, mode in requests)
             answers.append(await asyncio.gather(*asked))
         return answers
@@ -352,17 +353,17 @@ def assert_batches_move_to_worker_threads_when_costly(engine, requests):
     for threshold, in_threads in ((float("inf"), False), (0.0, True)):
         batcher = SearchBatcher()
         batcher.ON_LOOP_MAX_S = threshold
+        timed = batcher.WARM_UP_BATCHES + batcher.MEASURED_BATCHES
         on_main_thread.clear()
-        answered = asyncio.run(rounds(batcher))
-        assert batcher.on_loop(engine) is not in_threads
-        # a round is a batch a mode: the measured batches on the loop, the ones after them in threads
-        measured, later = on_main_thread[: batcher.MEASURED_BATCHES], on_main_thread[batcher.MEASURED_BATCHES :]
-        assert all(measured) and len(later) >= 3 and all(on_main is not in_threads for on_main in later)
+        answered = asyncio.run(rounds(batcher, timed + 2))
+        assert all(batcher.on_loop(engine, (mode, False)) is not in_threads for mode in modes)
+        # a round is one batch a mode: the timed rounds on the loop, the two after them in threads
+        per_round = [on_main_thread[i : i + len(modes)] for i in range(0, len(on_main_thread), len(modes))]
+        assert per_round == [[True] * len(modes)] * timed + [[not in_threads] * len(modes)] * 2
         for answers in answered:
             for (q, mode), hits in zip(requests, answers):
-                assert [(h.doc_id, h.chunk_id) for h in hits] == [
-                    (h.doc_id, h.chunk_id) for h in engine.search(q, 5, mode)
-                ]
+                expected = [(h.doc_id, h.chunk_id) for h in engine.search(q, 5, mode)]
+                assert [(h.doc_id, h.chunk_id) for h in hits] == expected
 
 
 def test_a_rebuilt_index_is_picked_up_without_a_failed_request(client, workspace):

@@ -28,12 +28,12 @@ log = logging.getLogger("pipeline.serve")
 
 @asynccontextmanager
 async def lifespan(app: FastAPI):
-    # A transformer's searches and the synchronous routes run in worker threads (a static model's searches
-    # on the event loop: SearchBatcher). Python holds one lock for its bytecode, so threads beyond the
-    # cores only take turns at it, less fairly the more there are: hybrid at 16 concurrent requests had
-    # a p99 7.3x its p50 with the default 40 threads, 1.8x with 2 (one run each on a busy 2-core
-    # machine, benchmarks/bench_serve.py). As many threads as cores still overlap FAISS's and numpy's
-    # work, which releases the lock.
+    # A transformer's searches, a large collection's and the synchronous routes run in worker threads (a
+    # static model's cheap searches on the event loop: SearchBatcher). Python holds one lock for its
+    # bytecode, so threads beyond the cores only take turns at it, less fairly the more there are: hybrid
+    # at 16 concurrent requests had a p99 7.3x its p50 with the default 40 threads, 1.8x with 2 (one run
+    # each on a busy 2-core machine, benchmarks/bench_serve.py). As many threads as cores still overlap
+    # FAISS's and numpy's work, which releases the lock.
     anyio.to_thread.current_default_thread_limiter().total_tokens = SEARCH_THREADS
     app.state.generation.start()
     yield

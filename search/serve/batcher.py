@@ -36,35 +36,41 @@ class SearchBatcher:
     and the next batch waits for it, so one core idles: 2 clients got 32 requests/s, p50 / p99 58 / 130 ms; in
     worker threads 53 requests/s, 34 / 87-91 ms (16 clients: 57 requests/s either way, p99 406-417 -> 386-390).
     At 200k chunks (~6 ms a search) the loop was still better under load (16 clients: 214-217 against 181-186
-    requests/s). So each engine's first MEASURED_BATCHES batches on the loop are timed, and when a search took
-    ON_LOOP_MAX_S or more at their median, its later batches are answered in worker threads (as many at once
-    as the server has search threads). A reloaded index is a new engine, measured anew."""
+    requests/s). So the batcher times each engine's searches on the loop, each kind apart (a mode, filtered or
+    not: a 10M index's dense search is ~5 ms, its hybrid ~30): past WARM_UP_BATCHES (a fresh index reads its
+    files from disk), when a search took ON_LOOP_MAX_S or more at the median of the next MEASURED_BATCHES, that
+    kind's later searches are answered in worker threads (as many at once as the server has search threads).
+    A reloaded index is a new engine, timed anew."""
 
     WAIT_TURNS = 2
+    WARM_UP_BATCHES = 8
     MEASURED_BATCHES = 16
     ON_LOOP_MAX_S = 0.010  # seconds a search (a batch's time over its searches) may take to stay on the loop
 
     def __init__(self):
         self.pending: list[tuple[SearchEngine, SearchRequest, asyncio.Future]] = []
-        self._seconds_per_search: weakref.WeakKeyDictionary[SearchEngine, list[float]] = weakref.WeakKeyDictionary()
+        # per engine, per kind of search (mode, filtered): the seconds a search took on the loop
+        self._timings: weakref.WeakKeyDictionary[SearchEngine, dict[tuple, list[float]]] = weakref.WeakKeyDictionary()
 
-    def on_loop(self, engine: SearchEngine) -> bool:
-        """Whether `engine`'s searches are answered on the event loop: in this process, and not measured costly."""
+    def on_loop(self, engine: SearchEngine, kind: tuple[str | None, bool]) -> bool:
+        """Whether `engine`'s searches of this kind (mode, filtered) are answered on the event loop: in this
+        process, and not timed costly."""
         if not engine.in_process:
             return False
-        measured = self._seconds_per_search.get(engine, [])
-        return len(measured) < self.MEASURED_BATCHES or statistics.median(measured) < self.ON_LOOP_MAX_S
+        timed = self._timings.get(engine, {}).get(kind, [])
+        if len(timed) < self.WARM_UP_BATCHES + self.MEASURED_BATCHES:
+            return True
+        return statistics.median(timed[self.WARM_UP_BATCHES :]) < self.ON_LOOP_MAX_S
 
-    def run_on_loop(self, engine: SearchEngine, answer: Callable, searches: int):
-        """answer(), timed while `engine` is still being measured (`searches` searches answered)."""
-        measured = self._seconds_per_search.setdefault(engine, [])
-        if len(measured) >= self.MEASURED_BATCHES:
+    def run_on_loop(self, engine: SearchEngine, kind: tuple[str | None, bool], answer: Callable, searches: int):
+        """answer() (`searches` searches of this kind), timed while the kind is still being measured."""
+        timed = self._timings.setdefault(engine, {}).setdefault(kind, [])
+        if len(timed) >= self.WARM_UP_BATCHES + self.MEASURED_BATCHES:
             return answer()
         start = time.perf_counter()
-        try:
-            return answer()
-        finally:
-            measured.append((time.perf_counter() - start) / searches)
+        answered = answer()  # one that raised is not timed: it stopped short
+        timed.append((time.perf_counter() - start) / searches)
+        return answered
 
     async def search(self, engine: SearchEngine, body: SearchRequest) -> list:
         loop = asyncio.get_running_loop()
@@ -83,9 +89,10 @@ class SearchBatcher:
         for engine, body, future in pending:
             groups.setdefault((id(engine), body.k, body.mode, body.dense_weight), []).append((engine, body, future))
         for members in groups.values():
-            engine = members[0][0]
-            if self.on_loop(engine):
-                self._settle(members, self.run_on_loop(engine, functools.partial(self._answers, members), len(members)))
+            engine, kind = members[0][0], (members[0][1].mode, False)
+            if self.on_loop(engine, kind):
+                answer = functools.partial(self._answers, members)
+                self._settle(members, self.run_on_loop(engine, kind, answer, len(members)))
             else:
                 asyncio.ensure_future(self._answer_in_thread(members))
 

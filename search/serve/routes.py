@@ -67,7 +67,7 @@ def read_assets() -> dict[str, bytes]:
 
 
 # Async, so that they run on the event loop: a plain function would be sent to the thread pool, a hand-off
-# the static model's searches are answered on the loop to avoid (batcher.py).
+# a static model's cheap searches are answered on the loop to avoid (batcher.py).
 async def served_generation(request: Request) -> Generation:
     return request.app.state.generation
 
@@ -109,8 +109,9 @@ async def run_search(generation: Generation, batcher: SearchBatcher, body: Searc
             )
             # A transformer's forward pass (tens of ms) would stall every other request on the event loop, as
             # would a large collection's searches; shards in other processes are awaited in a worker thread too.
-            if is_static(engine.model) and batcher.on_loop(engine):
-                hits = batcher.run_on_loop(engine, search, 1)
+            kind = (body.mode, True)
+            if is_static(engine.model) and batcher.on_loop(engine, kind):
+                hits = batcher.run_on_loop(engine, kind, search, 1)
             else:
                 hits = await run_in_threadpool(search)
     except FilterError as e:
