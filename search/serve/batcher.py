@@ -34,7 +34,7 @@ class SearchBatcher:
     A large collection's searches are not cheap: at ten million chunks a hybrid search is ~30 ms, mostly BM25
     and FAISS, which let go of the interpreter lock. On the loop, a batch stops the server for its whole time
     and the next batch waits for it, so one core idles: 2 clients got 32 requests/s, p50 / p99 58 / 130 ms; in
-    worker threads 53 requests/s, 34 / 87-91 ms (16 clients: 57 requests/s either way, p99 406-417 -> 386-390).
+    worker threads 53 requests/s, 34 / 87-101 ms (16 clients: ~57 requests/s and p99 386-417 ms either way).
     At 200k chunks (~6 ms a search) the loop was still better under load (16 clients: 214-217 against 181-186
     requests/s). So the batcher times each engine's searches on the loop, each kind apart (a mode, filtered or
     not: a 10M index's dense search is ~5 ms, its hybrid ~30): past WARM_UP_BATCHES (a fresh index reads its
