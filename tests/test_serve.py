@@ -340,6 +340,7 @@ def assert_batches_move_to_worker_threads_when_costly(engine, requests):
         on_main_thread.append(threading.current_thread() is threading.main_thread())
         return search_many(*args)
 
+    expected = [[(h.doc_id, h.chunk_id) for h in engine.search(q, 5, mode)] for q, mode in requests]
     engine.search_many = observed  # (only watched: the engine's own search answers)
     modes = {mode for _, mode in requests}
 
@@ -361,9 +362,7 @@ def assert_batches_move_to_worker_threads_when_costly(engine, requests):
         per_round = [on_main_thread[i : i + len(modes)] for i in range(0, len(on_main_thread), len(modes))]
         assert per_round == [[True] * len(modes)] * timed + [[not in_threads] * len(modes)] * 2
         for answers in answered:
-            for (q, mode), hits in zip(requests, answers):
-                expected = [(h.doc_id, h.chunk_id) for h in engine.search(q, 5, mode)]
-                assert [(h.doc_id, h.chunk_id) for h in hits] == expected
+            assert [[(h.doc_id, h.chunk_id) for h in hits] for hits in answers] == expected
 
 
 def test_a_rebuilt_index_is_picked_up_without_a_failed_request(client, workspace):
