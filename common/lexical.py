@@ -86,25 +86,12 @@ import numba
 import numpy as np
 import scipy.sparse
 import Stemmer
-from bm25s.stopwords import (
-    STOPWORDS_DANISH,
-    STOPWORDS_DUTCH,
-    STOPWORDS_EN,
-    STOPWORDS_FRENCH,
-    STOPWORDS_GERMAN,
-    STOPWORDS_ITALIAN,
-    STOPWORDS_NORWEGIAN,
-    STOPWORDS_PORTUGUESE,
-    STOPWORDS_RUSSIAN,
-    STOPWORDS_SPANISH,
-    STOPWORDS_SWEDISH,
-    STOPWORDS_TURKISH,
-)
 
 from common.console import warn
 from common.embedder import embedding_text
 from common.errors import PipelineError
 from common.language import LanguageMix, cjk_tokens, detect_languages, has_cjk
+from common.stopwords import STOPWORDS
 
 K1, B = 1.5, 0.75
 TOKENIZE_BATCH = 10_000  # chunks tokenized at once: bounds the memory the token strings take
@@ -165,22 +152,6 @@ SNOWBALL = {
     "ta": "tamil",
     "tr": "turkish",
     "yi": "yiddish",
-}
-# bm25s's stop-word lists by ISO 639-1 code; a language without one keeps every word.
-STOPWORDS = {
-    "en": STOPWORDS_EN,
-    "da": STOPWORDS_DANISH,
-    "nl": STOPWORDS_DUTCH,
-    "fr": STOPWORDS_FRENCH,
-    "de": STOPWORDS_GERMAN,
-    "it": STOPWORDS_ITALIAN,
-    "no": STOPWORDS_NORWEGIAN,
-    "nb": STOPWORDS_NORWEGIAN,
-    "pt": STOPWORDS_PORTUGUESE,
-    "ru": STOPWORDS_RUSSIAN,
-    "es": STOPWORDS_SPANISH,
-    "sv": STOPWORDS_SWEDISH,
-    "tr": STOPWORDS_TURKISH,
 }
 LANGUAGE_CHOICES = "auto (detected), none (no stop words or stemming), or an ISO 639-1 code (en, de, ru, ja, ...)"
 

@@ -2,6 +2,9 @@
 other's packages, and common/ serves them all without depending on any."""
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from conftest import REPO
@@ -97,3 +100,41 @@ def test_search_reads_index_files_only_through_common():
         if "common" in names and "common.index_files" in (REPO / module).read_text()
     }
     assert readers, "search/ reads the index files through common/index_files.py"
+
+
+HEAVY_FRAMEWORKS = ("jax", "tensorflow")  # each preallocates a GPU's memory when imported with one
+
+
+def test_no_module_imports_jax_or_tensorflow(tmp_path):
+    """Every product module, and every library they import (at the top or inside a function), is imported
+    with stand-ins for JAX and TensorFlow on the path: none may import either (bm25s imported JAX for its
+    stop-word lists, and XLA then took most of a GPU's memory). The stand-ins make the check able to fail
+    on a machine where neither is installed."""
+    for name in HEAVY_FRAMEWORKS:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("")
+    modules = sorted(
+        {
+            ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+            for package in (*STAGES, "common")
+            for path in (REPO / package).rglob("*.py")
+        }
+        | {"cli", "workflows"}
+    )
+    libraries = sorted(
+        {name for package in (*STAGES, "common") for names in imported_packages(package).values() for name in names}
+        - {*STAGES, "common", "ray"}  # ray is optional ([ray] extra); its own tests cover it
+    )
+    script = (
+        "import importlib, sys\n"
+        f"for name in {modules + libraries!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except ImportError:\n"
+        "        pass\n"
+        f"print(sorted(name for name in {HEAVY_FRAMEWORKS!r} if name in sys.modules))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "[]"
