@@ -1,7 +1,7 @@
 """What a run measures and reports: per-step time in communication, peak memory, MFU against this
-machine's measured matmul peak, the pipeline's bubble; RunLog writes them to metrics.jsonl and as
-TensorBoard scalars to tensorboard/pretrain/ (rank 0; common/board.py, mirrored to W&B with --wandb)
-and prints the progress lines."""
+machine's measured matmul peak and the card's datasheet peak (pretrain/hardware.py), the pipeline's
+bubble; RunLog writes them to metrics.jsonl and as TensorBoard scalars to tensorboard/pretrain/ (rank 0;
+common/board.py, mirrored to W&B with --wandb) and prints the progress lines."""
 
 from __future__ import annotations
 
@@ -22,7 +22,15 @@ from common.console import info, quiet_descriptor
 from common.durations import format_eta
 from common.workspace import Workspace, atomic_write_bytes
 from pretrain.config import ParallelConfig, TrainConfig
-from pretrain.hardware import PEAK_CACHE, cached_peak, machine_key, measure_matmul_flops, record_peak
+from pretrain.hardware import (
+    PEAK_CACHE,
+    cached_peak,
+    checked_peak,
+    datasheet_peak,
+    machine_key,
+    measure_matmul_flops,
+    record_peak,
+)
 from pretrain.mesh import Parallel, gather_floats
 
 
@@ -160,7 +168,8 @@ def job_peak_flops(par: Parallel, cache: Path) -> float:
         if par.world_size > 1:
             dist.all_reduce(peak)
     _peak_flops[key] = peak.item()
-    return record_peak(cache, key, peak.item(), "measured (best of 5 matmul timings)") if par.rank == 0 else peak.item()
+    how = "measured (best of 5 rounds of matmuls, " + key.rsplit("|", 1)[-1] + ")"
+    return record_peak(cache, key, peak.item(), how) if par.rank == 0 else peak.item()
 
 
 def theoretical_bubble(config: ParallelConfig) -> float | None:
@@ -276,7 +285,10 @@ class RunLog:
                 {"event": "resume", "step": start_step, "checkpoint": str(resume_from), "world_size": par.world_size}
             )
         self.peak_cache, self.peak_key = ws.root / PEAK_CACHE, machine_key(par.device, par.world_size)
-        self.peak_flops = job_peak_flops(par, self.peak_cache)
+        self.peak_flops: float | None = job_peak_flops(par, self.peak_cache)  # None once proved wrong
+        card = datasheet_peak(par.device)
+        # the whole job's datasheet peak (its processes each drive one such card)
+        self.card, self.datasheet_flops = (card[0], card[1] * par.world_size) if card else (None, None)
         self.flops_per_token, self.tokens_per_step = flops_per_token, cfg.batch_size * cfg.seq_len
         # the planner's step time and memory for the plan (when this machine was measured), and sizing's ranking
         prediction = prediction or {}
@@ -328,14 +340,7 @@ class RunLog:
         )
         if self.main:
             achieved = tokens_per_s * self.flops_per_token
-            if achieved > self.peak_flops:  # faster than the peak: the peak was measured low (a busy machine)
-                info(
-                    f"this run computes {achieved / 1e9:,.1f} GFLOP/s, above the matmul peak measured here "
-                    f"({self.peak_flops / 1e9:,.1f}): the peak was measured low; it is now {achieved / 1e9:,.1f}"
-                )
-                self.peak_flops = _peak_flops[self.peak_key] = record_peak(
-                    self.peak_cache, self.peak_key, achieved, f"achieved by training, step {done}"
-                )
+            self.check_measured_peak(achieved, done)
             record = {
                 "event": "train",
                 "step": done,
@@ -343,8 +348,12 @@ class RunLog:
                 "lr": lr,
                 "grad_norm": grad_norm,
                 "tokens_per_s": tokens_per_s,
-                "mfu": achieved / self.peak_flops,
+                # against the datasheet where the card is known, else against the measured peak
+                "mfu": achieved / (self.datasheet_flops or self.peak_flops),
+                "mfu_datasheet": achieved / self.datasheet_flops if self.datasheet_flops else None,
+                "mfu_measured": achieved / self.peak_flops if self.peak_flops else None,
                 "matmul_peak_flops": self.peak_flops,
+                "datasheet_peak_flops": self.datasheet_flops,
                 "peak_rss_mb": peak_rss_mb(),
                 "peak_mem_mb_per_rank": [r[0] for r in ranks],
                 "model_state_mb_per_rank": [r[1] for r in ranks],
@@ -373,12 +382,50 @@ class RunLog:
             self.write(record)
             info(
                 f"step {done}/{cfg.max_steps}  loss {loss:.4f}  lr {lr:.2e}  "
-                f"{tokens_per_s:,.0f} tok/s  MFU {record['mfu']:.1%} of measured peak  "
+                f"{tokens_per_s:,.0f} tok/s  {self.mfu_text(record)}  "
                 f"comm {record['comm_fraction']:.0%}"
                 + (f"  bubble {record['bubble_fraction']:.0%}" if plan.pp > 1 else "")
                 + f"  eta {format_eta(eta)}"
             )
         self.last_log, self.steps_since_log = time.perf_counter(), 0
+
+    def check_measured_peak(self, achieved: float, done: int) -> None:
+        """A run computing faster than the measured peak proves the measurement wrong (hardware.checked_peak)."""
+        if self.peak_flops is None or achieved <= self.peak_flops:
+            return
+        measured, self.peak_flops = self.peak_flops, checked_peak(achieved, self.peak_flops, self.datasheet_flops)
+        if self.peak_flops is None:
+            info(
+                f"this run computes {achieved / 1e12:,.1f} TFLOP/s, above the matmul peak measured here "
+                f"({measured / 1e12:,.1f}): that measurement was wrong, so MFU is against the datasheet peak "
+                f"of the {self.card} alone ({self.datasheet_flops / 1e12:,.1f} TFLOP/s)"
+            )
+            return
+        info(
+            f"this run computes {achieved / 1e9:,.1f} GFLOP/s, above the matmul peak measured here "
+            f"({measured / 1e9:,.1f}): the peak was measured low; it is now {achieved / 1e9:,.1f}"
+        )
+        self.peak_flops = _peak_flops[self.peak_key] = record_peak(
+            self.peak_cache, self.peak_key, achieved, f"achieved by training, step {done}"
+        )
+
+    def peaks_text(self) -> str:
+        """What MFU is against, for the line before training starts."""
+        measured = f"this machine's measured matmul peak, {self.peak_flops / 1e9:,.1f} GFLOP/s ({self.peak_cache.name})"
+        if self.datasheet_flops is None:
+            card = "" if self.par.device.type == "cpu" else " (no datasheet peak is known for this card)"
+            return f"MFU below is model FLOP/s against {measured}{card}, not a datasheet peak"
+        return (
+            f"MFU below is model FLOP/s against the datasheet dense bf16 peak of the {self.card} "
+            f"({self.datasheet_flops / 1e12:,.1f} TFLOP/s for the job) and against {measured}"
+        )
+
+    @staticmethod
+    def mfu_text(record: dict) -> str:
+        if record["mfu_datasheet"] is None:
+            return f"MFU {record['mfu']:.1%} of measured peak"
+        measured = "" if record["mfu_measured"] is None else f", {record['mfu_measured']:.1%} of measured"
+        return f"MFU {record['mfu_datasheet']:.1%} of datasheet{measured}"
 
     def validation(self, done: int, val_loss: float) -> None:
         self.write({"event": "val", "step": done, "val_loss": val_loss, "val_ppl": math.exp(val_loss)})

@@ -158,11 +158,7 @@ def train(
             f"model: {n_params / 1e6:.2f}M parameters, {cfg.model.n_layer} layers, d={cfg.model.n_embd}; "
             f"{cfg.max_steps} steps of {log.tokens_per_step:,} tokens; {len(train_windows):,} training windows"
         )
-        info(
-            "MFU below is model FLOP/s against this machine's measured matmul peak, "
-            f"{log.peak_flops / 1e9:,.1f} GFLOP/s "
-            f"({log.peak_cache.name}), not a datasheet peak"
-        )
+        info(log.peaks_text())
     print_layout(pm, cfg)
 
     for part in pm.parts:

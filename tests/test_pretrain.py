@@ -262,3 +262,37 @@ def test_pretrain_without_a_shape_is_sized_to_the_time_budget(tmp_path, corpus_f
         "error: --time-budget: 'soon' is not a duration (e.g. 90s, 15m, 1.5h); see `pipeline pretrain --help`"
     ]
     assert not (tmp_path / "bad").exists()
+
+
+def test_datasheet_peaks_of_known_cards_and_none_for_others():
+    """The card's name as torch reports it picks its dense bf16 peak; the more specific name wins (an H100
+    PCIe is not an SXM card, an L40S not an L4); an unknown card and a CPU have none."""
+    from pretrain.hardware import card_peak, datasheet_peak
+
+    assert card_peak("NVIDIA H100 80GB HBM3") == ("NVIDIA H100 80GB HBM3", pytest.approx(989.4e12))
+    assert card_peak("NVIDIA H100 PCIe")[1] == pytest.approx(756e12)
+    assert card_peak("NVIDIA H200")[1] == pytest.approx(989.4e12)
+    assert card_peak("NVIDIA H20")[1] == pytest.approx(148e12)
+    assert card_peak("NVIDIA A100-SXM4-80GB")[1] == pytest.approx(312e12)
+    assert card_peak("NVIDIA L40S")[1] == pytest.approx(362.1e12)
+    assert card_peak("NVIDIA L4")[1] == pytest.approx(121e12)
+    assert card_peak("Some Future GPU") is None
+    assert datasheet_peak("cpu") is None
+
+
+def test_a_peak_below_what_a_run_computes_is_dropped_for_the_datasheet_or_raised_without_one():
+    """Never 100% MFU against a wrong measurement: with a datasheet peak the measurement is dropped, without
+    one (a CPU, an unknown card) the run's own rate becomes the peak, as on CPU before."""
+    from pretrain.hardware import checked_peak
+
+    assert checked_peak(277e12, 38e12, 989.4e12) is None
+    assert checked_peak(277e12, 38e12, None) == 277e12
+    assert checked_peak(277e12, 800e12, 989.4e12) == 800e12
+
+
+def test_the_measured_peak_is_keyed_by_its_method():
+    """A peak recorded by another method (fp32 1024x1024 on a GPU, once) is not reused: the key names it."""
+    from pretrain.hardware import machine_key, measure_matmul_flops
+
+    assert machine_key(torch.device("cpu"), 1).endswith("|float32 1024x1024")
+    assert measure_matmul_flops("cpu", size=256, seconds=0.05) > 0
