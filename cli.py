@@ -28,7 +28,7 @@ from typer.core import TyperGroup
 import workflows
 from common.console import err, out, quiet_libraries
 from common.durations import parse_duration
-from common.errors import PipelineError
+from common.errors import PipelineError, out_of_memory_error
 from common.workspace import WORKSPACE_ENV, Workspace
 from pretrain.settings import MAX_PORT, SEED_MAX, OptionError, Preset, PretrainSettings
 
@@ -319,7 +319,8 @@ def options_of(settings_class):
 
 
 def user_errors(command):
-    """Print a PipelineError as one line on stderr and exit 2, instead of a traceback."""
+    """Print a PipelineError, a damaged store or an out-of-memory GPU as one line on stderr and exit 2, instead of
+    a traceback."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -331,10 +332,10 @@ def user_errors(command):
         except Exception as e:
             from common.store import damaged_store_error  # only now: the store's module imports DuckDB
 
-            damaged = damaged_store_error(e)
-            if damaged is None:
+            said = damaged_store_error(e) or out_of_memory_error(e)
+            if said is None:
                 raise
-            err.print(f"error: {damaged}", style="red")
+            err.print(f"error: {said}", style="red")
             raise typer.Exit(2) from None
 
     return wrapper

@@ -7,7 +7,9 @@ parts of a pipeline merge into one dictionary. The tied embedding's optimizer st
 stored under tok_emb.weight, as in the unsplit model, even by a last stage that holds it as
 lm_head.weight. So any plan can resume any checkpoint.
 
-full_state_dict() gathers the whole model's weights on rank 0 for the export.
+full_state_dict() gathers the whole model's weights on rank 0 for the export. The best-validation
+weights are kept beside the checkpoints (checkpoints/best/: model.safetensors and best.json with the
+step and validation loss), written by rank 0 whenever validation improves: they are what is exported.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from common.workspace import Workspace, atomic_write_json
+from common.workspace import Workspace, atomic_write_json, replace_directory
 from pretrain.config import TrainConfig, train_config_from_dict
 from pretrain.mesh import barrier
 from pretrain.parallel import ParallelModel
@@ -157,3 +159,36 @@ def full_state_dict(pm: ParallelModel) -> dict[str, torch.Tensor] | None:
     if par.rank != 0:
         return None
     return {k: v for stage_state in gathered for k, v in stage_state.items()}
+
+
+# ---------------------------------------------------------------- the best-validation weights
+
+BEST_DIR = "best"
+BEST_WEIGHTS, BEST_RECORD = "model.safetensors", "best.json"
+
+
+def save_best(ws: Workspace, state: dict[str, torch.Tensor], step: int, val_loss: float) -> None:
+    """Keep `state` (rank 0's full state dict) as the best-validation weights: written aside, then swapped in."""
+    from safetensors.torch import save_file
+
+    tmp = ws.checkpoints_dir / f"{BEST_DIR}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    # the tied embedding is one tensor under two names; safetensors stores each name's own copy
+    save_file({name: tensor.detach().contiguous().clone() for name, tensor in state.items()}, tmp / BEST_WEIGHTS)
+    atomic_write_json(tmp / BEST_RECORD, {"step": step, "val_loss": val_loss})
+    replace_directory(tmp, ws.checkpoints_dir / BEST_DIR)
+
+
+def best_record(ws: Workspace) -> dict | None:
+    """{"step", "val_loss"} of the best-validation weights kept, or None."""
+    try:
+        return json.loads((ws.checkpoints_dir / BEST_DIR / BEST_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def load_best(ws: Workspace) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(ws.checkpoints_dir / BEST_DIR / BEST_WEIGHTS)

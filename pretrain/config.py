@@ -39,6 +39,8 @@ PRESETS: dict[str, dict] = {
     "large": dict(n_layer=36, n_head=20, n_embd=1280, block_size=1024),
 }
 
+VALIDATIONS_PER_RUN = 20
+
 # Sensible training defaults per preset: the tiny one finishes in a few minutes on 2 CPU cores.
 PRESET_TRAINING: dict[str, dict] = {
     "tiny": dict(max_steps=300, seq_len=128, batch_size=16, lr=1e-3, vocab_size=4096),
@@ -63,19 +65,29 @@ class TrainConfig:
     seed: int = 1337
     vocab_size: int = 4096
     val_fraction: float = 0.05
-    eval_every: int = 100
+    eval_every: int = 0  # 0: about VALIDATIONS_PER_RUN a run (validation_interval)
     eval_batches: int = 8
+    patience: int = 5  # validations without a new best before training stops (0: never stops early)
     checkpoint_every: int = 100
     log_every: int = 10
     measure_comm: bool = True  # profile the last step of each log window for its time in communication
     # Sized runs: the seconds the loop's steps were planned to take. The loop times its own first steps and
     # re-plans max_steps to fill them (once; then 0): sizing timed each shape in a moment that may not last.
     step_budget_s: float = 0.0
+    max_planned_steps: int = 0  # sized runs: the re-plan's ceiling (MAX_EPOCHS over the corpus); 0: none
     model: ModelConfig = field(default_factory=ModelConfig)
 
     @property
     def warmup(self) -> int:
         return self.warmup_steps or max(1, self.max_steps // 20)
+
+    @property
+    def validation_interval(self) -> int:
+        """Steps between validations: as given, else about VALIDATIONS_PER_RUN a run (enough to see the curve
+        and stop when it turns), at least every 10 steps apart on a longer run."""
+        if self.eval_every:
+            return self.eval_every
+        return max(min(10, self.max_steps), round(self.max_steps / VALIDATIONS_PER_RUN), 1)
 
 
 def model_config_for(preset: str, vocab_size: int, seq_len: int, **overrides) -> ModelConfig:

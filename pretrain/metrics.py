@@ -432,10 +432,17 @@ class RunLog:
         if self.main:
             info(f"step {done}: validation loss {val_loss:.4f}, perplexity {math.exp(val_loss):.1f}")
 
-    def end(self, done: int, val_loss: float | None) -> None:
+    def end(self, done: int, val_loss: float | None, best_step: int | None, best_val_loss: float | None) -> None:
         """The validation loss the run reached, beside what was predicted of it: sizing ranked the shape by
         a scaling law whose value (law_loss) is recorded to show how far off it is, never printed as a forecast."""
-        record = {"event": "end", "step": done, "val_loss_reached": val_loss, "uniform_loss": self.uniform_loss}
+        record = {
+            "event": "end",
+            "step": done,
+            "val_loss_reached": val_loss,
+            "best_step": best_step,
+            "best_val_loss": best_val_loss,  # the weights exported
+            "uniform_loss": self.uniform_loss,
+        }
         chosen = next((c for c in self.sizing["shapes"] if c["chosen"]), None) if self.sizing else None
         if chosen is not None:
             record.update(
@@ -444,8 +451,8 @@ class RunLog:
         self.write(record)
         if self.main and val_loss is not None:
             line = (
-                f"validation loss reached {val_loss:.4f} (a model that learned nothing scores "
-                f"ln {self.cfg.model.vocab_size} = {self.uniform_loss:.2f})"
+                f"validation loss reached {val_loss:.4f}, best {best_val_loss:.4f} at step {best_step} "
+                f"(a model that learned nothing scores ln {self.cfg.model.vocab_size} = {self.uniform_loss:.2f})"
             )
             if chosen is not None:
                 line += (

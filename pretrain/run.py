@@ -191,7 +191,8 @@ def new_train_config(s: PretrainSettings) -> TrainConfig:
         lr=s.lr or defaults["lr"],
         seed=s.seed,
         vocab_size=vocab,
-        eval_every=s.eval_every,
+        eval_every=s.eval_every or 0,
+        patience=s.patience,
         checkpoint_every=s.checkpoint_every,
         log_every=s.log_every,
     )
@@ -212,6 +213,9 @@ def resumed_config(checkpoint: Path, s: PretrainSettings) -> TrainConfig:
     cfg = config_from_checkpoint(checkpoint)
     if s.max_steps is not None:
         cfg.max_steps = s.max_steps
+    cfg.patience = s.patience  # when to stop is this run's choice, as is how often to validate
+    if s.eval_every is not None:
+        cfg.eval_every = s.eval_every
     return cfg
 
 

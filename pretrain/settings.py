@@ -142,7 +142,13 @@ class PretrainSettings:
     n_layer: Optional[int] = option(None, "Override the preset's number of layers.", min=1)
     n_head: Optional[int] = option(None, "Override the preset's attention heads.", min=1)
     n_embd: Optional[int] = option(None, "Override the preset's hidden size.", min=1)
-    eval_every: int = option(100, "Validation every N steps.", min=1)
+    eval_every: Optional[int] = option(None, "Validation every N steps (default: about 20 a run).", min=1)
+    patience: int = option(
+        5,
+        "Stop training after N validations without a new best validation loss (0: never stop early); the "
+        "best-validation weights are exported either way.",
+        min=0,
+    )
     checkpoint_every: int = option(100, "Checkpoint every N steps.", min=1)
     log_every: int = option(10, "Log metrics every N steps.", min=1)
     resume: bool = option(

@@ -2,33 +2,36 @@
 
 A fixed step count suits one corpus and one machine. Instead, for each GPT-2 shape of a ladder, a few
 real training steps are timed on this machine; that gives the tokens the shape can train on within the
-time budget, and a scaling law ranks the shapes by the loss it predicts for each. The lowest wins:
+time budget, at most MAX_EPOCHS passes over the corpus, and a data-constrained scaling law ranks the
+shapes by the loss it predicts for each:
 
-    L(N, D) = E + A / N^alpha + B / D'^beta            Chinchilla (Hoffmann et al. 2022, approach 3)
-    D' = U + U R* (1 - exp(-(D / U - 1) / R*))          data repeated for D / U epochs (Muennighoff et al.
-                                                        2023): a few epochs are worth almost as much as
-                                                        new data, more decay in value (R* = 15.4)
+    L(N, D) = E + A / N'^alpha + B / D'^beta          Chinchilla (Hoffmann et al. 2022, approach 3), with
+    D' = U + U R*_D (1 - exp(-(D / U - 1) / R*_D))    repeated data and excess parameters discounted
+    N' = U_N + U_N R*_N (1 - exp(-(N / U_N - 1) / R*_N))   (Muennighoff et al. 2023, "Scaling
+                                                      Data-Constrained Language Models")
 
-with N the model's parameters, D the tokens trained on and U the corpus's unique training tokens.
-Repetition is discounted, so a longer budget or a faster machine (a GPU) buys a larger model rather
-than ever more epochs of a small one; on 2 CPU cores and SciFact (1.7M tokens) 12 minutes chose 6
-layers, d=192, for about one epoch. The ladder is walked from the smallest shape and stops once the predicted
-loss rises (it falls, then rises, as shapes get slower) or a shape could not take MIN_STEPS steps.
+with N the model's parameters, D the tokens trained on, U the corpus's unique training tokens and U_N
+the parameters compute-optimal for U tokens (by the same law). A few epochs are worth almost as much as
+new data, more decay in value (R*_D = 15.4); parameters beyond what the unique tokens can fill decay
+faster (R*_N = 5.3). So a longer budget or a faster machine (a GPU) buys a larger model only while the
+data can use one, never ever more epochs: past MAX_EPOCHS repeats stop paying (on one H100, SciFact's
+1.7M tokens for 23 epochs left the validation loss at 6.06 against 4.92 at its best, 10 epochs earlier),
+and a run whose budget is more than the data can use is planned shorter, and says so. The ladder is
+walked from the smallest shape and stops once the predicted loss stops falling (a larger shape must gain
+LAW_GAIN, or it is not worth its cost) or a shape could not take MIN_STEPS steps.
 
 The law ranks; it does not forecast. Its constants were fitted on models of 70M-16B parameters trained on
 MassiveText with a 32k-token vocabulary; the shapes here have 0.1-20M parameters, the corpus and the
 vocabulary are the user's. Two orders of magnitude below its range its absolute values are far off: on
 SciFact it gave 11.0-13.6 nats per token, more than a uniform guess over the vocabulary (ln 4096 = 8.3),
 for shapes that reached a validation loss of 4-5. What the choice needs is its ordering (more parameters
-learn more from a token, more tokens teach more, repeated tokens teach less), and that is all the sizing
-table prints: each shape's rank (1 = the lowest loss the law predicts). Fitting the law's five constants to
-this machine instead would need each shape's loss at several token counts, reached by real training: the
-ladder's timing runs are 4 steps on random tokens, which say how long a step takes and nothing about where
-a shape's loss ends (4 steps on real tokens of a SciFact slice left the first four shapes at 7.7-8.0, all
-still near ln 4096 = 8.3, and in no order of where they end), and a handful of shapes could not pin five
-constants even then. The run's log keeps the law's value for the chosen shape beside the validation
-loss the run reached (metrics.jsonl's "sizing" and "end" records, the manifest's model.prediction.sizing),
-so the gap stays on record.
+learn more from a token, more tokens teach more, repeated tokens and unfilled parameters teach less), and
+that is all the sizing table prints: each shape's rank (1 = the lowest loss the law predicts). Fitting the
+law's five constants to this machine instead would need each shape's loss at several token counts, reached
+by real training: the ladder's timing runs are 4 steps on random tokens, which say how long a step takes
+and nothing about where a shape's loss ends. The run's log keeps the law's value for the chosen shape
+beside the validation loss the run reached (metrics.jsonl's "sizing" and "end" records, the manifest's
+model.prediction.sizing), so the gap stays on record.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ from pretrain.model import GPT, lm_loss
 # Chinchilla's fitted constants (approach 3) and Muennighoff et al.'s for repeated tokens.
 E, A, B, ALPHA, BETA = 1.69, 406.4, 410.7, 0.34, 0.28
 REPEAT_HALF_LIFE = 15.4  # R*_D: epochs after which extra repetitions are worth 1/e of new data
+EXCESS_PARAMETERS_HALF_LIFE = 5.3  # R*_N: the same for parameters beyond the compute-optimal ones for U tokens
+MAX_EPOCHS = 4.0  # passes over the corpus a sized run makes at most (--max-steps/--tokens may ask for more)
+LAW_GAIN = 0.01  # nats a larger shape must be predicted to gain over the best smaller one to be chosen
 MIN_STEPS = 100  # a shape that can't take this many steps in the budget is too big for it
 # The share of the budget left after sizing that goes to training steps: the loop's validation, logging,
 # checkpoints and export take the rest (on SciFact and 2 CPU cores the loop's steps, validation included,
@@ -88,17 +94,37 @@ class Candidate:
     tokens: int
     epochs: float
     law_loss: float  # the law's L(N, D): for ranking shapes only (module docstring)
+    capped: bool = False  # its steps were cut to MAX_EPOCHS: the budget is more than the data can use
 
 
 def law_loss(parameters: int, tokens: int, unique_tokens: int) -> float:
-    """The law's L(N, D) with repeated tokens discounted: comparable between shapes, not a loss a run reaches."""
-    epochs = tokens / max(unique_tokens, 1)
-    effective = (
-        tokens
-        if epochs <= 1
-        else unique_tokens * (1 + REPEAT_HALF_LIFE * (1 - math.exp(-(epochs - 1) / REPEAT_HALF_LIFE)))
-    )
-    return E + A / parameters**ALPHA + B / max(effective, 1) ** BETA
+    """The law's L(N', D') (module docstring): comparable between shapes, not a loss a run reaches."""
+    unique_tokens = max(unique_tokens, 1)
+    data = repeated_value(tokens, unique_tokens, REPEAT_HALF_LIFE)
+    fillable = min(optimal_parameters(unique_tokens), parameters)
+    model = repeated_value(parameters, fillable, EXCESS_PARAMETERS_HALF_LIFE)
+    return E + A / max(model, 1) ** ALPHA + B / max(data, 1) ** BETA
+
+
+def repeated_value(amount: float, unique: float, half_life: float) -> float:
+    """What `amount` is worth when only `unique` of it is new: all of it up to `unique`, then each further
+    `unique` worth less (Muennighoff et al.'s exponential decay with R* = half_life)."""
+    if amount <= unique:
+        return amount
+    return unique * (1 + half_life * (1 - math.exp(-(amount / unique - 1) / half_life)))
+
+
+def optimal_parameters(tokens: float) -> float:
+    """U_N: the parameters the law makes compute-optimal for `tokens` (Chinchilla's N_opt(C) at the compute
+    C whose optimal tokens are `tokens`)."""
+    g = (ALPHA * A / (BETA * B)) ** (1 / (ALPHA + BETA))
+    compute_over_6 = (tokens * g) ** ((ALPHA + BETA) / ALPHA)
+    return g * compute_over_6 ** (BETA / (ALPHA + BETA))
+
+
+def epoch_steps(unique_tokens: int, tokens_per_step: int, max_epochs: float = MAX_EPOCHS) -> int:
+    """The steps that pass over the corpus `max_epochs` times."""
+    return max(1, int(max_epochs * unique_tokens / tokens_per_step))
 
 
 def time_step(shape: Shape, vocab_size: int, device: torch.device, repeats: int = 3) -> tuple[int, float]:
@@ -148,7 +174,8 @@ def choose_shape(
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             break
-        steps = max(1, int(seconds * processes / step_s))
+        fit = max(1, int(seconds * processes / step_s))
+        steps = min(fit, epoch_steps(unique_tokens, shape.batch_size * shape.seq_len))
         tokens = steps * shape.batch_size * shape.seq_len
         candidate = Candidate(
             shape,
@@ -158,11 +185,12 @@ def choose_shape(
             tokens,
             tokens / max(unique_tokens, 1),
             law_loss(parameters, tokens, unique_tokens),
+            capped=steps < fit,
         )
         if steps < MIN_STEPS:
             break
         measured.append(candidate)
-        if len(measured) > 1 and candidate.law_loss > measured[-2].law_loss:
+        if len(measured) > 1 and candidate.law_loss > min(c.law_loss for c in measured[:-1]) - LAW_GAIN:
             break
     if not measured:  # even the smallest shape is slow here (or too big): take it, with as many steps as fit
         if candidate is None:
@@ -171,7 +199,10 @@ def choose_shape(
                 "give --preset, or a shape with --n-layer/--n-embd and a --batch-size"
             )
         measured.append(candidate)
-    best = min(measured, key=lambda c: c.law_loss)
+    best = measured[0]  # a larger shape only where it is predicted to gain LAW_GAIN over the best smaller one
+    for c in measured[1:]:
+        if c.law_loss < best.law_loss - LAW_GAIN:
+            best = c
     return best, measured
 
 
@@ -215,6 +246,7 @@ def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, 
     step_seconds = STEP_SHARE * max(seconds - (time.monotonic() - started), 0.0)
     steps = max(1, min(best.steps, int(step_seconds * processes / best.step_s)))
     tokens = steps * shape.batch_size * shape.seq_len
+    capped = steps == epoch_steps(unique_tokens, shape.batch_size * shape.seq_len)
     chosen = replace(
         best,
         steps=steps,
@@ -223,7 +255,9 @@ def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, 
         law_loss=law_loss(best.parameters, tokens, unique_tokens),
     )
     cfg = apply_shape(cfg, shape, chosen.steps)
-    cfg.step_budget_s = step_seconds  # the loop times whole steps, all processes together
+    # the loop times whole steps, all processes together, and re-plans within this time and MAX_EPOCHS
+    cfg.step_budget_s = step_seconds
+    cfg.max_planned_steps = epoch_steps(unique_tokens, shape.batch_size * shape.seq_len)
     ranks = {id(c): rank for rank, c in enumerate(sorted(measured, key=lambda c: c.law_loss), 1)}  # as decided
     shown = [(chosen if c is best else c, ranks[id(c)], c is best) for c in measured]
     lines = [
@@ -243,8 +277,15 @@ def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, 
         f"chosen: {shape.n_layer} layers, d={shape.n_embd}, "
         f"{chosen.steps:,} steps of {shape.batch_size}x{shape.seq_len} tokens "
         f"({chosen.epochs:.1f} epochs): ranked first by the scaling law in the budget "
-        "(larger shapes see too few tokens, smaller ones learn less per token)"
+        "(larger shapes see too few tokens or more parameters than the data can fill, smaller ones learn less "
+        "per token)"
     )
+    if capped:
+        lines.append(
+            f"the budget is more than these {unique_tokens:,} tokens can use: training stops at {MAX_EPOCHS:g} "
+            f"epochs (repeats stop paying), about {steps * best.step_s / processes:.0f}s of the "
+            f"{step_seconds:.0f}s planned for steps; the rest is not spent"
+        )
     if device.type == "cpu" and load.share >= BUSY_SHARE:
         lines.append(
             f"note: other processes used {load.share:.0%} of this machine's cores while the shapes were timed, so "
@@ -255,6 +296,8 @@ def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, 
         "device": device.type,
         "processes": processes,
         "unique_tokens": unique_tokens,
+        "max_epochs": MAX_EPOCHS,
+        "capped_at_max_epochs": capped,
         "other_load": load.share,
         "shapes": [
             {
@@ -264,6 +307,7 @@ def size_to_budget(cfg, unique_tokens: int, seconds: float, processes: int = 1, 
                 "steps": c.steps,
                 "tokens": c.tokens,
                 "epochs": c.epochs,
+                "capped_at_max_epochs": c.capped,
                 "law_rank": rank,
                 "law_loss": c.law_loss,  # Chinchilla's value, far from what the run reaches: for ranking only
                 "chosen": is_chosen,
@@ -306,10 +350,13 @@ REPLAN_AFTER = 10  # steps the loop times (after its first) before it re-plans
 REPLAN_CHANGE = 0.1  # a re-plan that moves the step count by less than this share is not made
 
 
-def replanned_steps(max_steps: int, step_budget_s: float, step_s: float, done: int) -> int | None:
-    """The step count that fills `step_budget_s` at `step_s` a step (the loop's own timing), or None when it
-    is within REPLAN_CHANGE of max_steps; never fewer than the steps done and one more."""
-    steps = max(done + 1, int(step_budget_s / step_s))
+def replanned_steps(
+    max_steps: int, step_budget_s: float, step_s: float, done: int, most: int | None = None
+) -> int | None:
+    """The step count that fills `step_budget_s` at `step_s` a step (the loop's own timing), at most `most`
+    (MAX_EPOCHS' steps), or None when it is within REPLAN_CHANGE of max_steps; never fewer than the steps
+    done and one more."""
+    steps = max(done + 1, min(int(step_budget_s / step_s), most or math.inf))
     return steps if abs(steps - max_steps) > REPLAN_CHANGE * max_steps else None
 
 

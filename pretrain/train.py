@@ -4,7 +4,9 @@ train() builds the mesh (pretrain/mesh.py), the GPT (pretrain/model.py) and para
 (pretrain/parallel.py: a ParallelModel, the model parts on this rank and a pipeline schedule under
 PP), then loops: this rank's slice of the step's batch, forward and backward, clipping, AdamW, and
 now and then metrics (pretrain/metrics.py), validation and a checkpoint (pretrain/checkpoint.py).
-At the end rank 0 exports the model in Hugging Face format (pretrain/export.py).
+Whenever validation loss reaches a new best the weights are kept (checkpoints/best/); once it has not for
+`patience` validations, training stops early (nanoGPT keeps its best checkpoint the same way). At the end
+rank 0 exports the best-validation weights in Hugging Face format (pretrain/export.py).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch.distributed.tensor import DTensor
 from common.console import info
 from common.manifest import ModelEntry, write_section
 from common.workspace import Workspace, model_fingerprint
-from pretrain.checkpoint import full_state_dict, load_checkpoint, save_checkpoint
+from pretrain.checkpoint import best_record, full_state_dict, load_best, load_checkpoint, save_best, save_checkpoint
 from pretrain.config import ParallelConfig, RuntimeOptions, TrainConfig
 from pretrain.data import TokenWindows, step_sample_indices
 from pretrain.export import export_model
@@ -69,7 +71,7 @@ def replan_steps(cfg: TrainConfig, step_s: float, done: int, par, main: bool) ->
         torch.distributed.all_reduce(slowest, op=torch.distributed.ReduceOp.MAX)
         step_s = float(slowest.item())
     budget, cfg.step_budget_s = cfg.step_budget_s, 0.0  # once: a resumed run keeps the count
-    steps = replanned_steps(cfg.max_steps, budget, step_s, done)
+    steps = replanned_steps(cfg.max_steps, budget, step_s, done, cfg.max_planned_steps or None)
     if steps is None:
         return
     if main:
@@ -100,6 +102,34 @@ def evaluate(pm: ParallelModel, val: TokenWindows, cfg: TrainConfig) -> float:
     for part in pm.parts:
         part.train()
     return sum(losses) / len(losses)
+
+
+class BestValidation:
+    """The best validation loss so far (kept across --resume in checkpoints/best/) and how many validations
+    since it: when to keep the weights and when to stop."""
+
+    def __init__(self, ws: Workspace, par, resumed: bool):
+        record = best_record(ws) if resumed and par.rank == 0 else None
+        best = torch.tensor(
+            [record["val_loss"] if record else math.inf, record["step"] if record else -1], dtype=torch.float64
+        )
+        if par.world_size > 1:  # rank 0 read it: every rank decides alike
+            best = best.to(par.device)
+            torch.distributed.broadcast(best, 0)
+            best = best.cpu()
+        self.val_loss, self.step = float(best[0]), int(best[1])
+        self.since = 0
+
+    def improved(self, step: int, val_loss: float) -> bool:
+        if val_loss < self.val_loss:
+            self.val_loss, self.step, self.since = val_loss, step, 0
+            return True
+        self.since += 1
+        return False
+
+    @property
+    def kept(self) -> bool:
+        return self.step >= 0
 
 
 def train(
@@ -167,6 +197,7 @@ def train(
         None,
         None,
     )  # stay None when there is no step to run (--max-steps 0: the model at initialisation)
+    best = BestValidation(ws, par, resume_from is not None)
     log.start()
     timed_from = None  # when the loop's own timing of its steps began (after the first step: it warms up)
     step = start_step
@@ -205,27 +236,46 @@ def train(
             pm,
             optimizers,
         )
-        if done % cfg.eval_every == 0 or done == cfg.max_steps:
+        stopping = False
+        if done % cfg.validation_interval == 0 or done == cfg.max_steps:
             val_loss = evaluate(pm, val_windows, cfg)
             log.validation(done, val_loss)
-        if done % cfg.checkpoint_every == 0 or done == cfg.max_steps:
+            if best.improved(done, val_loss):
+                state = full_state_dict(pm)  # a collective: every rank takes part
+                if main:
+                    save_best(ws, state, done, val_loss)
+            stopping = cfg.patience > 0 and best.since >= cfg.patience and done < cfg.max_steps
+        if done % cfg.checkpoint_every == 0 or done == cfg.max_steps or stopping:
             path = save_checkpoint(ws, done, pm, optimizers, schedulers, cfg)
             if on_checkpoint is not None:  # e.g. reported to Ray Train (pretrain/ray_train.py)
                 on_checkpoint(path, done, {"loss": loss_value})
         step = done
+        if stopping:
+            if main:
+                info(
+                    f"stopping early at step {done} of {cfg.max_steps}: validation loss has not improved on "
+                    f"{best.val_loss:.4f} (step {best.step}) for {best.since} validations"
+                )
+            break
 
     pm.set_timing(False)
-    log.end(cfg.max_steps, val_loss)
+    log.end(step, val_loss, best.step if best.kept else None, best.val_loss if best.kept else None)
     log.close()
-    state = full_state_dict(pm) if export else None
+    state = None
+    if export:  # the best-validation weights where validation ran, else (no step run) the model as it is
+        state = (load_best(ws) if main else None) if best.kept else full_state_dict(pm)
     if not main:
         return {}
     summary = {
         "path": "model",
         "preset": cfg.preset,
-        "steps": cfg.max_steps,
+        "steps": step,
+        "planned_steps": cfg.max_steps,
+        "stopped_early": step < cfg.max_steps,
         "final_loss": loss_value,
         "final_val_loss": val_loss,
+        "best_step": best.step if best.kept else None,
+        "best_val_loss": best.val_loss if best.kept else None,
         "parameters": n_params,
         "config": asdict(cfg.model),
         "seq_len": cfg.seq_len,
@@ -239,5 +289,6 @@ def train(
         export_model(state, cfg.model, load_tokenizer(ws.tokenizer_dir), ws.model_dir)
         summary["fingerprint"] = model_fingerprint(ws.model_dir)
         write_section(ws, ModelEntry.from_json(summary))
-        info(f"exported the model to {ws.model_dir}")
+        what = f"the best-validation weights (step {best.step}, loss {best.val_loss:.4f})" if best.kept else "the model"
+        info(f"exported {what} to {ws.model_dir}")
     return summary

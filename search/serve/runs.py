@@ -23,7 +23,20 @@ from common.runs import read_run_log, read_scalars
 from common.workspace import Workspace
 
 ARCHITECTURES = ("static", "transformer")  # tune's run directories: tensorboard/tune-ARCHITECTURE
-MODEL_FIELDS = ("preset", "steps", "parameters", "config", "seq_len", "batch_size", "lr", "final_val_loss")
+MODEL_FIELDS = (
+    "preset",
+    "steps",
+    "planned_steps",
+    "stopped_early",
+    "parameters",
+    "config",
+    "seq_len",
+    "batch_size",
+    "lr",
+    "final_val_loss",
+    "best_step",
+    "best_val_loss",
+)
 
 
 def run_report(ws: Workspace) -> dict:

@@ -31,6 +31,10 @@ function showPretraining(run) {
   if (run.train.length) said.push(run.train[run.train.length - 1].step + " steps logged (" + run.train[run.train.length - 1].strategy + ")");
   if (end && end.val_loss_reached !== null && end.val_loss_reached !== undefined) {
     said.push("validation loss reached " + fmt(end.val_loss_reached, 4) + " (a model that learned nothing: " + fmt(end.uniform_loss, 4) + ")");
+    if (end.best_step !== null && end.best_step !== undefined) {
+      said.push("exported: the best validation step, " + end.best_step + " (loss " + fmt(end.best_val_loss, 4) + ")");
+    }
+    if (model.stopped_early) said.push("stopped early at step " + model.steps + " of " + model.planned_steps + " planned");
   } else if (!end) said.push("no end record yet: the run is in progress or was stopped");
   if (run.resumes.length) said.push("resumed " + run.resumes.length + " time(s), at step " + run.resumes.map(r => r.step).join(", "));
   $("pretraining-summary").textContent = said.join("; ") + ".";
