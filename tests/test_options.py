@@ -60,6 +60,7 @@ BAD = [
     ("pretrain", "--n-head", "0", "0 is not in the range x>=1"),
     ("pretrain", "--n-embd", "-8", "-8 is not in the range x>=1"),
     ("pretrain", "--eval-every", "0", "0 is not in the range x>=1"),
+    ("pretrain", "--patience", "-1", "-1 is not in the range x>=0"),
     ("pretrain", "--checkpoint-every", "0", "0 is not in the range x>=1"),
     ("pretrain", "--log-every", "0", "0 is not in the range x>=1"),
     ("pretrain", "--nproc", "0", "0 is not in the range x>=1"),
