@@ -353,7 +353,7 @@ def pretrain(
             "--adapt/--no-adapt",
             help=(
                 "After pretraining, adapt the model to retrieval on the same documents "
-                "(`pipeline tune` with its defaults, its steps in proportion to --time-budget: 500 at 12m), "
+                "(`pipeline tune` with its defaults, in what pretraining left of --time-budget), "
                 "so `pipeline embed` uses it."
             ),
         ),
@@ -713,7 +713,11 @@ def tune(
         typer.Option(
             callback=duration,
             metavar="DURATION",
-            help="With --architecture auto: the time the transformer's tuning may take (e.g. 90s, 15m, 1h).",
+            help=(
+                "Time for the whole command (e.g. 90s, 15m, 1h): steps (at most --steps) and the pairs mined for "
+                "them are planned from a step and mining timed here; with auto, both candidates and their "
+                "measurement fit in it."
+            ),
         ),
     ] = "12m",
     pooling: Annotated[

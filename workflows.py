@@ -42,29 +42,61 @@ if TYPE_CHECKING:  # the documents' type only: the readers import DuckDB, which 
 quiet_libraries()  # the libraries' own notices reach no user, of the CLI or of these functions
 
 
+PRETRAIN_SHARE = 0.4  # of `pipeline pretrain`'s time budget, planned for pretraining when the adaptation follows
+
+
 def pretrain(ws: Workspace, settings, adapt: bool = True) -> dict:
     """Pretrain (pretrain/run.py), then adapt the model to retrieval on the same documents, with `pipeline
-    tune`'s defaults and its steps in proportion to the time budget. Returns the model's summary, with the
-    adaptation's under "adaptation"."""
+    tune`'s defaults. The time budget is the whole command's: pretraining is planned in PRETRAIN_SHARE of
+    it, and the adaptation (embed/choose.py) in whatever pretraining left, which is more when the corpus is
+    too small to use its share (pretrain/sizing.py's MAX_EPOCHS). Returns the model's summary, with the
+    adaptation's under "adaptation" and each phase's planned and actual seconds under "phases"."""
+    import time
+
     from embed.choose import adapt as adapt_embedder
     from embed.run import source_documents
-    from embed.tune import TuneSettings, adaptation_steps, tuning_documents
+    from embed.tune import TuneSettings, tuning_documents
     from pretrain.run import run_pretrain
 
-    summary = run_pretrain(ws, settings)
-    if adapt and settings.node_rank == 0:  # the other nodes only trained
+    started = time.perf_counter()
+    budget = settings.time_budget_seconds
+    adapting = adapt and settings.node_rank == 0  # the other nodes only train
+    pretraining_s = budget * PRETRAIN_SHARE if adapting else budget
+    summary = run_pretrain(ws, settings, pretraining_s)
+    phases = {"pretraining": {"planned_s": None if settings.shape_given else pretraining_s}}
+    phases["pretraining"]["actual_s"] = time.perf_counter() - started
+    if adapting:
         info("adapting the pretrained model to retrieval on the same documents (--no-adapt skips this)")
-        budget = settings.time_budget_seconds
+        # a pretraining of a given length has no share of the budget: the adaptation keeps its own
+        left = budget - phases["pretraining"]["actual_s"]
+        adaptation_s = budget * (1 - PRETRAIN_SHARE) if settings.shape_given else max(left, 0.0)
         documents = tuning_documents(source_documents(ws, settings.data, settings.text_field))
-        summary["adaptation"] = adapt_embedder(
-            ws, documents, budget, TuneSettings(steps=adaptation_steps(budget), wandb=settings.wandb)
-        )
+        adaptation = adapt_embedder(ws, documents, adaptation_s, TuneSettings(wandb=settings.wandb))
+        summary["adaptation"] = adaptation
+        phases["adaptation"] = {"planned_s": adaptation_s, "actual_s": adaptation["seconds_total"]}
+        phases.update({f"adaptation: {name}": times for name, times in adaptation["phases"].items()})
+    total = time.perf_counter() - started
+    planned = None if settings.shape_given and not adapting else budget  # a given length has no budget
+    summary["phases"] = {**phases, "total": {"planned_s": planned, "actual_s": total}}
+    info(phases_line(summary["phases"]))
     return summary
+
+
+def phases_line(phases: dict) -> str:
+    """Where the time went: each phase's planned and actual seconds."""
+
+    def seconds(value) -> str:
+        return "-" if value is None else f"{value:.0f}s"
+
+    return "time: " + "; ".join(
+        f"{name} {seconds(times['actual_s'])} (planned {seconds(times['planned_s'])})" for name, times in phases.items()
+    )
 
 
 def tune(ws: Workspace, data: list[Path], text_field: str | None, settings, time_budget_seconds: float) -> dict:
     """`pipeline tune`: with architecture auto, the static embedder and, when its steps fit the budget, the
-    transformer, the better kept (embed/choose.py); else the one architecture asked for."""
+    transformer, the better kept (embed/choose.py); else the one architecture asked for, its steps planned to
+    fit the budget. Either way the budget is the whole command's."""
     from dataclasses import replace
 
     from embed.choose import adapt
@@ -75,7 +107,7 @@ def tune(ws: Workspace, data: list[Path], text_field: str | None, settings, time
     if settings.architecture == "auto":
         static = replace(settings, architecture="static", pooling="mean")
         return adapt(ws, documents, time_budget_seconds, static, transformer_pooling=settings.pooling)
-    return run_tune(ws, documents, settings)
+    return run_tune(ws, documents, replace(settings, time_budget_s=time_budget_seconds))
 
 
 def embed(ws: Workspace, data: list[Path], text_field: str | None = None, settings=None) -> dict:

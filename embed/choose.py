@@ -4,11 +4,15 @@ Two embedders can be made from the pretrained GPT-2 (embed/tune.py): the static 
 cheap to train and to encode and the better one on a CPU's budget, and the whole transformer with
 pooling, where pretraining shows (on SciFact, after 200 CPU steps: 0.088 from the pretrained model, 0.006
 from random weights), which needs a GPU's compute. `pipeline pretrain` (and `pipeline tune` at its
-default, `--architecture auto`) decides between them on the machine it runs on:
+default, `--architecture auto`) decides between them on the machine it runs on, within one time budget
+that covers all of it:
 
-1. the static embedder is tuned: it always fits, and is what is kept if nothing else is;
-2. a transformer step is timed here (PROBE_STEPS steps of PROBE_PAIRS pairs, scaled to its batch), and
-   the transformer is tuned only if its steps fit the time budget; otherwise the reason is reported;
+1. a transformer step is timed here (embed/tune.py's step_seconds), and the transformer is a candidate
+   only if MIN_TRANSFORMER_STEPS of its steps fit its share of the budget (1 - STATIC_SHARE, less its
+   measurement); otherwise the reason is reported;
+2. the static embedder is tuned, its steps and the pairs mined for them planned to fit its share (all of
+   the budget but MEASURE_SHARE when it is the only candidate): it always fits, and is what is kept if
+   nothing else is; then the transformer in what is left;
 3. each candidate is measured on held-out corpus pairs (common/heldout.py: documents tuning never saw, a
    sentence or span of one as the query, the rest of it the answer), dense nDCG@10 among all the
    documents (a sample of MEASURE_DOCUMENTS on a large collection), and the transformer becomes tuned/
@@ -16,8 +20,8 @@ default, `--architecture auto`) decides between them on the machine it runs on:
 
 A transformer that fails to tune (out of GPU memory, say) is reported and the static embedder kept.
 
-The manifest's "tuned" section records the kept embedder and, under "candidates", each one's score,
-time, or why it was skipped.
+The manifest's "tuned" section records the kept embedder and, under "candidates", each one's score with
+its standard error, time, or why it was skipped, and under "phases" each phase's planned and actual seconds.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from __future__ import annotations
 import math
 import random
 import shutil
-import statistics
 import tempfile
 import time
 from dataclasses import replace
@@ -40,12 +43,22 @@ from common.heldout import held_out_pairs
 from common.language import detect_languages
 from common.readers import Document
 from common.workspace import Workspace, model_fingerprint, replace_directory
-from embed.tune import DEFAULT_LR, TUNED_DIR, TuneSettings, document_text, record_tuned, run_tune, transformer_student
+from embed.tune import (
+    PROBE_PAIRS,
+    TUNED_DIR,
+    TuneSettings,
+    document_text,
+    record_tuned,
+    run_tune,
+    step_seconds,
+    transformer_student,
+)
 
 TRANSFORMER_BATCH = 256  # pairs per step: the transformer's batch (a static table takes 1,024 cheaply)
 TRANSFORMER_MINI_BATCH = 64  # texts per forward pass (CachedMultipleNegativesRankingLoss): bounded memory
-PROBE_PAIRS = 64  # pairs a timed step holds: enough that a GPU's step is not all launch overhead
-PROBE_STEPS = 3
+MIN_TRANSFORMER_STEPS = 50  # fewer steps than this in its share of the budget: the transformer is not tuned
+STATIC_SHARE = 0.35  # of the adaptation's time, for the static embedder when the transformer is tuned beside it
+MEASURE_SHARE = 0.05  # of the adaptation's time, kept for measuring the static candidate on held-out pairs
 MEASURE_PAIRS = 300
 MEASURE_DOCUMENTS = 20_000
 
@@ -67,40 +80,62 @@ def adapt(
     ws: Workspace, docs: list[Document], budget_seconds: float, static: TuneSettings, transformer_pooling: str = "mean"
 ) -> dict:
     """Tune the candidates the budget allows, keep the one that finds held-out documents best (module
-    docstring), record it in the manifest and return its summary."""
+    docstring), record it in the manifest and return its summary. Everything, the measurements included, is
+    planned to end within `budget_seconds`: the transformer's step is timed first, and it is tuned only if
+    MIN_TRANSFORMER_STEPS of it fit its share beside the static embedder's and its measurement."""
+    started = time.perf_counter()
     transformer = transformer_settings(static, transformer_pooling)
     candidates: dict[str, dict] = {}
     skipped = None
+    transformer_s = measure_transformer_s = 0.0
+    try:
+        step_s = transformer_step_seconds(ws, docs, transformer, enough_s=budget_seconds / MIN_TRANSFORMER_STEPS)
+        measure_transformer_s = measure_seconds(step_s, transformer, len(docs))
+        transformer_s = (budget_seconds - (time.perf_counter() - started)) * (1 - STATIC_SHARE) - measure_transformer_s
+        fewest = min(MIN_TRANSFORMER_STEPS, transformer.steps)
+        if transformer_s < fewest * step_s:
+            skipped = {
+                "skipped": f"{fewest} steps of {transformer.batch_size} pairs would take about "
+                f"{fewest * step_s / 60:.1f} min here ({step_s:.2f} s a step, measured), over the budget left "
+                f"for it ({max(transformer_s, 0) / 60:.1f} min)",
+                "step_seconds": step_s,
+            }
+    except (RuntimeError, PipelineError) as e:  # e.g. out of GPU memory: the static embedder stands
+        skipped = {"skipped": f"tuning failed: {(str(e).splitlines() or [type(e).__name__])[0]}"}
+    left = budget_seconds - (time.perf_counter() - started)
+    static_s = (left * STATIC_SHARE if skipped is None else left) * (1 - MEASURE_SHARE)
+    planned = {"probe": time.perf_counter() - started, "static": static_s, "measure": left * MEASURE_SHARE}
     workdir = Path(tempfile.mkdtemp(dir=ws.root, prefix=".adapt."))  # the candidates, until one is kept
     try:
-        candidates["static"] = run_tune(ws, docs, static, out_name=f"{workdir.name}/static", record=False)
-        try:
-            step_seconds = transformer_step_seconds(ws, docs, transformer, budget_seconds)
-            estimate = step_seconds * transformer.steps
-            if estimate <= budget_seconds:
-                info(
-                    f"tuning the transformer too: {transformer.steps} steps of {transformer.batch_size} pairs, about "
-                    f"{estimate / 60:.1f} min here ({step_seconds:.2f} s a step), "
-                    f"within the budget of {budget_seconds / 60:.1f} min"
-                )
+        candidates["static"] = run_tune(
+            ws, docs, replace(static, time_budget_s=static_s), out_name=f"{workdir.name}/static", record=False
+        )
+        if skipped is None:
+            transformer_s = budget_seconds - (time.perf_counter() - started) - left * MEASURE_SHARE
+            transformer_s -= measure_transformer_s
+            planned.update(transformer=transformer_s, measure=planned["measure"] + measure_transformer_s)
+            info(
+                f"tuning the transformer too: {transformer_s / 60:.1f} min of the budget "
+                f"({step_s:.2f} s a step of {transformer.batch_size} pairs, measured)"
+            )
+            try:
                 candidates["transformer"] = run_tune(
-                    ws, docs, transformer, out_name=f"{workdir.name}/transformer", record=False
+                    ws,
+                    docs,
+                    replace(transformer, time_budget_s=transformer_s),
+                    out_name=f"{workdir.name}/transformer",
+                    record=False,
                 )
-            else:
-                skipped = {
-                    "skipped": f"{transformer.steps} steps of {transformer.batch_size} pairs would take about "
-                    f"{estimate / 60:.0f} min here ({step_seconds:.2f} s a step, measured), over the budget "
-                    f"of {budget_seconds / 60:.1f} min",
-                    "step_seconds": step_seconds,
-                }
-        except (RuntimeError, PipelineError) as e:  # e.g. out of GPU memory: the static embedder stands
-            skipped = {"skipped": f"tuning failed: {(str(e).splitlines() or [type(e).__name__])[0]}"}
+            except (RuntimeError, PipelineError) as e:
+                skipped = {"skipped": f"tuning failed: {(str(e).splitlines() or [type(e).__name__])[0]}"}
         if skipped:
             info(f"the transformer embedder is not tuned: {skipped['skipped']}")
+        measuring = time.perf_counter()
         language = detect_languages([d.text for d in docs]).language
         gains = {
             name: held_out_gains(ws.root / summary["path"], docs, language) for name, summary in candidates.items()
         }
+        measured_s = time.perf_counter() - measuring
         kept = better(gains)
         replace_directory(ws.root / candidates[kept]["path"], ws.root / TUNED_DIR)
     finally:
@@ -108,6 +143,7 @@ def adapt(
     report = {
         name: {
             "held_out_ndcg@10": float(gains[name].mean()) if len(gains[name]) else None,
+            "held_out_standard_error": standard_error(gains[name]),
             "held_out_pairs": len(gains[name]),
             "seconds": summary["seconds"],
             "steps": summary["steps"],
@@ -117,19 +153,35 @@ def adapt(
     }
     if skipped:
         report["transformer"] = skipped
+    actual = {name: summary["phases_s"]["total"] for name, summary in candidates.items()}
+    phases = {
+        name: {"planned_s": planned_s, "actual_s": actual.get(name, measured_s if name == "measure" else None)}
+        for name, planned_s in planned.items()
+    }
+    phases["probe"]["actual_s"] = planned["probe"]
     summary = {
         **candidates[kept],
         "path": TUNED_DIR,
         "fingerprint": model_fingerprint(ws.root / TUNED_DIR),
         "candidates": report,
+        "budget_s": budget_seconds,
+        "phases": phases,
+        "seconds_total": time.perf_counter() - started,
     }
     record_tuned(ws, summary)
-    measured = ", ".join(f"{name} {report[name]['held_out_ndcg@10'] or 0:.3f}" for name in candidates)
+    measured = ", ".join(
+        f"{name} {report[name]['held_out_ndcg@10'] or 0:.3f} ± {report[name]['held_out_standard_error'] or 0:.3f}"
+        for name in candidates
+    )
     info(
-        f"embedder kept: {kept} (dense nDCG@10 on {len(gains[kept])} held-out corpus pairs: {measured}); "
-        "`pipeline embed` now uses it"
+        f"embedder kept: {kept} (dense nDCG@10 on {len(gains[kept])} held-out corpus pairs, ± its standard error: "
+        f"{measured}); `pipeline embed` now uses it"
     )
     return summary
+
+
+def standard_error(values: np.ndarray) -> float | None:
+    return float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else None
 
 
 def better(gains: dict[str, np.ndarray]) -> str:
@@ -138,45 +190,30 @@ def better(gains: dict[str, np.ndarray]) -> str:
     if "transformer" not in gains or not len(gains["static"]):
         return "static"
     difference = gains["transformer"] - gains["static"]
-    standard_error = difference.std(ddof=1) / math.sqrt(len(difference)) if len(difference) > 1 else 0.0
-    return "transformer" if difference.mean() > standard_error else "static"
+    return "transformer" if difference.mean() > (standard_error(difference) or 0.0) else "static"
 
 
 def transformer_step_seconds(
-    ws: Workspace, docs: list[Document], settings: TuneSettings, budget_seconds: float
+    ws: Workspace, docs: list[Document], settings: TuneSettings, enough_s: float = math.inf
 ) -> float:
-    """Seconds one training step of the transformer candidate takes on this machine: the median of
-    PROBE_STEPS steps of PROBE_PAIRS (anchor, positive, negative) triples after one to warm up, scaled to
-    its batch (a step's cost grows with its texts) and by 4/3 for the cached loss's extra forward pass. A
-    warm-up step that already puts the steps far over the budget is the answer."""
+    """Seconds one training step of the transformer candidate takes on this machine (embed/tune.py's
+    step_seconds on (document, document, document) triples of the corpus)."""
     import torch
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    pairs = min(PROBE_PAIRS, settings.batch_size)
     model, _ = transformer_student(ws.model_dir, settings, device, docs)
-    texts = [document_text(docs[i % len(docs)], settings.max_chars) for i in range(3 * pairs)]
-    features = []
-    for part in (texts[0::3], texts[1::3], texts[2::3]):
-        features.append({k: v.to(device) if hasattr(v, "to") else v for k, v in model.tokenize(part).items()})
-    loss = MultipleNegativesRankingLoss(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr or DEFAULT_LR["transformer"])
-    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda" and torch.cuda.is_bf16_supported())
-    scale = settings.batch_size / pairs * (4 / 3 if settings.mini_batch else 1)
-    times = []
-    for _ in range(PROBE_STEPS + 1):
-        start = time.perf_counter()
-        with autocast:
-            value = loss(features, None)
-        value.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        if len(times) == 1 and times[0] * scale * settings.steps > 10 * budget_seconds:
-            return times[0] * scale
-    return statistics.median(times[1:]) * scale
+    texts = [document_text(docs[i % len(docs)], settings.max_chars) for i in range(3 * PROBE_PAIRS)]
+    triples = list(zip(texts[0::3], texts[1::3], texts[2::3]))
+    return step_seconds(model, triples, settings, device, enough_s)
+
+
+def measure_seconds(step_s: float, settings: TuneSettings, documents: int) -> float:
+    """About how long measuring the transformer on held-out pairs takes: encoding is a forward pass (about a
+    third of a training step's work) over up to MEASURE_DOCUMENTS documents and the pairs' queries, at twice
+    the tokens of a training text (chunks are read up to 256 tokens)."""
+    texts_per_step = 3 * settings.batch_size
+    texts = min(documents, MEASURE_DOCUMENTS) + MEASURE_PAIRS
+    return texts * step_s / texts_per_step / 3 * 2
 
 
 def held_out_gains(model_dir: Path, docs: list[Document], language: str, seed: int = 0) -> np.ndarray:

@@ -78,6 +78,12 @@ DOCUMENTS_PER_BATCH_PAIR = 3
 # pretraining corpus of gigabytes is not held in memory for them.
 MAX_TUNING_DOCUMENTS = 200_000
 MAX_PAIR_REPEATS = 3  # times one (anchor, positive) pair may be trained on: more teaches the pair, not the task
+# Planning to a time budget (TuneSettings.time_budget_s): a step and the mining are timed here first.
+PROBE_STEPS = 3  # timed steps, after one that warms up
+PROBE_PAIRS = 64  # a transformer's timed batch (scaled to its own): a static step is cheap enough to time whole
+MINE_PROBE_PAIRS = 512  # pairs whose hard negatives are timed before the rest are mined
+PAIR_SLACK = 1.2  # pairs mined beyond steps x batch: the distinct-documents sampler leaves some out of batches
+SAVE_SHARE = 0.03  # of the budget, left for saving the model
 
 
 @dataclass
@@ -97,6 +103,9 @@ class TuneSettings:
     seed: int = 0
     log_every: int = 10
     wandb: bool = False  # mirror the TensorBoard events (tensorboard/tune-ARCHITECTURE/) to Weights & Biases
+    # with a value: the steps (at most `steps`), and the pairs mined for them, planned from a timed step and
+    # timed mining to end within this many seconds of run_tune's start
+    time_budget_s: float | None = None
 
     @property
     def max_chars(self) -> int:
@@ -120,13 +129,6 @@ def tuning_documents(documents: Iterable[Document], limit: int = MAX_TUNING_DOCU
     if seen > limit:
         info(f"tuning on a sample of {limit:,} of the corpus's {seen:,} documents, drawn across it")
     return [doc for _, doc in sorted(kept, key=lambda item: item[0])]
-
-
-def adaptation_steps(pretraining_seconds: float, steps: int = TuneSettings.steps) -> int:
-    """Steps for the adaptation `pipeline pretrain` chains: in proportion to its --time-budget, the default
-    steps at the default 12 minutes (about 14 minutes of tuning on 2 CPU cores), at least a fifth of them
-    (a 3-minute quick start tunes for about 3 minutes), never more (quality stopped rising at 500 steps)."""
-    return max(steps // 5, min(steps, round(steps * pretraining_seconds / (12 * 60))))
 
 
 def tuned_model_dir(ws: Workspace) -> Path | None:
@@ -299,20 +301,19 @@ def make_pairs(
 
 
 def hard_negatives(
-    docs: list[Document], pairs: list[tuple[str, str, int | None]], settings: TuneSettings, language: str = "en"
+    docs: list[Document],
+    pairs: list[tuple[str, str, int | None]],
+    settings: TuneSettings,
+    language: str = "en",
+    lexical=None,
 ) -> list[int]:
     """One negative per pair: a document BM25 ranks among the top HARD_NEGATIVE_DEPTH for the anchor that is
     not the pair's own. It shares the anchor's words, so the model has to learn more than word overlap to
     tell them apart, which random in-batch negatives rarely ask of it. A pair with no such document (or a
     labelled pair, whose document may be any of them) gets a random other document. Returns each pair's
-    negative as an index into docs."""
-    from common.lexical import (
-        Analyzer,
-        LexicalIndex,
-    )  # here: its scipy import is 0.2 s of every `pipeline embed` (it imports this module)
-
+    negative as an index into docs. `lexical`: the documents' BM25 index (documents_index), if built already."""
     rng = random.Random(settings.seed + 1)
-    lexical = LexicalIndex.build([(i, d.title, d.text) for i, d in enumerate(docs)], Analyzer(language))
+    lexical = lexical or documents_index(docs, language)
     ranked = lexical.top_many([anchor for anchor, _, _ in pairs], HARD_NEGATIVE_DEPTH + 1)
     negatives = []
     for (_, _, source), candidates in zip(pairs, ranked):
@@ -323,6 +324,14 @@ def hard_negatives(
             j = rng.randrange(len(docs) - (source is not None))
             negatives.append(j + (source is not None and j >= source))
     return negatives
+
+
+def documents_index(docs: list[Document], language: str):
+    """The documents' BM25 index (ids = their positions) that hard negatives are mined from."""
+    # imported here: its scipy import is 0.2 s of every `pipeline embed` (it imports this module)
+    from common.lexical import Analyzer, LexicalIndex
+
+    return LexicalIndex.build([(i, d.title, d.text) for i, d in enumerate(docs)], Analyzer(language))
 
 
 def batch_keys(pairs: list[tuple[str, str, int | None]], negatives: list[int] | None) -> list[frozenset]:
@@ -428,6 +437,7 @@ def run_tune(
     from transformers import TrainerCallback
     from transformers.integrations import TensorBoardCallback
 
+    started = time.perf_counter()  # what a time budget counts from
     labelled = read_labelled_pairs(settings.pairs_file, {d.id: d for d in docs}) if settings.pairs_file else []
     # Documents held out here are where `pipeline index` measures which search mode works best.
     training_docs = [d for d in docs if not is_held_out(d.id)] or docs
@@ -471,14 +481,28 @@ def run_tune(
     else:
         loss = MultipleNegativesRankingLoss(model)
 
+    mining = settings.hard_negatives and len(training_docs) > 1
+    pairs_s = time.perf_counter() - started
+    mine = time.perf_counter()
+    lexical = documents_index(training_docs, language) if mining else None
+    negatives = hard_negatives(training_docs, pairs[:MINE_PROBE_PAIRS], settings, language, lexical) if mining else []
+    mine_s = time.perf_counter() - mine
+    plan = None
+    if settings.time_budget_s is not None:
+        mine_per_pair = mine_s / max(1, min(len(pairs), MINE_PROBE_PAIRS)) if mining else 0.0
+        plan = budget_plan(model, pairs, training_docs, settings, device, started, mine_per_pair)
+        settings = replace(settings, steps=plan["steps"])
+        pairs = pairs[: max(len(negatives), math.ceil(plan["steps"] * settings.batch_size * PAIR_SLACK))]
     columns = {"anchor": [a for a, _, _ in pairs], "positive": [p for _, p, _ in pairs]}
-    negatives = None
-    if settings.hard_negatives and len(training_docs) > 1:
-        start = time.perf_counter()
-        negatives = hard_negatives(training_docs, pairs, settings, language)
+    if mining:
+        mine = time.perf_counter()
+        negatives += hard_negatives(training_docs, pairs[len(negatives) :], settings, language, lexical)
+        mine_s += time.perf_counter() - mine
         texts = [document_text(d, settings.max_chars) for d in training_docs]  # once per document, not per pair
         columns["negative"] = [texts[j] for j in negatives]
-        info(f"mined a BM25 hard negative for each pair in {time.perf_counter() - start:.0f}s")
+        info(f"mined a BM25 hard negative for each of {len(pairs):,} pairs in {mine_s:.0f}s")
+    else:
+        negatives = None
     sampler = DistinctDocumentsBatchSampler(batch_keys(pairs, negatives), settings.batch_size, settings.seed)
     if len(sampler) == 0 and negatives is not None:  # a handful of documents: their hard negatives leave no batch
         info("no batch holds each document once with hard negatives among so few documents: in-batch negatives only")
@@ -576,7 +600,9 @@ def run_tune(
         "dropout": settings.dropout,
         "first_loss": losses[0] if losses else None,
         "final_loss": losses[-1] if losses else result.training_loss,
-        "seconds": seconds,
+        "seconds": seconds,  # training
+        "phases_s": {"pairs": pairs_s, "mining": mine_s, "training": seconds, "total": time.perf_counter() - started},
+        **({"plan": plan} if plan else {}),
     }
     losses_said = (
         f"loss {summary['first_loss']:.3f} -> {summary['final_loss']:.3f}"
@@ -590,6 +616,85 @@ def run_tune(
         + ("; `pipeline embed` now uses it" if record else "")
     )
     return summary
+
+
+def budget_plan(
+    model, pairs: list, docs: list[Document], settings: TuneSettings, device: str, started: float, mine_per_pair: float
+) -> dict:
+    """The steps that end the tuning within settings.time_budget_s of `started`: a step timed here (a copy of
+    the model trained on the first pairs) and each step's pairs mined at `mine_per_pair` seconds a pair."""
+    probe = [
+        (a, p, document_text(docs[(i * 7919) % len(docs)], settings.max_chars)) for i, (a, p, _) in enumerate(pairs)
+    ]
+    step_s = step_seconds(model, probe, settings, device)
+    elapsed = time.perf_counter() - started
+    steps = planned_steps(settings, settings.time_budget_s, elapsed, step_s, mine_per_pair)
+    plan = {
+        "budget_s": settings.time_budget_s,
+        "steps": steps,
+        "step_s": step_s,
+        "mine_s_per_pair": mine_per_pair,
+        "before_training_s": elapsed,
+        "planned_s": elapsed + steps * (step_s + settings.batch_size * PAIR_SLACK * mine_per_pair),
+    }
+    info(
+        f"planned {steps} {settings.architecture} steps of {settings.batch_size} pairs for the "
+        f"{settings.time_budget_s:.0f}s budget: a step takes {step_s:.2f}s here (timed), mining "
+        f"{mine_per_pair * 1000:.2f} ms a pair, {elapsed:.0f}s spent before training"
+        + (f" (at most {settings.steps})" if steps == settings.steps else "")
+    )
+    return plan
+
+
+def planned_steps(
+    settings: TuneSettings, budget_s: float, elapsed_s: float, step_s: float, mine_per_pair: float
+) -> int:
+    """As many steps as fit what is left of the budget (less SAVE_SHARE for saving), each with its batch's
+    pairs mined; at least one, at most settings.steps."""
+    available = budget_s * (1 - SAVE_SHARE) - elapsed_s
+    per_step = step_s + settings.batch_size * PAIR_SLACK * mine_per_pair
+    return max(1, min(settings.steps, int(available / max(per_step, 1e-9))))
+
+
+def step_seconds(
+    model, triples: list[tuple[str, str, str]], settings: TuneSettings, device: str, enough_s: float = math.inf
+) -> float:
+    """Seconds a training step of `model` takes here on a batch of settings.batch_size (anchor, positive,
+    negative) triples, tokenizing included as the trainer does: the median of PROBE_STEPS steps after one
+    that warms up, on a copy of the model (the model itself is not trained). A transformer is timed on
+    PROBE_PAIRS triples and scaled to its batch (a step's cost grows with its texts), by 4/3 with the cached
+    loss's extra forward pass. A warm-up step already slower than `enough_s` is the answer."""
+    import copy
+    import statistics
+
+    import torch
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    model = copy.deepcopy(model).train()
+    pairs = settings.batch_size if settings.architecture == "static" else min(PROBE_PAIRS, settings.batch_size)
+    batch = [triples[i % len(triples)] for i in range(pairs)]
+    loss = MultipleNegativesRankingLoss(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr or DEFAULT_LR[settings.architecture])
+    bf16 = device == "cuda" and settings.architecture == "transformer" and torch.cuda.is_bf16_supported()
+    scale = settings.batch_size / pairs * (4 / 3 if settings.mini_batch else 1)
+    times = []
+    for _ in range(PROBE_STEPS + 1):
+        start = time.perf_counter()
+        features = [
+            {k: v.to(device) if hasattr(v, "to") else v for k, v in model.tokenize([t[column] for t in batch]).items()}
+            for column in range(3)
+        ]
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            value = loss(features, None)
+        value.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        if times[0] * scale > enough_s:
+            return times[0] * scale
+    return statistics.median(times[1:]) * scale
 
 
 def record_tuned(ws: Workspace, summary: dict) -> None:

@@ -34,9 +34,11 @@ from pretrain.sizing import size_to_budget
 AUTOTUNE_STEPS = 4  # steps of each plan --autotune measures (the first warms up)
 
 
-def run_pretrain(ws: Workspace, s: PretrainSettings) -> dict:
-    """Run `pipeline pretrain`; returns the model's summary."""
-    budget_s = check_settings(s)
+def run_pretrain(ws: Workspace, s: PretrainSettings, budget_s: float | None = None) -> dict:
+    """Run `pipeline pretrain`'s pretraining in `budget_s` seconds (default: all of --time-budget); returns
+    the model's summary."""
+    checked_budget_s = check_settings(s)
+    budget_s = checked_budget_s if budget_s is None else budget_s
     nproc = s.nproc if s.nproc is not None else default_workers(s.ray)
     plan = ParallelConfig.resolve(
         None if s.auto else s.strategy,

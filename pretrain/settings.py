@@ -120,8 +120,9 @@ class PretrainSettings:
     )
     time_budget: str = option(
         "12m",
-        "Without --preset/--max-steps/--tokens: time for pretraining, model size and "
-        "tokens chosen to fit (e.g. 90s, 15m, 1h).",
+        "Time for the whole command (e.g. 90s, 15m, 1h): 40% planned for pretraining (without --preset/"
+        "--max-steps/--tokens: model size and tokens chosen to fit, at most 4 epochs), the adaptation in what "
+        "pretraining leaves.",
         duration=True,
         metavar="DURATION",
     )

@@ -19,13 +19,13 @@ from embed.tune import (
     MAX_PAIR_REPEATS,
     DistinctDocumentsBatchSampler,
     TuneSettings,
-    adaptation_steps,
     batch_keys,
     document_text,
     hard_negatives,
     make_pairs,
     pair_for,
     pair_sources,
+    planned_steps,
     read_labelled_pairs,
 )
 
@@ -155,12 +155,17 @@ def test_a_batch_holds_each_document_once(corpus_file):
     assert list(sampler)[0] != batches[0]  # each epoch its own order
 
 
-def test_the_chained_adaptation_is_sized_to_the_pretraining_budget():
-    from common.durations import parse_duration
+def test_tuning_steps_are_planned_to_fit_the_time_budget():
+    """Steps fill what is left of the budget at the measured cost of a step and of mining its pairs, never more
+    than asked for, never none."""
+    settings = TuneSettings(steps=500, batch_size=1024)
 
-    steps = [adaptation_steps(parse_duration(budget)) for budget in ("1m", "3m", "12m", "1h")]
-    assert steps == sorted(steps) and steps[2] == steps[3] == TuneSettings().steps  # the default at 12m, no more later
-    assert steps[0] == TuneSettings().steps // 5 < steps[1]  # a quick run tunes briefly, but not for nothing
+    def steps(budget_s, elapsed_s=0.0, step_s=0.5, mine_per_pair=0.0):
+        return planned_steps(settings, budget_s, elapsed_s, step_s, mine_per_pair)
+
+    assert steps(60) < steps(120) < steps(600) == 500
+    assert steps(120, elapsed_s=60) < steps(120) and steps(120, mine_per_pair=1e-4) < steps(120)
+    assert steps(120, step_s=1.0) < steps(120) and steps(1) == steps(10, elapsed_s=20) == 1
 
 
 def test_labelled_pairs_file(tmp_path):
@@ -300,6 +305,10 @@ def test_auto_tunes_both_embedders_within_the_budget_and_keeps_the_better_on_hel
     modules = [m["type"].rsplit(".", 1)[-1] for m in json.loads((ws / "tuned" / "modules.json").read_text())]
     assert ("StaticEmbedding" in modules) == (kept == "static")
     assert not list(ws.glob(".adapt.*"))  # the other candidate is gone
+    # every phase planned and timed, each candidate's steps planned from a measured step
+    assert {"probe", "static", "transformer", "measure"} <= set(tuned["phases"])
+    assert all(phase["actual_s"] is not None for phase in tuned["phases"].values())
+    assert tuned["plan"]["step_s"] > 0 and candidates["static"]["held_out_standard_error"] is not None
     # A budget the transformer's measured steps do not fit: the static embedder only, and why
     run_cli("tune", "-w", str(ws), "--steps", "3", "--batch-size", "8", "--time-budget", "0.001s")
     tuned = json.loads((ws / "manifest.json").read_text())["tuned"]
