@@ -79,7 +79,7 @@ DOCUMENTS_PER_BATCH_PAIR = 3
 MAX_TUNING_DOCUMENTS = 200_000
 MAX_PAIR_REPEATS = 3  # times one (anchor, positive) pair may be trained on: more teaches the pair, not the task
 # Planning to a time budget (TuneSettings.time_budget_s): a step and the mining are timed here first.
-PROBE_STEPS = 3  # timed steps, after one that warms up
+PROBE_STEPS = 2  # timed steps, after one that warms up
 PROBE_PAIRS = 64  # a transformer's timed batch (scaled to its own): a static step is cheap enough to time whole
 MINE_PROBE_PAIRS = 512  # pairs whose hard negatives are timed before the rest are mined
 PAIR_SLACK = 1.2  # pairs mined beyond steps x batch: the distinct-documents sampler leaves some out of batches
@@ -449,6 +449,21 @@ def run_tune(
         )
         settings = replace(settings, batch_size=largest_batch)
     language = detect_languages([d.text for d in training_docs]).language
+    torch.manual_seed(settings.seed)
+    base_fingerprint = model_fingerprint(ws.model_dir)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    build = static_student if settings.architecture == "static" else transformer_student
+    model, finish = build(ws.model_dir, settings, device, training_docs)
+    if settings.mini_batch:
+        loss = CachedMultipleNegativesRankingLoss(model, mini_batch_size=settings.mini_batch)
+    else:
+        loss = MultipleNegativesRankingLoss(model)
+
+    mining = settings.hard_negatives and len(training_docs) > 1
+    plan, lexical = None, None
+    if settings.time_budget_s is not None:  # only the pairs the steps that fit will use are made and mined
+        plan, lexical = budget_plan(model, training_docs, labelled, settings, language, device, started, mining)
+        settings = replace(settings, steps=plan["steps"])
     pairs, report = make_pairs(training_docs, settings, labelled, language)
     if report["fallback"]:
         warn(report["fallback"])
@@ -471,38 +486,18 @@ def run_tune(
         f"and {split.get('spans', 0):,} into spans; {report['titles_used']:,} titles used"
     )
 
-    torch.manual_seed(settings.seed)
-    base_fingerprint = model_fingerprint(ws.model_dir)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    build = static_student if settings.architecture == "static" else transformer_student
-    model, finish = build(ws.model_dir, settings, device, training_docs)
-    if settings.mini_batch:
-        loss = CachedMultipleNegativesRankingLoss(model, mini_batch_size=settings.mini_batch)
-    else:
-        loss = MultipleNegativesRankingLoss(model)
-
-    mining = settings.hard_negatives and len(training_docs) > 1
     pairs_s = time.perf_counter() - started
     mine = time.perf_counter()
-    lexical = documents_index(training_docs, language) if mining else None
-    negatives = hard_negatives(training_docs, pairs[:MINE_PROBE_PAIRS], settings, language, lexical) if mining else []
-    mine_s = time.perf_counter() - mine
-    plan = None
-    if settings.time_budget_s is not None:
-        mine_per_pair = mine_s / max(1, min(len(pairs), MINE_PROBE_PAIRS)) if mining else 0.0
-        plan = budget_plan(model, pairs, training_docs, settings, device, started, mine_per_pair)
-        settings = replace(settings, steps=plan["steps"])
-        pairs = pairs[: max(len(negatives), math.ceil(plan["steps"] * settings.batch_size * PAIR_SLACK))]
+    if mining and lexical is None:
+        lexical = documents_index(training_docs, language)
     columns = {"anchor": [a for a, _, _ in pairs], "positive": [p for _, p, _ in pairs]}
+    negatives = None
     if mining:
-        mine = time.perf_counter()
-        negatives += hard_negatives(training_docs, pairs[len(negatives) :], settings, language, lexical)
-        mine_s += time.perf_counter() - mine
+        negatives = hard_negatives(training_docs, pairs, settings, language, lexical)
+        mine_s = time.perf_counter() - mine
         texts = [document_text(d, settings.max_chars) for d in training_docs]  # once per document, not per pair
         columns["negative"] = [texts[j] for j in negatives]
         info(f"mined a BM25 hard negative for each of {len(pairs):,} pairs in {mine_s:.0f}s")
-    else:
-        negatives = None
     sampler = DistinctDocumentsBatchSampler(batch_keys(pairs, negatives), settings.batch_size, settings.seed)
     if len(sampler) == 0 and negatives is not None:  # a handful of documents: their hard negatives leave no batch
         info("no batch holds each document once with hard negatives among so few documents: in-batch negatives only")
@@ -601,7 +596,12 @@ def run_tune(
         "first_loss": losses[0] if losses else None,
         "final_loss": losses[-1] if losses else result.training_loss,
         "seconds": seconds,  # training
-        "phases_s": {"pairs": pairs_s, "mining": mine_s, "training": seconds, "total": time.perf_counter() - started},
+        "phases_s": {
+            "pairs": pairs_s,
+            "mining": mine_s if mining else 0.0,
+            "training": seconds,
+            "total": time.perf_counter() - started,
+        },
         **({"plan": plan} if plan else {}),
     }
     losses_said = (
@@ -619,40 +619,57 @@ def run_tune(
 
 
 def budget_plan(
-    model, pairs: list, docs: list[Document], settings: TuneSettings, device: str, started: float, mine_per_pair: float
-) -> dict:
-    """The steps that end the tuning within settings.time_budget_s of `started`: a step timed here (a copy of
-    the model trained on the first pairs) and each step's pairs mined at `mine_per_pair` seconds a pair."""
-    probe = [
-        (a, p, document_text(docs[(i * 7919) % len(docs)], settings.max_chars)) for i, (a, p, _) in enumerate(pairs)
-    ]
+    model,
+    docs: list[Document],
+    labelled: list[tuple[str, str]],
+    settings: TuneSettings,
+    language: str,
+    device: str,
+    started: float,
+    mining: bool,
+) -> tuple[dict, object]:
+    """The steps that end the tuning within settings.time_budget_s of `started`, from what one round of pairs
+    (one a document) costs to make, to mine (MINE_PROBE_PAIRS of them, after the BM25 index is built) and to
+    train on (a step timed on a copy of the model). Returns the plan and the BM25 index, for the mining."""
+    start = time.perf_counter()
+    first, _ = make_pairs(docs, replace(settings, steps=1), labelled, language)
+    pair_s = (time.perf_counter() - start) / len(first)
+    lexical, mine_per_pair = None, 0.0
+    if mining:
+        lexical = documents_index(docs, language)
+        hard_negatives(docs, first[:8], settings, language, lexical)  # loads the compiled search kernel
+        sample = first[8 : 8 + MINE_PROBE_PAIRS] or first
+        start = time.perf_counter()
+        hard_negatives(docs, sample, settings, language, lexical)
+        mine_per_pair = (time.perf_counter() - start) / len(sample)
+    negatives = [document_text(docs[(i * 7919) % len(docs)], settings.max_chars) for i in range(settings.batch_size)]
+    probe = [(a, p, negative) for (a, p, _), negative in zip(first[: settings.batch_size], negatives)]
     step_s = step_seconds(model, probe, settings, device)
     elapsed = time.perf_counter() - started
-    steps = planned_steps(settings, settings.time_budget_s, elapsed, step_s, mine_per_pair)
+    steps = planned_steps(settings, settings.time_budget_s, elapsed, step_s, mine_per_pair + pair_s)
     plan = {
         "budget_s": settings.time_budget_s,
         "steps": steps,
         "step_s": step_s,
         "mine_s_per_pair": mine_per_pair,
+        "make_s_per_pair": pair_s,
         "before_training_s": elapsed,
-        "planned_s": elapsed + steps * (step_s + settings.batch_size * PAIR_SLACK * mine_per_pair),
+        "planned_s": elapsed + steps * (step_s + settings.batch_size * PAIR_SLACK * (mine_per_pair + pair_s)),
     }
     info(
         f"planned {steps} {settings.architecture} steps of {settings.batch_size} pairs for the "
-        f"{settings.time_budget_s:.0f}s budget: a step takes {step_s:.2f}s here (timed), mining "
-        f"{mine_per_pair * 1000:.2f} ms a pair, {elapsed:.0f}s spent before training"
-        + (f" (at most {settings.steps})" if steps == settings.steps else "")
+        f"{settings.time_budget_s:.0f}s budget: a step takes {step_s:.2f}s here (timed), a pair "
+        f"{(mine_per_pair + pair_s) * 1000:.2f} ms to make and mine, {elapsed:.0f}s spent planning"
+        + (" (the most asked for)" if steps == settings.steps else "")
     )
-    return plan
+    return plan, lexical
 
 
-def planned_steps(
-    settings: TuneSettings, budget_s: float, elapsed_s: float, step_s: float, mine_per_pair: float
-) -> int:
+def planned_steps(settings: TuneSettings, budget_s: float, elapsed_s: float, step_s: float, pair_s: float) -> int:
     """As many steps as fit what is left of the budget (less SAVE_SHARE for saving), each with its batch's
-    pairs mined; at least one, at most settings.steps."""
+    pairs made and mined at `pair_s` a pair; at least one, at most settings.steps."""
     available = budget_s * (1 - SAVE_SHARE) - elapsed_s
-    per_step = step_s + settings.batch_size * PAIR_SLACK * mine_per_pair
+    per_step = step_s + settings.batch_size * PAIR_SLACK * pair_s
     return max(1, min(settings.steps, int(available / max(per_step, 1e-9))))
 
 

@@ -1,0 +1,178 @@
+"""The product on one GPU, in one command of at most 8 minutes on an H100-class card, written as one JSON file.
+
+    throughput   GPT-2 small (12 layers, d 768, vocabulary 32,768, 64 x 1,024 tokens a step) trained for
+                 --small-steps steps, eager and with --compile: tokens/s and MFU against the card's datasheet
+                 bf16 peak and against the matmul peak measured on it (pretrain/hardware.py), the medians of
+                 the logged steps after the first
+    chain        `pipeline pretrain --time-budget 2m` on SciFact (sized, adapted): each phase's planned and
+                 actual seconds, the shape, epochs, best and final validation loss, the embedder kept and
+                 each candidate's held-out score with its standard error; then `pipeline embed`,
+                 `pipeline index` and `pipeline eval --mode all` on the test queries
+    random init  the same shape at initialisation (`pretrain --max-steps 0`) and the same adaptation
+                 (`pipeline tune` in the seconds the chain's adaptation was planned), embedded, indexed
+                 and evaluated alike: pretraining's contribution, pretrained - random dense nDCG@10
+
+    python benchmarks/bench_gpu.py [--data BEIR_DIR] [--out FILE] [--workdir DIR] [--quick]
+
+--quick is for trying the script on a CPU (the tiny preset, a 300-document slice, a 1-minute budget): its
+figures mean nothing. How to run it on a machine with a GPU and no internet: benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCIFACT = REPO.parent / "shared" / "data" / "scifact"
+
+
+def pipeline(*args: str) -> str:
+    """`pipeline ARGS` in a new process; its stdout. A failure stops the benchmark with the command's own error."""
+    done = subprocess.run([sys.executable, str(REPO / "cli.py"), *args], cwd=REPO, text=True, capture_output=True)
+    if done.returncode != 0:
+        raise SystemExit(f"pipeline {' '.join(args)} exited {done.returncode}:\n{done.stderr[-4000:]}")
+    return done.stdout
+
+
+def timed(*args: str) -> tuple[str, float]:
+    start = time.perf_counter()
+    return pipeline(*args), time.perf_counter() - start
+
+
+def records(ws: Path, event: str) -> list[dict]:
+    lines = (ws / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("event") == event]
+
+
+def throughput(ws: Path, corpus: Path, steps: int, compile_: bool, quick: bool) -> dict:
+    """GPT-2 small (the tiny preset with --quick) for `steps` steps: the logged steps' median figures."""
+    shape = ["--preset", "tiny"] if quick else ["--preset", "small"]
+    _, seconds = timed(
+        "pretrain", "-w", str(ws), "--data", str(corpus), *shape, "--max-steps", str(steps), "--log-every",
+        str(max(1, steps // 10)), "--eval-every", str(steps), "--patience", "0", "--no-adapt",
+        *(["--compile"] if compile_ else []),
+    )  # fmt: skip
+    train = records(ws, "train")[1:] or records(ws, "train")  # the first logged window holds the warm-up
+
+    def median(key: str):
+        values = [r[key] for r in train if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    return {
+        "compile": compile_,
+        "steps": steps,
+        "seconds": round(seconds, 1),
+        "tokens_per_s": median("tokens_per_s"),
+        "mfu_datasheet": median("mfu_datasheet"),
+        "mfu_measured": median("mfu_measured"),
+        "datasheet_peak_tflops": (train[-1].get("datasheet_peak_flops") or 0) / 1e12 or None,
+        "measured_peak_tflops": (train[-1].get("matmul_peak_flops") or 0) / 1e12 or None,
+    }
+
+
+def evaluate(ws: Path, data: Path, split: str) -> dict:
+    judged = ["--queries", str(data / "queries.jsonl"), "--qrels", str(data / "qrels" / f"{split}.tsv")]
+    rows = json.loads(pipeline("eval", "-w", str(ws), *judged, "--mode", "all", "--json"))
+    default = json.loads(pipeline("eval", "-w", str(ws), *judged, "--json"))
+    scores = {r["mode"]: r["ndcg@10"] for r in rows}
+    return {**scores, "default": default["ndcg@10"], "default_mode": default["mode"]}
+
+
+def embed_index_eval(ws: Path, data: Path, split: str) -> dict:
+    _, embed_s = timed("embed", "-w", str(ws), "--data", str(data / "corpus.jsonl"))
+    _, index_s = timed("index", "-w", str(ws))
+    return {"embed_s": round(embed_s, 1), "index_s": round(index_s, 1), "ndcg@10": evaluate(ws, data, split)}
+
+
+def chain(ws: Path, data: Path, budget: str, split: str) -> dict:
+    """The default chain at `budget`: what it planned, spent, trained, kept, and how it searches."""
+    summary = json.loads(pipeline("pretrain", "-w", str(ws), "--data", str(data / "corpus.jsonl"),
+                                  "--time-budget", budget, "--json"))  # fmt: skip
+    sizing = (records(ws, "sizing") or [{}])[0]
+    chosen = next((s for s in sizing.get("shapes", []) if s["chosen"]), {})
+    end = records(ws, "end")[-1]
+    adaptation = summary.get("adaptation", {})
+    return {
+        "phases": summary["phases"],
+        "shape": summary["config"],
+        "parameters": summary["parameters"],
+        "steps": summary["steps"],
+        "planned_steps": summary.get("planned_steps"),
+        "epochs": chosen.get("epochs"),
+        "capped_at_max_epochs": sizing.get("capped_at_max_epochs"),
+        "best_step": end.get("best_step"),
+        "best_val_loss": end.get("best_val_loss"),
+        "final_val_loss": end.get("val_loss_reached"),
+        "seq_len": summary["seq_len"],
+        "embedder_kept": adaptation.get("architecture"),
+        "candidates": adaptation.get("candidates"),
+        **embed_index_eval(ws, data, split),
+    }
+
+
+def random_init(ws: Path, data: Path, trained: dict, split: str) -> dict:
+    """The chain's shape at initialisation, adapted in the seconds the chain's adaptation was planned."""
+    shape = trained["shape"]
+    pipeline(
+        "pretrain", "-w", str(ws), "--data", str(data / "corpus.jsonl"), "--max-steps", "0", "--no-adapt",
+        "--n-layer", str(shape["n_layer"]), "--n-head", str(shape["n_head"]), "--n-embd", str(shape["n_embd"]),
+        "--seq-len", str(trained["seq_len"]), "--vocab-size", str(shape["vocab_size"]),
+    )  # fmt: skip
+    adaptation_s = trained["phases"]["adaptation"]["planned_s"]
+    tuned = json.loads(pipeline("tune", "-w", str(ws), "--time-budget", f"{adaptation_s:.0f}s", "--json"))
+    return {"adaptation_s": adaptation_s, "embedder_kept": tuned["architecture"],
+            "candidates": tuned.get("candidates"), **embed_index_eval(ws, data, split)}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=SCIFACT, help="a BEIR folder (default: ../shared SciFact)")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "gpu.json")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench_gpu"))
+    parser.add_argument("--small-steps", type=int, default=60)
+    parser.add_argument("--quick", action="store_true", help="try the script on a CPU (meaningless figures)")
+    args = parser.parse_args()
+    import torch
+
+    data = args.data
+    if args.quick:  # a slice of the collection, its judged queries kept
+        data = args.workdir / "slice"
+        (data / "qrels").mkdir(parents=True, exist_ok=True)
+        (data / "corpus.jsonl").write_text("".join((args.data / "corpus.jsonl").open().readlines()[:300]))
+        shutil.copy(args.data / "queries.jsonl", data / "queries.jsonl")
+        shutil.copy(args.data / "qrels" / f"{args.split}.tsv", data / "qrels" / f"{args.split}.tsv")
+    shutil.rmtree(args.workdir / "ws", ignore_errors=True)
+    result = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+        "quick": args.quick,
+    }
+    started = time.perf_counter()
+    steps = 6 if args.quick else args.small_steps
+    result["gpt2_small"] = [
+        throughput(args.workdir / "ws" / f"small-{mode}", data / "corpus.jsonl", steps, mode == "compile", args.quick)
+        for mode in ("eager", "compile")
+    ]
+    budget = "1m" if args.quick else "2m"
+    result["chain"] = chain(args.workdir / "ws" / "chain", data, budget, args.split)
+    result["random_init"] = random_init(args.workdir / "ws" / "random", data, result["chain"], args.split)
+    result["pretrained_minus_random_dense"] = (
+        result["chain"]["ndcg@10"]["dense"] - result["random_init"]["ndcg@10"]["dense"]
+    )
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
