@@ -185,7 +185,11 @@ def test_runs_page_draws_every_chart_offline_in_a_real_browser(server, report, t
         # the sizing table, a row per shape in rank order, the chosen one marked; the candidates' table
         rows = page.locator("#sizing-table tbody tr")
         assert rows.count() == len(run["sizing"]["shapes"])
-        assert page.locator("#sizing-table tbody tr.chosen td").first.inner_text() == "1"
+        chosen_rank = next(shape["law_rank"] for shape in run["sizing"]["shapes"] if shape["chosen"])
+        assert page.locator("#sizing-table tbody tr.chosen td").first.inner_text() == str(chosen_rank)
+        # the exported weights are the best validation step's, and the page says which
+        said = f"exported: the best validation step, {run['end']['best_step']} "
+        assert said in page.inner_text("#pretraining-summary")
         kept = page.locator("#candidates-table tbody tr.chosen td").all_inner_texts()
         score = adaptation["candidates"][adaptation["kept"]]["held_out_ndcg@10"]
         assert kept[0] == adaptation["kept"] and float(kept[1]) == pytest.approx(score, rel=5e-3)
