@@ -577,6 +577,9 @@ def run_tune(
     finally:
         board.close()
         shutil.rmtree(scratch, ignore_errors=True)
+        del trainer
+        if device == "cuda":  # the next candidate, or another process on this GPU, gets the memory back
+            torch.cuda.empty_cache()
 
     summary = {
         "path": out_name,

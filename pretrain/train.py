@@ -264,6 +264,9 @@ def train(
     state = None
     if export:  # the best-validation weights where validation ran, else (no step run) the model as it is
         state = (load_best(ws) if main else None) if best.kept else full_state_dict(pm)
+    del pm, optimizers, schedulers
+    if par.device.type == "cuda":  # the adaptation, or another process on this GPU, gets the memory back
+        torch.cuda.empty_cache()
     if not main:
         return {}
     summary = {
