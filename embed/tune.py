@@ -528,6 +528,10 @@ def run_tune(
     start = time.perf_counter()
 
     class Progress(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == state.max_steps:  # the last step's loss is logged too (planned steps are any)
+                control.should_log = True
+
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
                 elapsed = time.perf_counter() - start
