@@ -37,7 +37,7 @@ def full_run(tmp_path_factory, corpus_file) -> Path:
         "--data",
         str(corpus_file),
         "--time-budget",
-        "10s",
+        "25s",
         "--strategy",
         "auto",
         "--log-every",
