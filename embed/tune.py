@@ -81,7 +81,7 @@ MAX_PAIR_REPEATS = 3  # times one (anchor, positive) pair may be trained on: mor
 # Planning to a time budget (TuneSettings.time_budget_s): a step and the mining are timed here first.
 PROBE_STEPS = 2  # timed steps, after one that warms up
 PROBE_PAIRS = 64  # a transformer's timed batch (scaled to its own): a static step is cheap enough to time whole
-MINE_PROBE_PAIRS = 512  # pairs whose hard negatives are timed before the rest are mined
+MINE_PROBE_PAIRS = 2048  # pairs whose hard negatives are timed (and kept) before the rest are mined
 PAIR_SLACK = 1.2  # pairs mined beyond steps x batch: the distinct-documents sampler leaves some out of batches
 SAVE_SHARE = 0.03  # of the budget, left for saving the model
 
@@ -460,9 +460,10 @@ def run_tune(
         loss = MultipleNegativesRankingLoss(model)
 
     mining = settings.hard_negatives and len(training_docs) > 1
-    plan, lexical = None, None
+    plan, lexical, probed, probe_negatives = None, None, [], []
     if settings.time_budget_s is not None:  # only the pairs the steps that fit will use are made and mined
         plan, lexical = budget_plan(model, training_docs, labelled, settings, language, device, started, mining)
+        probed, probe_negatives = plan.pop("mined")
         settings = replace(settings, steps=plan["steps"])
     pairs, report = make_pairs(training_docs, settings, labelled, language)
     if report["fallback"]:
@@ -493,7 +494,9 @@ def run_tune(
     columns = {"anchor": [a for a, _, _ in pairs], "positive": [p for _, p, _ in pairs]}
     negatives = None
     if mining:
-        negatives = hard_negatives(training_docs, pairs, settings, language, lexical)
+        # the same seed makes the same first round of pairs: their negatives, mined while planning, are kept
+        negatives = probe_negatives if pairs[: len(probed)] == probed else []
+        negatives += hard_negatives(training_docs, pairs[len(negatives) :], settings, language, lexical)
         mine_s = time.perf_counter() - mine
         texts = [document_text(d, settings.max_chars) for d in training_docs]  # once per document, not per pair
         columns["negative"] = [texts[j] for j in negatives]
@@ -641,14 +644,13 @@ def budget_plan(
     start = time.perf_counter()
     first, _ = make_pairs(docs, replace(settings, steps=1), labelled, language)
     pair_s = (time.perf_counter() - start) / len(first)
-    lexical, mine_per_pair = None, 0.0
+    lexical, mined, mine_per_pair = None, [], 0.0
     if mining:
         lexical = documents_index(docs, language)
         hard_negatives(docs, first[:8], settings, language, lexical)  # loads the compiled search kernel
-        sample = first[8 : 8 + MINE_PROBE_PAIRS] or first
         start = time.perf_counter()
-        hard_negatives(docs, sample, settings, language, lexical)
-        mine_per_pair = (time.perf_counter() - start) / len(sample)
+        mined = hard_negatives(docs, first[:MINE_PROBE_PAIRS], settings, language, lexical)
+        mine_per_pair = (time.perf_counter() - start) / len(mined)
     negatives = [document_text(docs[(i * 7919) % len(docs)], settings.max_chars) for i in range(settings.batch_size)]
     probe = [(a, p, negative) for (a, p, _), negative in zip(first[: settings.batch_size], negatives)]
     step_s = step_seconds(model, probe, settings, device)
@@ -661,6 +663,7 @@ def budget_plan(
         "mine_s_per_pair": mine_per_pair,
         "make_s_per_pair": pair_s,
         "before_training_s": elapsed,
+        "mined": (first[: len(mined)], mined),  # the first pairs' negatives, for the mining to go on from
         "planned_s": elapsed + steps * (step_s + settings.batch_size * PAIR_SLACK * (mine_per_pair + pair_s)),
     }
     info(
