@@ -31,7 +31,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.console import info, quiet_libraries
+from common.console import info, quiet_libraries, warn
 from common.errors import PipelineError, UnknownDocument
 from common.manifest import read_manifest, require
 from common.workspace import Workspace, file_sha256, model_fingerprint
@@ -43,6 +43,7 @@ quiet_libraries()  # the libraries' own notices reach no user, of the CLI or of 
 
 
 PRETRAIN_SHARE = 0.4  # of `pipeline pretrain`'s time budget, planned for pretraining when the adaptation follows
+MIN_ADAPTATION_SHARE = 0.1  # the least the adaptation gets, even after a pretraining that ran over
 
 
 def pretrain(ws: Workspace, settings, adapt: bool = True) -> dict:
@@ -61,15 +62,21 @@ def pretrain(ws: Workspace, settings, adapt: bool = True) -> dict:
     started = time.perf_counter()
     budget = settings.time_budget_seconds
     adapting = adapt and settings.node_rank == 0  # the other nodes only train
-    pretraining_s = budget * PRETRAIN_SHARE if adapting else budget
+    pretraining_s = budget * PRETRAIN_SHARE if adapt else budget  # every node sizes alike
     summary = run_pretrain(ws, settings, pretraining_s)
     phases = {"pretraining": {"planned_s": None if settings.shape_given else pretraining_s}}
     phases["pretraining"]["actual_s"] = time.perf_counter() - started
     if adapting:
         info("adapting the pretrained model to retrieval on the same documents (--no-adapt skips this)")
-        # a pretraining of a given length has no share of the budget: the adaptation keeps its own
+        # a pretraining of a given length (or resumed) has no share of the budget: the adaptation keeps its own
         left = budget - phases["pretraining"]["actual_s"]
-        adaptation_s = budget * (1 - PRETRAIN_SHARE) if settings.shape_given else max(left, 0.0)
+        adaptation_s = budget * (1 - PRETRAIN_SHARE) if settings.shape_given or settings.resume else left
+        if adaptation_s < budget * MIN_ADAPTATION_SHARE:
+            warn(
+                f"pretraining took {phases['pretraining']['actual_s']:.0f}s of the {budget:.0f}s budget: the "
+                f"adaptation gets {budget * MIN_ADAPTATION_SHARE:.0f}s, over the budget"
+            )
+            adaptation_s = budget * MIN_ADAPTATION_SHARE
         documents = tuning_documents(source_documents(ws, settings.data, settings.text_field))
         adaptation = adapt_embedder(ws, documents, adaptation_s, TuneSettings(wandb=settings.wandb))
         summary["adaptation"] = adaptation

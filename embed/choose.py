@@ -92,7 +92,8 @@ def adapt(
     skipped = None
     transformer_s = measure_transformer_s = 0.0
     try:
-        step_s = transformer_step_seconds(ws, docs, transformer, enough_s=budget_seconds / MIN_TRANSFORMER_STEPS)
+        # a warm-up step (a GPU's first one pays its set-up) three times too slow already says no
+        step_s = transformer_step_seconds(ws, docs, transformer, enough_s=3 * budget_seconds / MIN_TRANSFORMER_STEPS)
         measure_transformer_s = measure_seconds(step_s, transformer, len(docs))
         transformer_s = (budget_seconds - (time.perf_counter() - started)) * (1 - STATIC_SHARE) - measure_transformer_s
         fewest = min(MIN_TRANSFORMER_STEPS, transformer.steps)
@@ -116,6 +117,13 @@ def adapt(
         if skipped is None:
             transformer_s = budget_seconds - (time.perf_counter() - started) - left * MEASURE_SHARE
             transformer_s -= measure_transformer_s
+        if skipped is None and transformer_s < fewest * step_s:  # the static embedder took longer than planned
+            skipped = {
+                "skipped": f"{fewest} steps would take {fewest * step_s / 60:.1f} min here, over the "
+                f"{max(transformer_s, 0) / 60:.1f} min the static embedder left of the budget",
+                "step_seconds": step_s,
+            }
+        if skipped is None:
             planned.update(transformer=transformer_s, measure=planned["measure"] + measure_transformer_s)
             info(
                 f"tuning the transformer too: {transformer_s / 60:.1f} min of the budget "

@@ -466,6 +466,8 @@ def run_tune(
         probed, probe_negatives = plan.pop("mined")
         settings = replace(settings, steps=plan["steps"])
     pairs, report = make_pairs(training_docs, settings, labelled, language)
+    # a round is one pair a document: on a large corpus more than a few steps use, and every pair kept is mined
+    pairs = pairs[: max(2 * settings.batch_size, math.ceil(settings.steps * settings.batch_size * PAIR_SLACK))]
     if report["fallback"]:
         warn(report["fallback"])
     # Only documents that gave pairs fill batches (with their hard negatives): in a corpus of short documents
@@ -495,7 +497,8 @@ def run_tune(
     negatives = None
     if mining:
         # the same seed makes the same first round of pairs: their negatives, mined while planning, are kept
-        negatives = probe_negatives if pairs[: len(probed)] == probed else []
+        kept = min(len(pairs), len(probed))
+        negatives = probe_negatives[:kept] if pairs[:kept] == probed[:kept] else []
         negatives += hard_negatives(training_docs, pairs[len(negatives) :], settings, language, lexical)
         mine_s = time.perf_counter() - mine
         texts = [document_text(d, settings.max_chars) for d in training_docs]  # once per document, not per pair
@@ -584,7 +587,7 @@ def run_tune(
     finally:
         board.close()
         shutil.rmtree(scratch, ignore_errors=True)
-        del trainer
+        del trainer, model, loss
         if device == "cuda":  # the next candidate, or another process on this GPU, gets the memory back
             torch.cuda.empty_cache()
 

@@ -451,8 +451,9 @@ class RunLog:
         self.write(record)
         if self.main and val_loss is not None:
             line = (
-                f"validation loss reached {val_loss:.4f}, best {best_val_loss:.4f} at step {best_step} "
-                f"(a model that learned nothing scores ln {self.cfg.model.vocab_size} = {self.uniform_loss:.2f})"
+                f"validation loss reached {val_loss:.4f}"
+                + (f", best {best_val_loss:.4f} at step {best_step}" if best_val_loss is not None else "")
+                + f" (a model that learned nothing scores ln {self.cfg.model.vocab_size} = {self.uniform_loss:.2f})"
             )
             if chosen is not None:
                 line += (

@@ -16,6 +16,7 @@ embed stage's: workflows.py chains it after this, since no stage imports another
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -25,7 +26,7 @@ from common.console import info
 from common.errors import PipelineError
 from common.manifest import read_manifest
 from common.workspace import Workspace
-from pretrain.checkpoint import checkpoint_dirs, config_from_checkpoint
+from pretrain.checkpoint import BEST_DIR, checkpoint_dirs, config_from_checkpoint
 from pretrain.config import PRESET_TRAINING, PRESETS, ParallelConfig, RuntimeOptions, TrainConfig, model_config_for
 from pretrain.corpus import Corpus, DataOptions, append_data, prepare_data
 from pretrain.settings import PretrainSettings
@@ -58,6 +59,8 @@ def run_pretrain(ws: Workspace, s: PretrainSettings, budget_s: float | None = No
     cfg = resumed_config(resume_from, s) if resume_from else new_train_config(s)
     if resume_from is not None and s.data:  # continued pretraining: the new documents in new shards
         added = append_data(ws, corpus_of(s), data_options(s))
+        if added:  # the best validation so far was on the old data: the continued run keeps its own
+            shutil.rmtree(ws.checkpoints_dir / BEST_DIR, ignore_errors=True)
         if s.max_steps is None and added:  # as many more steps as the new tokens fill
             more = math.ceil(added / (cfg.batch_size * cfg.seq_len))
             info(f"training {more:,} more steps ({cfg.max_steps:,} -> {cfg.max_steps + more:,}) for the new tokens")

@@ -193,6 +193,7 @@ def train(
 
     for part in pm.parts:
         part.train()
+    del part  # the loop's name would keep the last part alive after the run
     loss_value, val_loss = (
         None,
         None,
