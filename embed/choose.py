@@ -164,12 +164,10 @@ def adapt(
     }
     if skipped:
         report["transformer"] = skipped
-    actual = {name: summary["phases_s"]["total"] for name, summary in candidates.items()}
-    phases = {
-        name: {"planned_s": planned_s, "actual_s": actual.get(name, measured_s if name == "measure" else None)}
-        for name, planned_s in planned.items()
-    }
-    phases["probe"]["actual_s"] = planned["probe"]
+    actual = {"probe": planned["probe"], "measure": measured_s}
+    actual.update((name, summary["phases_s"]["total"]) for name, summary in candidates.items())
+    # a transformer planned but failed has no actual seconds
+    phases = {name: {"planned_s": planned_s, "actual_s": actual.get(name)} for name, planned_s in planned.items()}
     summary = {
         **candidates[kept],
         "path": TUNED_DIR,

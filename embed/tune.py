@@ -313,7 +313,8 @@ def hard_negatives(
     labelled pair, whose document may be any of them) gets a random other document. Returns each pair's
     negative as an index into docs. `lexical`: the documents' BM25 index (documents_index), if built already."""
     rng = random.Random(settings.seed + 1)
-    lexical = lexical or documents_index(docs, language)
+    if lexical is None:
+        lexical = documents_index(docs, language)
     ranked = lexical.top_many([anchor for anchor, _, _ in pairs], HARD_NEGATIVE_DEPTH + 1)
     negatives = []
     for (_, _, source), candidates in zip(pairs, ranked):
