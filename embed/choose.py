@@ -159,6 +159,8 @@ def adapt(
             "seconds": summary["seconds"],
             "steps": summary["steps"],
             "batch_size": summary["batch_size"],
+            "step_profile": summary["step_profile"],
+            "probe_step_s": summary.get("plan", {}).get("step_s"),
         }
         for name, summary in candidates.items()
     }

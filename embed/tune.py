@@ -62,6 +62,7 @@ from common.language import detect_languages, passages
 from common.manifest import TunedEntry, read_manifest, write_section
 from common.readers import Document, read_json_lines
 from common.workspace import Workspace, model_fingerprint, replace_directory
+from embed.step_clock import StepClock
 
 ARCHITECTURES = ("static", "transformer")
 POOLING_MODES = ("mean", "weightedmean", "lasttoken")
@@ -534,8 +535,17 @@ def run_tune(
     scratch = Path(tempfile.mkdtemp(dir=ws.root, prefix=".tune."))
     start = time.perf_counter()
 
+    clock = StepClock(device)
+
     class Progress(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            clock.begin()
+
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            clock.before_optimizer()
+
         def on_step_end(self, args, state, control, **kwargs):
+            clock.end()
             if state.global_step == state.max_steps:  # the last step's loss is logged too (planned steps are any)
                 control.should_log = True
 
@@ -558,6 +568,7 @@ def run_tune(
         weight_decay=0.01,
         batch_sampler=lambda dataset, batch_size, seed, **_: sampler,
         logging_steps=min(settings.log_every, settings.steps),
+        logging_nan_inf_filter=False,  # its check reads the loss back every step, idling the GPU while it batches
         save_strategy="no",
         report_to="none",
         disable_tqdm=True,
@@ -580,6 +591,13 @@ def run_tune(
     try:
         result = trainer.train()
         seconds = time.perf_counter() - start
+        step_profile = clock.profile()
+        if step_profile:
+            info(
+                f"a tune step took {step_profile['step_s']:.3f}s: {step_profile['forward_backward_share']:.0%} "
+                f"forward and backward, {step_profile['batching_share']:.0%} batching and tokenizing, "
+                f"{step_profile['optimizer_share']:.0%} the optimizer"
+            )
         losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
         model.eval()
         finish(model)
@@ -610,6 +628,7 @@ def run_tune(
         "first_loss": losses[0] if losses else None,
         "final_loss": losses[-1] if losses else result.training_loss,
         "seconds": seconds,  # training
+        "step_profile": step_profile,
         "phases_s": {
             "pairs": pairs_s,
             "mining": mine_s if mining else 0.0,

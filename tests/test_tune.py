@@ -217,6 +217,12 @@ def test_tune_saves_a_sentence_transformer_recorded_in_the_manifest(tuned_worksp
     assert tuned["path"] == "tuned" and tuned["architecture"] == "transformer"
     assert tuned["pooling"] == "weightedmean" and tuned["steps"] == 40
     assert tuned["final_loss"] < tuned["first_loss"]  # it learned something
+    # where the steps' time went: every step but the first measured, the parts adding up to the step
+    profile = tuned["step_profile"]
+    assert profile["steps_measured"] == 39 and profile["step_s"] > 0
+    shares = [profile["batching_share"], profile["forward_backward_share"], profile["optimizer_share"]]
+    assert all(0 < share < 1 for share in shares) and abs(sum(shares) - 1) < 1e-9
+    assert profile["forward_backward_share"] == max(shares)  # the model's passes are most of a step here
     pooling = json.loads((tuned_workspace / "tuned" / "1_Pooling" / "config.json").read_text())
     assert pooling["pooling_mode"] == "weightedmean"
     assert json.loads((tuned_workspace / "tuned" / "config.json").read_text())["resid_pdrop"] == 0.0
