@@ -39,9 +39,14 @@ REPO = Path(__file__).resolve().parents[1]
 SCIFACT = REPO.parent / "shared" / "data" / "scifact"
 
 
+STDERR_LOG = Path("/dev/null")  # where each command's own output to the user (stderr) is kept; set in main
+
+
 def pipeline(*args: str) -> str:
     """`pipeline ARGS` in a new process; its stdout. A failure stops the benchmark with the command's own error."""
     done = subprocess.run([sys.executable, str(REPO / "cli.py"), *args], cwd=REPO, text=True, capture_output=True)
+    with STDERR_LOG.open("a") as log:
+        log.write(f"$ pipeline {' '.join(args)}\n{done.stderr}\n")
     if done.returncode != 0:
         raise SystemExit(f"pipeline {' '.join(args)} exited {done.returncode}:\n{done.stderr[-4000:]}")
     return done.stdout
@@ -147,6 +152,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="try the script on a CPU (meaningless figures)")
     args = parser.parse_args()
     import torch
+
+    global STDERR_LOG
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    STDERR_LOG = args.workdir / "pipeline-stderr.log"
+    STDERR_LOG.write_text("")
 
     data = args.data
     if args.quick:  # a slice of the collection, its judged queries kept

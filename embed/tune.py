@@ -43,6 +43,7 @@ default afterwards.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import math
 import random
@@ -62,6 +63,7 @@ from common.language import detect_languages, passages
 from common.manifest import TunedEntry, read_manifest, write_section
 from common.readers import Document, read_json_lines
 from common.workspace import Workspace, model_fingerprint, replace_directory
+from embed.static_batches import PretokenizedStatic
 from embed.step_clock import StepClock
 
 ARCHITECTURES = ("static", "transformer")
@@ -432,6 +434,7 @@ def run_tune(
     import torch
     from datasets import Dataset
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator
     from sentence_transformers.sentence_transformer.losses import (
         CachedMultipleNegativesRankingLoss,
         MultipleNegativesRankingLoss,
@@ -523,6 +526,9 @@ def run_tune(
             f"{len(sampler)} batches of {settings.batch_size}"
         )
         settings = replace(settings, steps=max(1, len(sampler)))
+    tokenizing = time.perf_counter()
+    preprocess = training_preprocess(model, settings, itertools.chain.from_iterable(columns.values()))
+    tokenize_s = time.perf_counter() - tokenizing
     dataset = Dataset.from_dict(columns)
     # the loss, learning rate and gradient norm at each logged step, as TensorBoard scalars (train/loss ...)
     board = Board(
@@ -583,6 +589,7 @@ def run_tune(
         args=args,
         train_dataset=dataset,
         loss=loss,
+        data_collator=SentenceTransformerDataCollator(preprocess_fn=preprocess),
         callbacks=[Progress(), TensorBoardCallback(board.writer)],
     )
     trainer.remove_callback(
@@ -632,6 +639,7 @@ def run_tune(
         "phases_s": {
             "pairs": pairs_s,
             "mining": mine_s if mining else 0.0,
+            "tokenizing": tokenize_s,
             "training": seconds,
             "total": time.perf_counter() - started,
         },
@@ -674,17 +682,24 @@ def budget_plan(
         start = time.perf_counter()
         mined = hard_negatives(docs, first[:MINE_PROBE_PAIRS], settings, language, lexical)
         mine_per_pair = (time.perf_counter() - start) / len(mined)
+    tokenize_per_pair = 0.0
+    if settings.architecture == "static":  # its pairs are tokenized before training (embed/static_batches.py)
+        sample = first[:MINE_PROBE_PAIRS]
+        start = time.perf_counter()
+        training_preprocess(model, settings, [text for a, p, _ in sample for text in (a, p)])
+        tokenize_per_pair = (time.perf_counter() - start) / len(sample)
     negatives = [document_text(docs[(i * 7919) % len(docs)], settings.max_chars) for i in range(settings.batch_size)]
     probe = [(a, p, negative) for (a, p, _), negative in zip(first[: settings.batch_size], negatives)]
     step_s = step_seconds(model, probe, settings, device)
     elapsed = time.perf_counter() - started
+    pair_s += tokenize_per_pair
     steps = planned_steps(settings, settings.time_budget_s, elapsed, step_s, mine_per_pair + pair_s)
     plan = {
         "budget_s": settings.time_budget_s,
         "steps": steps,
         "step_s": step_s,
         "mine_s_per_pair": mine_per_pair,
-        "make_s_per_pair": pair_s,
+        "make_s_per_pair": pair_s,  # tokenizing included
         "before_training_s": elapsed,
         "mined": (first[: len(mined)], mined),  # the first pairs' negatives, for the mining to go on from
         "planned_s": elapsed + steps * (step_s + settings.batch_size * PAIR_SLACK * (mine_per_pair + pair_s)),
@@ -692,7 +707,7 @@ def budget_plan(
     info(
         f"planned {steps} {settings.architecture} steps of {settings.batch_size} pairs for the "
         f"{settings.time_budget_s:.0f}s budget: a step takes {step_s:.2f}s here (timed), a pair "
-        f"{(mine_per_pair + pair_s) * 1000:.2f} ms to make and mine, {elapsed:.0f}s spent planning"
+        f"{(mine_per_pair + pair_s) * 1000:.2f} ms to make, mine and tokenize, {elapsed:.0f}s spent planning"
         + (" (the most asked for)" if steps == settings.steps else "")
     )
     return plan, lexical
@@ -710,7 +725,8 @@ def step_seconds(
     model, triples: list[tuple[str, str, str]], settings: TuneSettings, device: str, enough_s: float = math.inf
 ) -> float:
     """Seconds a training step of `model` takes here on a batch of settings.batch_size (anchor, positive,
-    negative) triples, tokenizing included as the trainer does: the median of PROBE_STEPS steps after one
+    negative) triples, batched as the trainer batches them (a static embedder's texts tokenized beforehand,
+    a transformer's in the step): the median of PROBE_STEPS steps after one
     that warms up, on a copy of the model (the model itself is not trained). A transformer is timed on
     PROBE_PAIRS triples and scaled to its batch (a step's cost grows with its texts), by 4/3 with the cached
     loss's extra forward pass. A warm-up step already slower than `enough_s` is the answer."""
@@ -727,11 +743,12 @@ def step_seconds(
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr or DEFAULT_LR[settings.architecture])
     bf16 = device == "cuda" and settings.architecture == "transformer" and torch.cuda.is_bf16_supported()
     scale = settings.batch_size / pairs * (4 / 3 if settings.mini_batch else 1)
+    preprocess = training_preprocess(model, settings, itertools.chain.from_iterable(batch))
     times = []
     for _ in range(PROBE_STEPS + 1):
         start = time.perf_counter()
         features = [
-            {k: v.to(device) if hasattr(v, "to") else v for k, v in model.tokenize([t[column] for t in batch]).items()}
+            {k: v.to(device) if hasattr(v, "to") else v for k, v in preprocess([t[column] for t in batch]).items()}
             for column in range(3)
         ]
         with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
@@ -745,6 +762,14 @@ def step_seconds(
         if times[0] * scale > enough_s:
             return times[0] * scale
     return statistics.median(times[1:]) * scale
+
+
+def training_preprocess(model, settings: TuneSettings, texts: Iterable[str]):
+    """How a batch's texts become the model's features in training: a static embedder's from the texts
+    tokenized once, here (embed/static_batches.py); a transformer's by its own preprocess, as it trains."""
+    if settings.architecture == "static":
+        return PretokenizedStatic(model[0].tokenizer, texts)
+    return model.preprocess
 
 
 def record_tuned(ws: Workspace, summary: dict) -> None:

@@ -378,3 +378,21 @@ def test_tuning_reads_a_bounded_sample_drawn_across_a_large_corpus():
     assert len(sample) == 50 and positions == sorted(positions) and positions[-1] > 500  # across, in corpus order
     assert tuning_documents(iter(documents), limit=50, seed=1) == sample != tuning_documents(iter(documents), 50, 2)
     assert tuning_documents(iter(documents[:30]), limit=50) == documents[:30]
+
+
+def test_static_batches_from_texts_tokenized_once_are_what_the_model_makes_itself(trained_workspace, corpus_file):
+    import torch
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+    from tokenizers import Tokenizer
+
+    from embed.static_batches import PretokenizedStatic
+
+    tokenizer = Tokenizer.from_file(str(trained_workspace / "model" / "tokenizer.json"))
+    module = StaticEmbedding(tokenizer, embedding_dim=8)
+    texts = [d.text for d in read_documents([corpus_file])][:50] + ["", "café 東京 🙂 don't\t\n", "not seen before"]
+    batches = PretokenizedStatic(tokenizer, texts[:-1])
+    for batch in (texts, texts[::-1], [texts[0]] * 3):
+        ours, theirs = batches(batch), module.preprocess(batch)
+        assert ours.keys() == theirs.keys()
+        assert all(torch.equal(ours[k], theirs[k]) and ours[k].dtype == theirs[k].dtype for k in ours)
+    assert "not seen before" in batches.ids  # tokenized when first asked for, then kept
