@@ -83,6 +83,7 @@ MAX_TUNING_DOCUMENTS = 200_000
 MAX_PAIR_REPEATS = 3  # times one (anchor, positive) pair may be trained on: more teaches the pair, not the task
 # Planning to a time budget (TuneSettings.time_budget_s): a step and the mining are timed here first.
 PROBE_STEPS = 2  # timed steps, after one that warms up
+STATIC_PROBE_STEPS = 6  # a static step is cheap, and its first few vary by 2x as its memory is first touched
 PROBE_PAIRS = 64  # a transformer's timed batch (scaled to its own): a static step is cheap enough to time whole
 MINE_PROBE_PAIRS = 2048  # pairs whose hard negatives are timed (and kept) before the rest are mined
 PAIR_SLACK = 1.2  # pairs mined beyond steps x batch: the distinct-documents sampler leaves some out of batches
@@ -528,6 +529,11 @@ def run_tune(
         settings = replace(settings, steps=max(1, len(sampler)))
     tokenizing = time.perf_counter()
     preprocess = training_preprocess(model, settings, itertools.chain.from_iterable(columns.values()))
+    if isinstance(preprocess, PretokenizedStatic):  # the dataset holds the texts' positions, batched from tokens
+        columns = {name: preprocess.positions(texts) for name, texts in columns.items()}
+        collator = preprocess.collator()
+    else:
+        collator = SentenceTransformerDataCollator(preprocess_fn=preprocess)
     tokenize_s = time.perf_counter() - tokenizing
     dataset = Dataset.from_dict(columns)
     # the loss, learning rate and gradient norm at each logged step, as TensorBoard scalars (train/loss ...)
@@ -589,7 +595,7 @@ def run_tune(
         args=args,
         train_dataset=dataset,
         loss=loss,
-        data_collator=SentenceTransformerDataCollator(preprocess_fn=preprocess),
+        data_collator=collator,
         callbacks=[Progress(), TensorBoardCallback(board.writer)],
     )
     trainer.remove_callback(
@@ -726,8 +732,8 @@ def step_seconds(
 ) -> float:
     """Seconds a training step of `model` takes here on a batch of settings.batch_size (anchor, positive,
     negative) triples, batched as the trainer batches them (a static embedder's texts tokenized beforehand,
-    a transformer's in the step): the median of PROBE_STEPS steps after one
-    that warms up, on a copy of the model (the model itself is not trained). A transformer is timed on
+    a transformer's in the step): the median of PROBE_STEPS (a static embedder's: STATIC_PROBE_STEPS) steps
+    after one that warms up, on a copy of the model (the model itself is not trained). A transformer is timed on
     PROBE_PAIRS triples and scaled to its batch (a step's cost grows with its texts), by 4/3 with the cached
     loss's extra forward pass. A warm-up step already slower than `enough_s` is the answer."""
     import copy
@@ -745,7 +751,7 @@ def step_seconds(
     scale = settings.batch_size / pairs * (4 / 3 if settings.mini_batch else 1)
     preprocess = training_preprocess(model, settings, itertools.chain.from_iterable(batch))
     times = []
-    for _ in range(PROBE_STEPS + 1):
+    for _ in range((STATIC_PROBE_STEPS if settings.architecture == "static" else PROBE_STEPS) + 1):
         start = time.perf_counter()
         features = [
             {k: v.to(device) if hasattr(v, "to") else v for k, v in preprocess([t[column] for t in batch]).items()}

@@ -241,6 +241,16 @@ def test_an_index_in_memory_ranks_as_one_written_to_disk(built, base_chunks):
         assert got[0].tolist() == want[0].tolist() and np.array_equal(got[1], want[1]), query
 
 
+def test_many_queries_searched_in_forked_processes_rank_as_one_at_a_time(built, base_chunks, monkeypatch):
+    monkeypatch.setattr(lexical, "QUERIES_PER_PROCESS", 8)  # forks even for a handful of queries, on 2+ cores
+    index, reference = LexicalIndex.load(built), ReferenceBM25(base_chunks)
+    many = queries(reference, base_chunks, 40, seed=9)
+    got = index.top_many(many, 12)
+    assert len(got) == len(many)
+    for query, ids in zip(many, got):
+        assert ids.tolist() == index.chunk_ids[reference.search(query, 12)[0]].tolist(), query
+
+
 def test_an_index_of_an_older_layout_asks_for_pipeline_index(built, tmp_path):
     old = tmp_path / "lexical-old"
     (old / "segment-0").mkdir(parents=True)

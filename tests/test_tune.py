@@ -395,4 +395,11 @@ def test_static_batches_from_texts_tokenized_once_are_what_the_model_makes_itsel
         ours, theirs = batches(batch), module.preprocess(batch)
         assert ours.keys() == theirs.keys()
         assert all(torch.equal(ours[k], theirs[k]) and ours[k].dtype == theirs[k].dtype for k in ours)
-    assert "not seen before" in batches.ids  # tokenized when first asked for, then kept
+    assert "not seen before" in batches.position  # tokenized when first asked for, then kept
+    # the trainer's batches: rows of text positions, each column's features under its name
+    rows = [{"anchor": a, "positive": p} for a, p in zip(batches.positions(texts[:9]), batches.positions(texts[9:18]))]
+    collated = batches.collator()(rows)
+    assert list(collated) == ["anchor_input_ids", "anchor_offsets", "positive_input_ids", "positive_offsets"]
+    for column, part in (("anchor", texts[:9]), ("positive", texts[9:18])):
+        theirs = module.preprocess(part)
+        assert all(torch.equal(collated[f"{column}_{key}"], theirs[key]) for key in theirs)
