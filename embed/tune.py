@@ -63,7 +63,7 @@ from common.language import detect_languages, passages
 from common.manifest import TunedEntry, read_manifest, write_section
 from common.readers import Document, read_json_lines
 from common.workspace import Workspace, model_fingerprint, replace_directory
-from embed.static_batches import PretokenizedStatic
+from embed.pretokenized import PretokenizedTexts, static_texts, transformer_texts
 from embed.step_clock import StepClock
 
 ARCHITECTURES = ("static", "transformer")
@@ -435,7 +435,6 @@ def run_tune(
     import torch
     from datasets import Dataset
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-    from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator
     from sentence_transformers.sentence_transformer.losses import (
         CachedMultipleNegativesRankingLoss,
         MultipleNegativesRankingLoss,
@@ -529,11 +528,7 @@ def run_tune(
         settings = replace(settings, steps=max(1, len(sampler)))
     tokenizing = time.perf_counter()
     preprocess = training_preprocess(model, settings, itertools.chain.from_iterable(columns.values()))
-    if isinstance(preprocess, PretokenizedStatic):  # the dataset holds the texts' positions, batched from tokens
-        columns = {name: preprocess.positions(texts) for name, texts in columns.items()}
-        collator = preprocess.collator()
-    else:
-        collator = SentenceTransformerDataCollator(preprocess_fn=preprocess)
+    columns = {name: preprocess.positions(texts) for name, texts in columns.items()}  # batched from their tokens
     tokenize_s = time.perf_counter() - tokenizing
     dataset = Dataset.from_dict(columns)
     # the loss, learning rate and gradient norm at each logged step, as TensorBoard scalars (train/loss ...)
@@ -595,7 +590,7 @@ def run_tune(
         args=args,
         train_dataset=dataset,
         loss=loss,
-        data_collator=collator,
+        data_collator=preprocess.collator(),
         callbacks=[Progress(), TensorBoardCallback(board.writer)],
     )
     trainer.remove_callback(
@@ -688,12 +683,10 @@ def budget_plan(
         start = time.perf_counter()
         mined = hard_negatives(docs, first[:MINE_PROBE_PAIRS], settings, language, lexical)
         mine_per_pair = (time.perf_counter() - start) / len(mined)
-    tokenize_per_pair = 0.0
-    if settings.architecture == "static":  # its pairs are tokenized before training (embed/static_batches.py)
-        sample = first[:MINE_PROBE_PAIRS]
-        start = time.perf_counter()
-        training_preprocess(model, settings, [text for a, p, _ in sample for text in (a, p)])
-        tokenize_per_pair = (time.perf_counter() - start) / len(sample)
+    sample = first[:MINE_PROBE_PAIRS]  # pairs are tokenized before training (embed/pretokenized.py)
+    start = time.perf_counter()
+    training_preprocess(model, settings, [text for a, p, _ in sample for text in (a, p)])
+    tokenize_per_pair = (time.perf_counter() - start) / len(sample)
     negatives = [document_text(docs[(i * 7919) % len(docs)], settings.max_chars) for i in range(settings.batch_size)]
     probe = [(a, p, negative) for (a, p, _), negative in zip(first[: settings.batch_size], negatives)]
     step_s = step_seconds(model, probe, settings, device)
@@ -731,11 +724,11 @@ def step_seconds(
     model, triples: list[tuple[str, str, str]], settings: TuneSettings, device: str, enough_s: float = math.inf
 ) -> float:
     """Seconds a training step of `model` takes here on a batch of settings.batch_size (anchor, positive,
-    negative) triples, batched as the trainer batches them (a static embedder's texts tokenized beforehand,
-    a transformer's in the step): the median of PROBE_STEPS (a static embedder's: STATIC_PROBE_STEPS) steps
-    after one that warms up, on a copy of the model (the model itself is not trained). A transformer is timed on
-    PROBE_PAIRS triples and scaled to its batch (a step's cost grows with its texts), by 4/3 with the cached
-    loss's extra forward pass. A warm-up step already slower than `enough_s` is the answer."""
+    negative) triples, batched as the trainer batches them (from texts tokenized beforehand): the median of
+    PROBE_STEPS (a static embedder's: STATIC_PROBE_STEPS) steps after one that warms up, on a copy of the
+    model (the model itself is not trained). A transformer is timed on PROBE_PAIRS triples and scaled to its
+    batch (a step's cost grows with its texts), by 4/3 with the cached loss's extra forward pass. A warm-up
+    step already slower than `enough_s` is the answer."""
     import copy
     import statistics
 
@@ -770,12 +763,12 @@ def step_seconds(
     return statistics.median(times[1:]) * scale
 
 
-def training_preprocess(model, settings: TuneSettings, texts: Iterable[str]):
-    """How a batch's texts become the model's features in training: a static embedder's from the texts
-    tokenized once, here (embed/static_batches.py); a transformer's by its own preprocess, as it trains."""
+def training_preprocess(model, settings: TuneSettings, texts: Iterable[str]) -> PretokenizedTexts:
+    """How a batch's texts become the model's features in training: from the texts tokenized once, here
+    (embed/pretokenized.py), as the model's own preprocess would make them."""
     if settings.architecture == "static":
-        return PretokenizedStatic(model[0].tokenizer, texts)
-    return model.preprocess
+        return static_texts(model[0].tokenizer, texts)
+    return transformer_texts(model.tokenizer, model.max_seq_length, texts)
 
 
 def record_tuned(ws: Workspace, summary: dict) -> None:

@@ -380,26 +380,39 @@ def test_tuning_reads_a_bounded_sample_drawn_across_a_large_corpus():
     assert tuning_documents(iter(documents[:30]), limit=50) == documents[:30]
 
 
-def test_static_batches_from_texts_tokenized_once_are_what_the_model_makes_itself(trained_workspace, corpus_file):
+def test_batches_from_texts_tokenized_once_are_what_the_models_make_themselves(
+    trained_workspace, tuned_workspace, corpus_file
+):
     import torch
+    from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import StaticEmbedding
     from tokenizers import Tokenizer
 
-    from embed.static_batches import PretokenizedStatic
+    from embed.pretokenized import static_texts, transformer_texts
 
-    tokenizer = Tokenizer.from_file(str(trained_workspace / "model" / "tokenizer.json"))
-    module = StaticEmbedding(tokenizer, embedding_dim=8)
+    def same(ours: dict, theirs: dict) -> bool:
+        return ours.keys() == theirs.keys() and all(
+            torch.equal(ours[k], theirs[k]) and ours[k].dtype == theirs[k].dtype
+            if isinstance(theirs[k], torch.Tensor)
+            else ours[k] == theirs[k]
+            for k in theirs
+        )
+
     texts = [d.text for d in read_documents([corpus_file])][:50] + ["", "café 東京 🙂 don't\t\n", "not seen before"]
-    batches = PretokenizedStatic(tokenizer, texts[:-1])
-    for batch in (texts, texts[::-1], [texts[0]] * 3):
-        ours, theirs = batches(batch), module.preprocess(batch)
-        assert ours.keys() == theirs.keys()
-        assert all(torch.equal(ours[k], theirs[k]) and ours[k].dtype == theirs[k].dtype for k in ours)
-    assert "not seen before" in batches.position  # tokenized when first asked for, then kept
-    # the trainer's batches: rows of text positions, each column's features under its name
-    rows = [{"anchor": a, "positive": p} for a, p in zip(batches.positions(texts[:9]), batches.positions(texts[9:18]))]
-    collated = batches.collator()(rows)
-    assert list(collated) == ["anchor_input_ids", "anchor_offsets", "positive_input_ids", "positive_offsets"]
-    for column, part in (("anchor", texts[:9]), ("positive", texts[9:18])):
-        theirs = module.preprocess(part)
-        assert all(torch.equal(collated[f"{column}_{key}"], theirs[key]) for key in theirs)
+    tokenizer = Tokenizer.from_file(str(trained_workspace / "model" / "tokenizer.json"))
+    static = StaticEmbedding(tokenizer, embedding_dim=8)
+    transformer = SentenceTransformer(str(tuned_workspace / "tuned"), device="cpu")  # 48 tokens at most
+    for model, pretokenized in (
+        (static, static_texts(tokenizer, texts[:-1])),
+        (transformer, transformer_texts(transformer.tokenizer, transformer.max_seq_length, texts[:-1])),
+    ):
+        for batch in (texts, texts[::-1], [texts[0]] * 3):
+            assert same(pretokenized(batch), model.preprocess(batch))
+        assert "not seen before" in pretokenized.position  # tokenized when first asked for, then kept
+        # the trainer's batches: rows of text positions, each column's features under its name
+        anchors, positives = pretokenized.positions(texts[:9]), pretokenized.positions(texts[9:18])
+        collated = pretokenized.collator()([{"anchor": a, "positive": p} for a, p in zip(anchors, positives)])
+        for column, part in (("anchor", texts[:9]), ("positive", texts[9:18])):
+            theirs = model.preprocess(part)
+            assert same({key: collated[f"{column}_{key}"] for key in theirs}, theirs)
+        assert [key.split("_")[0] for key in collated][0] == "anchor"
