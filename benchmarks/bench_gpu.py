@@ -142,6 +142,31 @@ def random_init(ws: Path, data: Path, trained: dict, split: str) -> dict:
             "candidates": tuned.get("candidates"), **embed_index_eval(ws, data, split)}  # fmt: skip
 
 
+def tune_profiles(ws: Path, data: Path, quick: bool) -> dict:
+    """`pipeline tune` of each architecture on a model of the chain's usual GPU shape (at initialisation:
+    a step's time does not depend on the weights): where a step's time goes, and the probe's prediction."""
+    pipeline(
+        "pretrain", "-w", str(ws), "--data", str(data / "corpus.jsonl"), "--max-steps", "0", "--no-adapt",
+        "--n-layer", "6", "--n-head", "8", "--n-embd", "256", "--seq-len", "256", "--vocab-size", "8192",
+    )  # fmt: skip
+    profiles = {}
+    for architecture, steps, batch in (("static", 100, 1024), ("transformer", 40, 256)):
+        steps = 4 if quick else steps
+        summary = json.loads(pipeline(
+            "tune", "-w", str(ws), "--architecture", architecture, "--steps", str(steps), "--batch-size",
+            str(batch), "--time-budget", "10m", "--json",
+        ))  # fmt: skip
+        profiles[architecture] = {
+            "steps": summary["steps"],
+            "batch_size": summary["batch_size"],
+            "step_profile": summary["step_profile"],
+            "probe_step_s": summary.get("plan", {}).get("step_s"),
+            "phases_s": summary["phases_s"],
+            "pairs": sum(summary["pairs"]["pairs"].values()),
+        }
+    return profiles
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=SCIFACT, help="a BEIR folder (default: ../shared SciFact)")
@@ -150,6 +175,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench_gpu"))
     parser.add_argument("--small-steps", type=int, default=60)
     parser.add_argument("--quick", action="store_true", help="try the script on a CPU (meaningless figures)")
+    parser.add_argument("--only-tune", action="store_true", help="only the tune step profiles of each architecture")
     args = parser.parse_args()
     import torch
 
@@ -181,6 +207,11 @@ def main() -> None:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"[bench_gpu {result['seconds']:.0f}s] {section} done", file=sys.stderr, flush=True)
 
+    if args.only_tune:
+        result["tune"] = tune_profiles(args.workdir / "ws" / "tune", data, args.quick)
+        save("tune profiles")
+        print(json.dumps(result, indent=2))
+        return
     steps = 6 if args.quick else args.small_steps
     result["gpt2_small"] = []
     for mode in ("eager", "compile"):

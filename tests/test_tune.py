@@ -15,6 +15,7 @@ from common.lexical import Analyzer
 from common.readers import Document, read_documents
 from common.workspace import Workspace
 from conftest import run_cli, scifact_slice
+from embed.run import source_documents
 from embed.tune import (
     MAX_PAIR_REPEATS,
     DistinctDocumentsBatchSampler,
@@ -27,6 +28,7 @@ from embed.tune import (
     pair_sources,
     planned_steps,
     read_labelled_pairs,
+    run_tune,
 )
 
 ABSTRACT = (
@@ -416,3 +418,19 @@ def test_batches_from_texts_tokenized_once_are_what_the_models_make_themselves(
             theirs = model.preprocess(part)
             assert same({key: collated[f"{column}_{key}"] for key in theirs}, theirs)
         assert [key.split("_")[0] for key in collated][0] == "anchor"
+
+
+def test_tuning_stops_where_its_time_budget_ends_when_steps_take_longer_than_planned(
+    trained_workspace, tmp_path, monkeypatch
+):
+    import embed.tune
+
+    ws = tmp_path / "ws"
+    shutil.copytree(trained_workspace, ws)
+    docs = list(source_documents(Workspace(ws), [], None))
+    # a plan that asks for every step the pairs allow (as a probe that said steps cost nothing would)
+    monkeypatch.setattr(embed.tune, "planned_steps", lambda settings, *args: settings.steps)
+    settings = TuneSettings(architecture="static", steps=100_000, batch_size=8, time_budget_s=2.0, seed=0)
+    summary = run_tune(Workspace(ws), docs, settings, record=False)
+    assert summary["planned_steps"] > summary["steps"] >= 1
+    assert summary["final_loss"] is not None and (ws / summary["path"] / "modules.json").exists()
