@@ -26,9 +26,9 @@ import typer
 from typer.core import TyperGroup
 
 import workflows
-from common.console import err, out, quiet_libraries
+from common.console import err, out, quiet_libraries, visible, visible_json
 from common.durations import parse_duration
-from common.errors import PipelineError, out_of_memory_error
+from common.errors import PipelineError, disk_full_error, out_of_memory_error
 from common.workspace import WORKSPACE_ENV, Workspace
 from pretrain.settings import MAX_PORT, SEED_MAX, OptionError, Preset, PretrainSettings
 
@@ -217,11 +217,11 @@ ModeOption = Annotated[
 WhereOption = Annotated[
     Optional[str],
     typer.Option(
-        metavar="SQL",
+        metavar="CONDITION",
         help=(
-            "Only documents for which this DuckDB SQL condition holds, over their metadata fields "
-            "(the columns of the input files), doc_id, title and source, "
-            "e.g. \"year >= 2015 AND journal = 'Nature'\"."
+            "Only documents for which this condition holds, over their metadata fields (the columns of the "
+            "input files), doc_id, title and source, e.g. \"year >= 2015 AND journal = 'Nature'\": comparisons, "
+            "AND/OR/NOT, IN, BETWEEN, LIKE, and text, list and date functions; not SQL statements."
         ),
     ),
 ]
@@ -319,8 +319,8 @@ def options_of(settings_class):
 
 
 def user_errors(command):
-    """Print a PipelineError, a damaged store or an out-of-memory GPU as one line on stderr and exit 2, instead of
-    a traceback."""
+    """Print a PipelineError, a damaged store, an out-of-memory GPU or a full disk as one line on stderr and exit
+    2, instead of a traceback."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
@@ -332,7 +332,7 @@ def user_errors(command):
         except Exception as e:
             from common.store import damaged_store_error  # only now: the store's module imports DuckDB
 
-            said = damaged_store_error(e) or out_of_memory_error(e)
+            said = damaged_store_error(e) or out_of_memory_error(e) or disk_full_error(e)
             if said is None:
                 raise
             err.print(f"error: {said}", style="red")
@@ -587,20 +587,25 @@ def search(
     )[0]
     if json_output:
         for hit in hits:
-            print(json.dumps(hit.to_dict(), ensure_ascii=False))
+            print(visible_json(json.dumps(hit.to_dict(), ensure_ascii=False)))
         return
-    table = Table(title=f"results for: {query}", show_lines=True)
+    # the documents' text, never read as markup, its control characters shown (common/console.py)
+    table = Table(title=f"results for: {visible(query)}", show_lines=True)
     for column in ("rank", "score", "title / source", "snippet"):
         table.add_column(column)
     for hit in hits:
-        about = Text.assemble(hit.title, "\n", (hit.source, "dim")) if hit.title else Text(hit.source, "dim")
+        source = (visible(hit.source), "dim")
+        about = Text.assemble(visible(hit.title), "\n", source) if hit.title else Text.assemble(source)
         if hit.metadata:
             about.append(
                 "\n"
-                + ", ".join(f"{name}: {json.dumps(value, ensure_ascii=False)}" for name, value in hit.metadata.items()),
+                + ", ".join(
+                    f"{visible(name)}: {visible_json(json.dumps(value, ensure_ascii=False))}"
+                    for name, value in hit.metadata.items()
+                ),
                 "dim",
             )
-        snippet = Text(hit.snippet)  # user text, never read as markup
+        snippet = Text(visible(hit.snippet))  # the same length: the highlights keep their places
         for start, end in hit.highlights:
             snippet.stylize("bold yellow", start, end)
         table.add_row(str(hit.rank), f"{hit.score:.3f}", about, snippet)
@@ -831,7 +836,8 @@ def serve(
         Optional[str],
         typer.Option(
             envvar="PIPELINE_API_KEY",
-            help="Require this key (X-API-Key header or ?api_key=) on every request but /health.",
+            help="Require this key (X-API-Key header or ?api_key=) on the data routes: /search, /documents, /fields, "
+            "/runs.json. /health, /openapi.json and the pages (/, /runs, /docs; they ask for the key) stay open.",
         ),
     ] = None,
     ray: Annotated[

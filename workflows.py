@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from common.console import info, quiet_libraries, warn
-from common.errors import PipelineError, UnknownDocument
+from common.errors import PipelineError, StoredNotIndexed, UnknownDocument, disk_full_error
 from common.manifest import read_manifest, require
 from common.workspace import Workspace, file_sha256, model_fingerprint
 
@@ -136,8 +136,9 @@ def index(
     ray: str | None = None,
 ) -> dict:
     """`pipeline index`: the indexes brought up to the store; a full build then measures the default search
-    mode (an update changes too little to measure again). memory_budget: bytes an IVF index's codes may
-    take in memory (index/build.py's default when None); shards, ray: a sharded build (index/shards.py)."""
+    mode (an update changes too little to measure again), as does a run finding its full build without its
+    measurement (a killed run's). memory_budget: bytes an IVF index's codes may take in memory
+    (index/build.py's default when None); shards, ray: a sharded build (index/shards.py)."""
     from common.embedder import load_embedder
     from index.build import refresh_indexes
     from search.calibrate import choose_default_mode
@@ -145,7 +146,9 @@ def index(
     with ws.writing():
         budget = {} if memory_budget is None else {"memory_budget": memory_budget}
         summary = refresh_indexes(ws, kind, rebuild, language, **budget, shards=shards, ray=ray)
-        if summary["update"] == "full":
+        manifest = read_manifest(ws)
+        unmeasured = manifest.search is None or not manifest.search.measured_for(manifest.index)
+        if summary["update"] == "full" or unmeasured:
             embedder = require(ws, "embedder", "run `pipeline embed` first")
             summary["search"] = choose_default_mode(
                 ws, load_embedder(embedder.model_dir(ws)), summary["embedder_fingerprint"]
@@ -217,7 +220,14 @@ def write_documents(ws: Workspace, engine, upserts: list[Document], deletes: lis
                 model, tokenizer, embedder.model_dir(ws), embedder.fingerprint, embedder.chunk_tokens, embedder.overlap
             )
             stored_entry = upsert_documents(ws, store, embedding, todo, digests, remove=deletes)
-    index = refresh_indexes(ws, full_build_allowed=False)
+    try:
+        index = refresh_indexes(ws, full_build_allowed=False)
+    except Exception as e:  # the store has them: the reply must say so, whatever stopped the index update
+        reason = disk_full_error(e) or (str(e).splitlines() or [type(e).__name__])[0]
+        raise StoredNotIndexed(
+            f"the documents are stored (store generation {stored_entry.store_generation}) but the index could "
+            f"not be updated ({reason}); they become searchable once it is (`pipeline index`, or a server restart)"
+        ) from e
     return {
         "stored": len(todo),
         "unchanged": len(upserts) - len(todo),
@@ -239,6 +249,7 @@ def serve(
 ) -> None:
     """`pipeline serve`: the HTTP API and page; the document API writes through write_documents. With `ray`,
     on that Ray cluster, each shard a Ray Serve deployment of `replicas` replicas."""
+    finish_interrupted_write(ws)
     if ray is None:
         from search.serve import run_server
 
@@ -252,6 +263,27 @@ def serve(
         raise PipelineError(INSTALL_HINT) from None
 
     serve_on_ray(ws, ray, host, port, api_key, write_documents, replicas)
+
+
+def finish_interrupted_write(ws: Workspace) -> None:
+    """A server killed between a write's store commit and its index update leaves the store ahead of the
+    index (as does `pipeline embed` without `pipeline index`). When the index can be brought up to date from
+    the store (it holds the current embedder's vectors), do it before serving, as `pipeline index` would,
+    instead of refusing to start until someone runs it."""
+    from index.build import refresh_indexes
+
+    manifest = read_manifest(ws)
+    index, embedder = manifest.index, manifest.embedder
+    if index is None or embedder is None or index.corpus_path is None or not index.built_by(embedder):
+        return
+    if index.stale_reason(embedder.store_generation) is None:
+        return
+    info(
+        f"the documents changed since the index was built (store generation {embedder.store_generation}, index "
+        f"built from {index.store_generation}): updating the index before serving"
+    )
+    with ws.writing():
+        refresh_indexes(ws)
 
 
 def status(ws: Workspace) -> dict:

@@ -2,7 +2,8 @@
 
 Both consoles print text as it is: no rich markup, emoji codes or highlighting is read into it, so a
 document title like "[/b] :warning:" or a file name with brackets comes out verbatim. Styles are given
-as rich Text (see warn), never as markup inside a string.
+as rich Text (see warn), never as markup inside a string. Control characters in what they print (a
+document's title, id or snippet, a file name in an error) are shown, never sent: see `visible`.
 """
 
 import logging
@@ -15,8 +16,47 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.text import Text
 
-out = Console(soft_wrap=True, markup=False, emoji=False, highlight=False)
-err = Console(stderr=True, soft_wrap=True, markup=False, emoji=False, highlight=False)
+# C0 controls but tab and newline, DEL and C1 controls: what a terminal may act on (ESC starts an escape
+# sequence that can clear the screen or set the window's title; U+009B is a one-character CSI). Each is
+# shown as one character, its Unicode control picture (or U+FFFD for C1), so styled spans keep their places.
+CONTROL_PICTURES = (
+    {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}
+    | {0x7F: 0x2421}
+    | dict.fromkeys(range(0x80, 0xA0), 0xFFFD)
+)
+
+
+def visible(text: str) -> str:
+    """`text` with every control character a terminal could act on replaced by a visible stand-in."""
+    return text.translate(CONTROL_PICTURES)
+
+
+def visible_json(text: str) -> str:
+    """JSON text (json.dumps(..., ensure_ascii=False)) with C1 controls escaped as JSON allows (\\u0080):
+    json.dumps escapes C0 controls itself, and the value read back is unchanged."""
+    return text.translate({c: f"\\u{c:04x}" for c in range(0x80, 0xA0)})
+
+
+class VisibleConsole(Console):
+    """A rich Console whose printed strings and Text have their control characters made visible; tables
+    are built from visible() cells by their makers."""
+
+    def print(self, *objects, **kwargs) -> None:
+        super().print(*(_visible_renderable(o) for o in objects), **kwargs)
+
+
+def _visible_renderable(renderable):
+    if isinstance(renderable, str):
+        return visible(renderable)
+    if isinstance(renderable, Text):
+        shown = renderable.copy()
+        shown.plain = visible(renderable.plain)  # the same length: spans keep their places
+        return shown
+    return renderable
+
+
+out = VisibleConsole(soft_wrap=True, markup=False, emoji=False, highlight=False)
+err = VisibleConsole(stderr=True, soft_wrap=True, markup=False, emoji=False, highlight=False)
 
 
 def warn(message: str) -> None:

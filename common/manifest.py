@@ -230,9 +230,15 @@ class SearchEntry(Section):
     embedder_fingerprint: str
     dense_weight: float | None = None
     chosen_by: str = "judged queries"
+    # the base index (IndexEntry.path) of the full build measured on held-out pairs; None for a choice on
+    # judged queries (`pipeline eval --set-default`), which holds for any build of that embedder
+    base_index: str | None = None
 
     def measured_for(self, index: IndexEntry) -> bool:
-        return self.embedder_fingerprint == index.embedder_fingerprint
+        """Whether this choice was made for `index`: its embedder, and for a measurement its full build (a
+        killed `pipeline index` can leave a new build beside the last build's measurement)."""
+        same_build = self.base_index is None or self.base_index == index.path
+        return self.embedder_fingerprint == index.embedder_fingerprint and same_build
 
 
 SECTIONS = (TokenizerEntry, ModelEntry, TunedEntry, EmbedderEntry, IndexEntry, SearchEntry)

@@ -71,6 +71,33 @@ class Document:
     metadata: dict = field(default_factory=dict)
 
 
+# A document's metadata, bounded as Elasticsearch bounds a mapping: fields a document may have, the length of
+# a field's name, and the size of all its values as JSON. (The collection's filterable fields are bounded
+# where the filter table is made: index/corpus.py's MAX_FILTER_FIELDS.)
+MAX_METADATA_FIELDS = 100
+MAX_FIELD_NAME_CHARS = 256
+MAX_METADATA_BYTES = 64 * 1024
+
+
+def check_metadata(metadata: dict, where: str) -> None:
+    """A PipelineError naming `where` and the limit when a document's metadata is past one of them."""
+    if len(metadata) > MAX_METADATA_FIELDS:
+        raise PipelineError(
+            f"{where}: {len(metadata):,} metadata fields, more than the {MAX_METADATA_FIELDS} a document may have"
+        )
+    for name in metadata:
+        if not name.strip() or len(name) > MAX_FIELD_NAME_CHARS:
+            shown = name[:40] + ("..." if len(name) > 40 else "")
+            raise PipelineError(
+                f"{where}: metadata field name {shown!r} is empty or longer than {MAX_FIELD_NAME_CHARS} characters"
+            )
+    size = len(json.dumps(metadata, ensure_ascii=False, default=str).encode("utf-8"))
+    if size > MAX_METADATA_BYTES:
+        raise PipelineError(
+            f"{where}: metadata of {size:,} bytes as JSON, more than the {MAX_METADATA_BYTES:,} a document may have"
+        )
+
+
 @dataclass
 class JsonLinesRead:
     """How far a JSON-lines file has been read: its first `offset` bytes, `lines` lines, the SHA-256 of
@@ -98,7 +125,9 @@ class JsonLinesRead:
 
 def list_files(paths: Iterable[Path]) -> list[tuple[Path, str]]:
     """Expand directories (recursively, sorted, hidden files skipped) into supported files, each with its
-    name relative to the path given: its path inside a directory, its file name for a file."""
+    name relative to the path given: its path inside a directory, its file name for a file. Only regular
+    files are read: a FIFO or a device (e.g. /dev/zero behind a link named zero.txt) would block or never
+    end; one inside a directory is skipped with a warning, one named on its own is an error."""
     files: list[tuple[Path, str]] = []
     for path in paths:
         if not path.exists():
@@ -107,11 +136,17 @@ def list_files(paths: Iterable[Path]) -> list[tuple[Path, str]]:
             found = sorted(
                 p
                 for p in path.rglob("*")
-                if p.is_file()
+                if not p.is_dir()
                 and p.suffix.lower() in SUPPORTED_SUFFIXES
                 and not any(part.startswith(".") for part in p.relative_to(path).parts)
             )
-            files.extend((p, p.relative_to(path).as_posix()) for p in found)
+            for p in found:
+                if p.is_file():
+                    files.append((p, p.relative_to(path).as_posix()))
+                else:
+                    warn(f"skipping {p}: not a regular file (a FIFO, device or socket)")
+        elif not path.is_file():
+            raise PipelineError(f"{path}: not a regular file (a FIFO, device or socket): give a file or a folder")
         elif path.suffix.lower() in SUPPORTED_SUFFIXES:
             files.append((path, path.name))
         else:
@@ -121,17 +156,40 @@ def list_files(paths: Iterable[Path]) -> list[tuple[Path, str]]:
     return files
 
 
-def read_documents(paths: Iterable[Path], text_field: str | None = None, unique_ids: bool = True) -> Iterator[Document]:
+def read_documents(paths: Iterable[Path], text_field: str | None = None, streamed: bool = False) -> Iterator[Document]:
     """Yield every non-empty document under `paths`, one at a time. Raises PipelineError if none is found,
-    or at the first id seen twice. unique_ids False skips that check, whose memory grows with the corpus
-    (pretraining streams gigabytes and keys nothing by id; embed checks in its store: embed/survey.py)."""
+    or for an id seen twice: at once, from a dict of the ids seen; or, `streamed` (pretraining reads
+    gigabytes and keys nothing by id), once all are read, from 8 bytes a document (a hash of each id), the
+    repeat then found by a second read to name both places. (embed checks in its store: embed/survey.py.)"""
+    if streamed:
+        yield from _ids_checked_at_end(paths, text_field)
+        return
     seen: dict[str, str] = {}
     for doc, where in located_documents(paths, text_field):
-        if unique_ids:
+        if doc.id in seen:
+            raise duplicate_id_error(doc.id, where, seen[doc.id])
+        seen[doc.id] = where
+        yield doc
+
+
+def _ids_checked_at_end(paths: Iterable[Path], text_field: str | None) -> Iterator[Document]:
+    import numpy as np
+
+    paths = list(paths)
+    hashes, chunk = [], []
+    for doc, _ in located_documents(paths, text_field):
+        chunk.append(int.from_bytes(hashlib.blake2b(doc.id.encode(), digest_size=8).digest(), "little"))
+        if len(chunk) == 65_536:
+            hashes.append(np.array(chunk, np.uint64))
+            chunk = []
+        yield doc
+    ordered = np.sort(np.concatenate([*hashes, np.array(chunk, np.uint64)]))
+    if len(ordered) > 1 and (ordered[1:] == ordered[:-1]).any():
+        seen: dict[str, str] = {}  # a repeated hash: the second read finds the id (or a collision, then no error)
+        for doc, where in located_documents(paths, text_field):
             if doc.id in seen:
                 raise duplicate_id_error(doc.id, where, seen[doc.id])
             seen[doc.id] = where
-        yield doc
 
 
 def duplicate_id_error(doc_id: str, where: str, first_where: str) -> PipelineError:
@@ -198,10 +256,12 @@ def _skip(file: Path, why: str, skipped: list[str] | None) -> None:
 
 
 def _read_text_file(file: Path, doc_id: str, skipped: list[str] | None = None) -> Iterator[tuple[Document, str]]:
-    raw = file.read_bytes()
-    if b"\x00" in raw[:8192]:
-        _skip(file, "binary file", skipped)
-        return
+    with open(file, "rb") as f:  # the binary check on the first bytes, before reading the rest
+        raw = f.read(8192)
+        if b"\x00" in raw:
+            _skip(file, "binary file", skipped)
+            return
+        raw += f.read()
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -251,13 +311,9 @@ def _row_to_document(row: dict, file: Path, where: str, fallback_id: str, text_f
     doc_id = str(row[id_key]) if id_key and row.get(id_key) is not None else fallback_id
     title = str(row[title_key]) if title_key and row.get(title_key) is not None else ""
     metadata = {key: json_value(value) for key, value in row.items() if key not in (text_key, id_key, title_key)}
-    return Document(
-        id=doc_id,
-        title=title,
-        source=source,
-        text=text,
-        metadata={key: value for key, value in metadata.items() if value is not None},
-    )  # a missing value is no field
+    metadata = {key: value for key, value in metadata.items() if value is not None}  # a missing value is no field
+    check_metadata(metadata, where)
+    return Document(id=doc_id, title=title, source=source, text=text, metadata=metadata)
 
 
 def json_value(value):
@@ -312,12 +368,12 @@ def read_json_lines(path: Path, read: JsonLinesRead | None = None) -> Iterator[t
                 raise PipelineError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
             if not line.strip():
                 continue
-            try:
-                row = json.loads(
-                    line.rstrip("\r\n")
-                )  # without its line ending, so an error at its end is in its columns
+            try:  # without its line ending, so an error at its end is in its columns
+                row = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as e:
                 raise PipelineError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+            except RecursionError:  # the parser recurses once per level of nesting
+                raise PipelineError(f"{where}: JSON nested too deeply to read") from None
             if not isinstance(row, dict):
                 raise PipelineError(f"{where}: expected a JSON object, got {_kind(row)}")
             yield line_no, row

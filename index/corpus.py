@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.lib.format import open_memmap
 
+from common.console import warn
 from common.corpus import (
     CHUNK_DOCS,
     CHUNK_IDS,
@@ -69,6 +70,7 @@ from index.files import write_directory
 
 DOCUMENT_BATCH = 20_000  # documents read from the store at once, with their chunks: ~50 MB of 1 KB texts
 FILTER_MEMORY = "1GB"  # DuckDB's while it merges filter tables (it spills beyond)
+MAX_FILTER_FIELDS = 1000  # metadata fields that are filter-table columns (Elasticsearch's default field limit)
 STALE_TEXTS = 0.25  # an update links the texts file while at most this share of it is stale (write_texts)
 DICTIONARY_BYTES = 32 * 1024  # zlib's window: the most of a preset dictionary it can use
 BUILT_IN = ("position", "doc_id", "title", "source")  # the filter table's own columns
@@ -109,6 +111,13 @@ def write_corpus(
         if fields is None:
             fields = write_documents_and_chunks(directory, store, live, doc_ids)
             write_filter_table(read_arrow(directory / DOCUMENTS), fields.column_types(), directory / FILTERS)
+        if fields.unfiltered:
+            warn(
+                f"{len(fields.unfiltered):,} metadata field(s) past the first {MAX_FILTER_FIELDS:,} of the collection "
+                "are stored and shown with results, not filterable (e.g. "
+                + ", ".join(repr(name[:40]) for name in sorted(fields.unfiltered)[:3])
+                + ")"
+            )
         meta = {"generation": generation, "fields": fields.to_json()}
         (directory / META).write_text(json.dumps(meta) + "\n")
 
@@ -124,6 +133,7 @@ def can_update(previous: Path) -> bool:
         return False
     return (
         "fields" in meta
+        and len(meta["fields"]) <= MAX_FILTER_FIELDS  # a wider table (made before the limit) is made anew
         and (previous / DOCUMENT_HASHES).exists()
         and (previous / TEXT_SPANS).exists()
         and (previous / TEXT_DICTIONARY).stat().st_size > 0
@@ -506,17 +516,32 @@ class FieldValues:
 
 
 class MetadataFields:
-    """The metadata fields of the documents, in the order they are first seen, and what each holds."""
+    """The metadata fields of the documents, in the order they are first seen, and what each holds: the
+    filter table's columns. The first MAX_FILTER_FIELDS are; a field seen after them is stored and shown
+    with hits, not filterable (counted in `unfiltered`), so no collection can make the table too wide to
+    write or merge (six documents of ~5,000 fields each once made 23,854 columns, and every write failed)."""
 
     def __init__(self):
         self.fields: dict[str, FieldValues] = {}
         self._taken = {name.lower() for name in BUILT_IN}
+        self.unfiltered: set[str] = set()
+
+    def _take(self, name: str) -> bool:
+        """Whether `name` is (now) a column."""
+        if name in self.fields:
+            return True
+        if name.lower() in self._taken:
+            return False
+        if len(self.fields) >= MAX_FILTER_FIELDS:
+            self.unfiltered.add(name)
+            return False
+        self._taken.add(name.lower())
+        return True
 
     def add(self, metadata: list[dict]) -> None:
         """The metadata of a batch of documents."""
         for name in dict.fromkeys(name for fields in metadata for name in fields):
-            if name not in self.fields and name.lower() not in self._taken:
-                self._taken.add(name.lower())
+            if name not in self.fields and self._take(name):
                 self.fields[name] = FieldValues()
         for name, values in self.fields.items():
             values.add([fields.get(name) for fields in metadata])
@@ -529,9 +554,9 @@ class MetadataFields:
         for name, values in other.fields.items():
             if name in self.fields:
                 self.fields[name].merge(values)
-            elif name.lower() not in self._taken:
-                self._taken.add(name.lower())
+            elif self._take(name):
                 self.fields[name] = values
+        self.unfiltered |= other.unfiltered - set(self.fields)
 
     def to_json(self) -> list:
         """The fields in the order they were first seen, with what each holds (the snapshot's corpus.json

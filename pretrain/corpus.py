@@ -90,7 +90,7 @@ class Corpus:
     def documents(self) -> Iterator[Document]:
         if not self.paths:
             return stdlib_documents()
-        documents = read_documents(self.paths, self.text_field, unique_ids=False)
+        documents = read_documents(self.paths, self.text_field, streamed=True)
         return (d for d in documents if d.source not in self.skipped_files) if self.skipped_files else documents
 
     def files(self) -> list[tuple[str, int, int]]:

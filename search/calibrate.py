@@ -214,6 +214,7 @@ def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> dict
             "collection_documents": result["collection_documents"],
             "inconclusive": inconclusive,
         },
+        base_index=read_manifest(ws).index.path,
     )
     kinds = ", ".join(f"{n} {kind}" for kind, n in result["pair_kinds"].items())
     measured = (
@@ -233,17 +234,24 @@ def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> dict
 
 
 def record_default_mode(
-    ws: Workspace, mode: str, dense_weight: float, embedder_fingerprint: str, chosen_by: str, report: dict
+    ws: Workspace,
+    mode: str,
+    dense_weight: float,
+    embedder_fingerprint: str,
+    chosen_by: str,
+    report: dict,
+    base_index: str | None = None,
 ) -> dict:
     """Make `mode` (and the hybrid's `dense_weight`) the default search mode of the index built by this
-    embedder: the manifest's "search" section, of which this is the one writer, for this measurement and
-    for `pipeline eval --set-default`."""
+    embedder (with `base_index`, of that full build only): the manifest's "search" section, of which this is
+    the one writer, for this measurement and for `pipeline eval --set-default`."""
     entry = SearchEntry(
         default_mode=mode,
         dense_weight=dense_weight,
         embedder_fingerprint=embedder_fingerprint,
         chosen_by=chosen_by,
         report=report,
+        base_index=base_index,
     )
     write_section(ws, entry)
     return entry.to_json()

@@ -263,6 +263,10 @@ class AllowedChunks:
 
     def __init__(self, document_positions: np.ndarray, chunk_docs: np.ndarray, n_documents: int):
         """chunk_docs: each chunk's document position, by chunk position."""
+        if len(document_positions) and (document_positions.min() < 0 or document_positions.max() >= n_documents):
+            raise PipelineError(  # the filter table and the snapshot disagree: never index with wrapped positions
+                f"the filter gave document positions outside the collection's {n_documents}: run `pipeline index`"
+            )
         documents = np.zeros(n_documents, dtype=bool)
         documents[document_positions] = True
         self.mask = documents[chunk_docs]

@@ -7,9 +7,11 @@ their JSON), plus `doc_id`, `title` and `source`, and each document's `position`
 opened read-only: a filter reads its columns from disk, and no more than the pages it scans stay in memory.
 Two ways to filter:
 
-- `where`: the CLI's DuckDB SQL over those columns (`year >= 2015 AND journal = 'Nature'`). It is the
-  user's own shell, but it still cannot change anything: it runs against the read-only filter table (the
-  store is not attached), as one SELECT statement, with external access (files, ATTACH) switched off.
+- `where`: the CLI's condition over those columns in DuckDB's syntax (`year >= 2015 AND journal =
+  'Nature'`). It is an expression, not SQL: parsed by DuckDB into its syntax tree, and refused unless it
+  is made of comparisons, AND/OR/NOT, IN, BETWEEN, constants, the table's columns and a short list of
+  functions (no statement, set operation, subquery or table function). It runs against the read-only
+  filter table (the store is not attached) with external access (files, ATTACH) switched off.
 - `structured`: the API's {"field": {"operator": value}} (Qdrant/Chroma style), compiled to SQL in which
   every value is a bound parameter and every column name is one of the table's own; an unknown field,
   operator or a value of the wrong type is a FilterError naming it.
@@ -36,6 +38,22 @@ from common.errors import PipelineError
 OPERATORS = ("eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "glob", "contains")
 COMPARISONS = {"eq": "=", "ne": "<>", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
 CACHED_FILTERS = 256
+# What a --where condition may be made of: comparisons, AND/OR/NOT, IN, IS NULL, BETWEEN, CASE and casts
+# over constants, the table's columns, and these functions (the operators LIKE ~~, ILIKE ~~*, GLOB ~~~,
+# SIMILAR TO, arithmetic and ||; text, list and date functions).
+WHERE_EXPRESSIONS = {
+    "COMPARISON", "CONJUNCTION", "OPERATOR", "BETWEEN", "CASE", "CAST", "TYPE", "CONSTANT", "COLUMN_REF", "FUNCTION",
+}  # fmt: skip
+WHERE_FUNCTIONS = {
+    "~~", "!~~", "~~*", "!~~*", "~~~", "!~~~", "regexp_full_match", "regexp_matches", "+", "-", "*", "/", "//",
+    "%", "||", "lower", "upper", "lcase", "ucase", "length", "len", "strlen", "trim", "ltrim", "rtrim",
+    "contains", "starts_with", "ends_with", "prefix", "suffix", "list_contains", "list_has", "array_contains",
+    "list_has_any", "list_has_all", "array_length", "year", "month", "day", "date_part", "date_trunc", "abs",
+    "round", "floor", "ceil", "coalesce", "isnan",
+}  # fmt: skip
+WHERE_EXAMPLE = (
+    "--where: must be one condition over the documents' fields, e.g. \"year >= 2015 AND journal = 'Nature'\""
+)
 
 
 class FilterError(PipelineError):
@@ -103,17 +121,50 @@ class DocumentFilters:
         return positions
 
     def _check_where(self, where: str) -> str:
-        """The CLI's condition, if it is one SELECT's condition: the statement must stay a single SELECT."""
-        try:
-            statements = self.con.extract_statements(f"SELECT position FROM documents WHERE ({where}\n)")
-        except duckdb.Error as e:
-            raise FilterError(f"--where: {_first_line(e)}") from None
-        if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
-            raise FilterError(
-                "--where: must be one condition over the documents' columns, "
-                "e.g. \"year >= 2015 AND journal = 'Nature'\""
-            )
+        """The CLI's condition, if it is one: DuckDB parses it inside this table's SELECT (json_serialize_sql,
+        which runs nothing), and the parse must be that SELECT alone with a WHERE made of the expressions in
+        WHERE_EXPRESSIONS over the table's own columns and functions in WHERE_FUNCTIONS: no second
+        statement, set operation, subquery, table function, window or lambda can get through."""
+        sql = f"SELECT position FROM documents WHERE ({where}\n)"
+        parsed = json.loads(self.con.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
+        if parsed.get("error") and parsed.get("error_type") == "parser":
+            raise FilterError(f"--where: {parsed.get('error_message', 'not a condition')}")
+        if parsed.get("error"):  # e.g. a second statement that is not a SELECT
+            raise FilterError(WHERE_EXAMPLE)
+        statements = parsed["statements"]
+        node = statements[0]["node"] if len(statements) == 1 else {}
+        only_this_select = (
+            node.get("type") == "SELECT_NODE"
+            and not node.get("modifiers")
+            and not node.get("cte_map", {}).get("map")
+            and (node.get("from_table") or {}).get("table_name") == "documents"
+            and not any(node.get(key) for key in ("group_expressions", "group_sets", "having", "sample", "qualify"))
+        )
+        if not only_this_select:
+            raise FilterError(WHERE_EXAMPLE)
+        self._check_expression(node["where_clause"])
         return where
+
+    def _check_expression(self, expression) -> None:
+        if isinstance(expression, list):
+            for item in expression:
+                self._check_expression(item)
+            return
+        if not isinstance(expression, dict):
+            return
+        kind = expression.get("class")
+        if kind is not None and kind not in WHERE_EXPRESSIONS:
+            raise FilterError(f"--where: {kind.lower().replace('_', ' ')} not allowed; {WHERE_EXAMPLE[9:]}")
+        if kind == "COLUMN_REF":
+            names = expression.get("column_names") or []
+            if len(names) != 1 or names[0].lower() not in self._lowered:
+                raise FilterError(f"--where: no field {'.'.join(names)!r} (fields: {', '.join(sorted(self.fields))})")
+        if kind == "FUNCTION":
+            name = expression.get("function_name", "")
+            if expression.get("schema") or expression.get("catalog") or name.lower() not in WHERE_FUNCTIONS:
+                raise FilterError(f"--where: function {name!r} not allowed; {WHERE_EXAMPLE[9:]}")
+        for value in expression.values():
+            self._check_expression(value)
 
     def compile(self, structured: dict) -> tuple[str, dict]:
         """{"field": {"operator": value} or value} -> (SQL condition, its parameters); all conditions must hold."""

@@ -13,6 +13,7 @@ does): each child is a fresh process running the CLI's code, killed at its point
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import os
@@ -24,7 +25,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def arm(point: str, nth: int) -> None:
+def arm(point: str, nth: int, disk_full: bool = False) -> None:
+    """Kill this process on the nth call of point, or with `disk_full` make that call fail as a write to a
+    full disk does (OSError ENOSPC)."""
     module_name, name, *suffix = point.split(":")
     owner = importlib.import_module(module_name)
     *path, attribute = name.split(".")
@@ -37,6 +40,8 @@ def arm(point: str, nth: int) -> None:
         nonlocal calls
         if not suffix or any(str(a).endswith(suffix[0]) for a in args):
             calls += 1
+            if calls == nth and disk_full:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), point)
             if calls == nth:
                 os.kill(os.getpid(), signal.SIGKILL)
         return real(*args, **kwargs)
@@ -111,6 +116,20 @@ class Killer:
         self.process.wait(timeout=60)
 
 
+def armed_process(point: str, nth: int, *args: str, disk_full: bool = False, **popen) -> subprocess.Popen:
+    """`pipeline ARGS` started in a process of its own, killed on the nth call of point (or, `disk_full`,
+    that call failing as on a full disk): for a command that runs until something reaches it from outside
+    (`pipeline serve` and a request)."""
+    command = [sys.executable, __file__, "--disk-full" if disk_full else "--armed", point, str(nth), *args]
+    return subprocess.Popen(command, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, **popen)
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
-    serve()
+    if sys.argv[1:2] in (["--armed"], ["--disk-full"]):
+        arm(sys.argv[2], int(sys.argv[3]), disk_full=sys.argv[1] == "--disk-full")
+        from cli import app
+
+        app(sys.argv[4:], prog_name="pipeline")
+    else:
+        serve()

@@ -75,6 +75,29 @@ def test_search_prints_titles_and_text_verbatim_never_as_markup(trained_workspac
     assert title in table and text in table
 
 
+def test_control_characters_in_documents_reach_the_terminal_shown_never_sent(trained_workspace, tmp_path, monkeypatch):
+    """Escape sequences in a document's id, title and text (clear the screen, set the window's title, a C1
+    CSI) are printed as visible characters by search, its --json, and an error naming the id."""
+    ws = tmp_path / "ws"
+    shutil.copytree(trained_workspace, ws)
+    evil = "\x1b[31mRED\x1b[0m\x1b]0;pwned\x07\x1b[2J\x9b2J"
+    row = {"_id": f"id{evil}", "title": f"bone {evil} title", "text": f"Bone density {evil} and vitamin D."}
+    data = tmp_path / "evil.jsonl"
+    data.write_text(json.dumps(row) + "\n")
+    run_cli("embed", "-w", str(ws), "--data", str(data), "--chunk-tokens", "64", "--overlap", "8")
+    run_cli("index", "-w", str(ws))
+    monkeypatch.setenv("COLUMNS", "300")
+    shown = run_cli("search", "-w", str(ws), "bone density pwned", "--mode", "lexical", "-k", "3").stdout
+    lines = [run_cli("search", "-w", str(ws), "bone density pwned", "--mode", "lexical", "-k", "3", "--json").stdout]
+    data.write_text((json.dumps(row) + "\n") * 2)  # the same id twice: an error that names it
+    error = run_cli("embed", "-w", str(ws), "--data", str(data), check=False).stderr
+    for output in (shown, *lines, error):
+        assert not any(c in output for c in "\x1b\x07\x9b"), repr(output)
+    assert "␛[2J" in shown and "␛]0;pwned␇" in shown and "duplicate document id 'id␛[31mRED" in error
+    hits = [json.loads(line) for line in lines[0].splitlines()]
+    assert any(hit["title"] == row["title"] for hit in hits)  # --json gives the text itself back, escaped
+
+
 def test_search_with_a_retrained_model_fails_clearly(trained_workspace, tmp_path, corpus_file):
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)

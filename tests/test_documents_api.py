@@ -107,6 +107,13 @@ def test_writes_need_the_key_and_bounded_valid_bodies(client):
         == 422
     )
     assert client.post("/documents", json={"documents": [{"id": "big", "text": "word " * 20_000}]}).status_code == 413
+    # metadata past its bounds (common/readers.py) is refused with the reason, and nothing of the batch is stored
+    wide = {"id": "wide", "text": "wide metadata", **{f"f{i}": i for i in range(101)}}
+    long_name = {"id": "long", "text": "a long field name", "x" * 300: 1}
+    for bad in (wide, long_name):
+        answer = client.post("/documents", json={"documents": [{"id": "fine", "text": "fine"}, bad]})
+        assert answer.status_code == 422 and answer.json()["error"].startswith("documents[1]: "), answer.text
+    assert client.get("/documents/fine").status_code == 404 and client.get("/documents/wide").status_code == 404
 
 
 def test_a_cli_embed_during_api_writes_corrupts_nothing(client, workspace, tmp_path):

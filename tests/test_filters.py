@@ -192,15 +192,25 @@ def test_where_on_the_command_line(copied_workspace):
             "--mode",
             "lexical",
             "--where",
-            "year >= 1950 AND journal = 'Cell' AND NOT open_access",
+            "year >= 1950 AND journal = 'Cell' AND NOT open_access -- a comment ends at the line's end",
         ).stdout.splitlines()
     ]
     assert len(hits) == 5 and all(h["metadata"]["year"] >= 1950 and h["metadata"]["journal"] == "Cell" for h in hits)
+    like = "lower(journal) LIKE 'c%' AND year BETWEEN 1950 AND 2100 AND list_contains(tags, 'even')"
+    hits = run_cli("search", "-w", root, "cells", "--json", "-k", "5", "--mode", "lexical", "--where", like).stdout
+    assert all(json.loads(line)["metadata"]["journal"] == "Cell" for line in hits.splitlines())
+    # an expression over the table's fields, never SQL: statements, set operations, subqueries, table
+    # functions and other functions are refused before anything runs
     for where, message in [
-        ("yeer > 3", 'error: --where: Binder Error: Referenced column "yeer" not found'),
-        ("year >", "error: --where: Parser Error: syntax error"),
-        ("1=1); DROP TABLE documents; SELECT (1", "error: --where:"),
-        ("year IN (SELECT 1 FROM read_csv('/etc/passwd'))", "error: --where:"),
+        ("yeer > 3", "error: --where: no field 'yeer' (fields: "),
+        ("year >", "error: --where: syntax error"),
+        ("1=1); DROP TABLE documents; SELECT (1", "error: --where: must be one condition"),
+        ("1=1) UNION ALL SELECT 99999999 WHERE (1=1", "error: --where: must be one condition"),
+        ("1=0) UNION ALL SELECT -1 WHERE (1=1", "error: --where: must be one condition"),
+        ("year > 0) --", "error: --where: syntax error"),
+        ("year IN (SELECT 1 FROM read_csv('/etc/passwd'))", "error: --where: subquery not allowed"),
+        ("getenv('HOME') = 'x'", "error: --where: function 'getenv' not allowed"),
+        ("documents.year > 1", "error: --where: no field 'documents.year'"),
     ]:
         result = run_cli("search", "-w", root, "cells", "--where", where, check=False)
         assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, (where, result.stderr)
@@ -242,3 +252,27 @@ def test_eval_within_a_filter(engine, corpus_file):
     everything = evaluate(engine, queries, qrels, mode="lexical", depth=10)
     before_1950 = evaluate(engine, queries, qrels, mode="lexical", depth=10, filters=years_below(50))
     assert everything["recall@100"] == 1.0 and before_1950["recall@100"] == 0.5  # the late document is filtered out
+
+
+def test_fields_past_the_filter_limit_are_kept_not_filterable_and_a_wider_table_is_made_anew(
+    trained_workspace, tmp_path, monkeypatch
+):
+    import index.corpus
+
+    ws = tmp_path / "ws"
+    shutil.copytree(trained_workspace, ws)
+    # the trained workspace's index holds the corpus's 5 fields (year, journal, open_access, published, tags)
+    monkeypatch.setattr(index.corpus, "MAX_FILTER_FIELDS", 2)
+    note = tmp_path / "note.jsonl"
+    note.write_text(json.dumps({"_id": "note", "text": "Cells divide.", "year": 2500, "extra": "kept"}) + "\n")
+    run_cli("embed", "-w", str(ws), "--data", str(note))
+    indexed = run_cli("index", "-w", str(ws))
+    assert "field(s) past the first 2 of the collection are stored and shown with results, not filterable" in (
+        indexed.stderr
+    )
+    engine = SearchEngine(Workspace(ws), load_model=False)
+    assert set(engine.fields) - {"doc_id", "title", "source"} == {"year", "journal"}  # the first two seen
+    with pytest.raises(FilterError, match="no field 'extra'"):
+        engine.search("cells", k=5, mode="lexical", filters=DocumentFilter.of(where="extra = 'kept'"))
+    hit = engine.search("cells divide", k=20, mode="lexical", filters=DocumentFilter.of(where="year = 2500"))
+    assert [h.doc_id for h in hit] == ["note"] and hit[0].metadata["extra"] == "kept"  # stored, shown

@@ -10,6 +10,9 @@ uninterrupted run ends.
 
 import json
 import shutil
+import signal
+import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -22,7 +25,7 @@ from conftest import TINY_TRAINING, board, read_metrics, run_cli, scifact_slice
 from embed.run import EmbedSettings, run_embed, source_documents
 from embed.tune import TuneSettings, run_tune
 from index.build import refresh_indexes
-from killpoint import Killer
+from killpoint import Killer, armed_process
 from search.engine import SearchEngine
 
 QUERIES = ["cancer cells and tumour growth", "vitamin D deficiency", "bone density"]
@@ -119,6 +122,126 @@ def test_killed_index_keeps_the_previous_index_in_use_and_a_rerun_cleans_up(kill
         path.split("/")[-1] for path in (summary["path"], summary["lexical_path"], summary["corpus_path"])
     )
     assert answers(ws) == before
+
+
+def test_a_server_killed_between_a_writes_store_commit_and_its_index_update_restarts_and_serves(
+    trained_workspace, tmp_path
+):
+    """The document API stores a write, then updates the index: a kill between the two leaves the store
+    ahead of the index. The restarted server brings the index up to date itself and serves the document."""
+    import httpx
+
+    from server import free_port, running_server
+
+    ws = tmp_path / "ws"
+    shutil.copytree(trained_workspace, ws)
+    port = free_port()
+    server = armed_process(
+        "index.build:refresh_indexes", 1, "serve", "-w", str(ws), "--port", str(port),
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        while True:  # until it answers
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert server.poll() is None, "the server exited before it served"
+                time.sleep(0.3)
+        note = {"id": "kill-note", "text": "Marmots hibernate in alpine burrows through the winter."}
+        with pytest.raises(httpx.HTTPError):  # killed before it could answer
+            httpx.post(f"{base}/documents", json={"documents": [note]}, timeout=120)
+        assert server.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        server.kill()
+    with pytest.raises(PipelineError, match="the documents changed since the index was built"):
+        SearchEngine(Workspace(ws), load_model=False)  # the state the kill left
+    with running_server(ws) as base:
+        hits = httpx.get(f"{base}/search", params={"q": "marmots hibernate", "mode": "lexical"}).json()["results"]
+        assert hits[0]["doc_id"] == "kill-note"
+    status = json.loads(run_cli("status", "-w", str(ws), "--json").stdout)
+    assert not status["problems"], status
+
+
+def test_a_full_disk_is_one_line_and_no_lie(trained_workspace, tmp_path, monkeypatch):
+    """A write to a full disk (fault-injected: the index's filter table, the server's index update) is one
+    line naming what to free, the workspace is as it was, and the API says whether it stored the documents."""
+    import errno
+
+    import httpx
+
+    import index.corpus
+    from server import free_port, running_server
+
+    ws = tmp_path / "ws"
+    shutil.copytree(trained_workspace, ws)
+    manifest = (ws / "manifest.json").read_bytes()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(ws / "index" / "filters.duckdb"))
+
+    monkeypatch.setattr(index.corpus, "write_filter_table", full)
+    failed = run_cli("index", "-w", str(ws), "--rebuild", check=False)
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr
+    assert (
+        failed.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"error: no space left on the device writing {ws / 'index' / 'filters.duckdb'}: free space there")
+    )
+    assert (ws / "manifest.json").read_bytes() == manifest
+    monkeypatch.undo()
+
+    port = free_port()
+    server = armed_process(
+        "index.build:refresh_indexes", 1, "serve", "-w", str(ws), "--port", str(port), disk_full=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        while True:
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert server.poll() is None, "the server exited before it served"
+                time.sleep(0.3)
+        note = {"id": "full-note", "text": "Marmots hibernate in alpine burrows through the winter."}
+        answer = httpx.post(f"{base}/documents", json={"documents": [note]}, timeout=120)
+        assert answer.status_code == 507 and answer.json()["error"].startswith("the documents are stored"), answer.text
+        assert httpx.get(f"{base}/health").status_code == 200  # still serving
+    finally:
+        server.kill()
+        server.wait()
+    with running_server(ws) as base:  # the restart brings the index up to date: the stored note is found
+        hits = httpx.get(f"{base}/search", params={"q": "marmots hibernate", "mode": "lexical"}).json()["results"]
+        assert hits[0]["doc_id"] == "full-note"
+
+
+def test_a_build_killed_before_its_default_mode_was_measured_is_measured_by_the_rerun(
+    killer, trained_workspace, tmp_path
+):
+    """A full build recorded, then killed while measuring the default mode: the last build's measurement is
+    not taken for the new one (status says the default is unmeasured), and re-running `pipeline index`,
+    though nothing changed, measures it."""
+    ws = tmp_path / "ws"
+    shutil.copytree(trained_workspace, ws)
+    before = json.loads((ws / "manifest.json").read_text())
+    note = tmp_path / "note.jsonl"
+    note.write_text(json.dumps({"_id": "note", "text": "Marmots hibernate in alpine burrows."}) + "\n")
+    run_cli("embed", "-w", str(ws), "--data", str(note))
+    killer.run("search.calibrate:measure_modes", 1, "index", "-w", str(ws), "--rebuild")
+    killed = json.loads((ws / "manifest.json").read_text())
+    assert killed["index"]["path"] != before["index"]["path"] and killed["search"] == before["search"]
+    status = json.loads(run_cli("status", "-w", str(ws), "--json").stdout)
+    assert status["parts"]["search"]["state"] == "default" and not status["problems"]
+    rerun = run_cli("index", "-w", str(ws))
+    assert "default search mode:" in rerun.stderr
+    measured = json.loads((ws / "manifest.json").read_text())
+    assert measured["index"]["path"] == killed["index"]["path"]  # the same build, now measured
+    assert measured["search"]["base_index"] == measured["index"]["path"]
+    status = json.loads(run_cli("status", "-w", str(ws), "--json").stdout)
+    assert status["parts"]["search"]["state"] == "ok"
 
 
 def test_killed_tune_keeps_the_previous_embedder_until_its_model_is_in_place(killer, trained_workspace, tmp_path):

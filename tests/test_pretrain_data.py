@@ -28,7 +28,8 @@ def write_corpus(directory, files=4, documents=60, seed=0):
         with (directory / f"part-{f}.jsonl").open("w") as out:
             for d in range(documents):
                 text = " ".join(rng.choice(words) for _ in range(rng.randint(40, 120)))
-                out.write(json.dumps({"id": f"doc-{f}-{d}", "title": f"Title {f} {d}", "text": text}) + "\n")
+                doc_id = f"doc-{f}-{d}" if seed == 0 else f"doc-s{seed}-{f}-{d}"  # ids unique across corpora
+                out.write(json.dumps({"id": doc_id, "title": f"Title {f} {d}", "text": text}) + "\n")
     return directory
 
 
@@ -155,3 +156,21 @@ def test_continued_pretraining_tokenizes_only_the_new_files_into_new_shards(tmp_
     assert json.loads((ws / "manifest.json").read_text())["model"]["steps"] == 4 + more
     again = run_cli("pretrain", "-w", str(ws), "--data", str(corpus), "--resume", "--no-adapt", *args)
     assert "no new documents" in again.stderr and shard_bytes(Workspace(ws)) == after
+
+
+def test_pretraining_data_with_an_id_in_two_files_is_refused_in_one_line_naming_both(tmp_path):
+    from conftest import run_cli
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jsonl").write_text(
+        "".join(json.dumps({"_id": str(i), "text": f"text {i} " * 20}) + "\n" for i in range(30))
+    )
+    (data / "b.jsonl").write_text(json.dumps({"_id": "7", "text": "another document with the same id"}) + "\n")
+    ws = tmp_path / "ws"
+    result = run_cli("pretrain", "-w", str(ws), "--data", str(data), "--max-steps", "1", "--no-adapt", check=False)
+    assert result.returncode != 0
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: ") and "duplicate document id '7'" in error, result.stderr
+    assert "b.jsonl:1" in error and "a.jsonl:8" in error and "Traceback" not in result.stderr
+    assert not ws.exists()  # nothing left behind

@@ -83,6 +83,10 @@ def test_a_text_field_that_is_not_a_string_is_refused_naming_file_line_and_field
         (b'["not", "an", "object"]\n', "expected a JSON object, got an array"),
         (b'"just text"\n', "expected a JSON object, got a string"),
         (b'{"_id": "2", "text": "caf\xe9"}\n', "not UTF-8 (byte 0xe9 at column 26)"),
+        (
+            b'{"_id": "2", "text": "x", "meta": ' + b"[" * 10_000 + b"]" * 10_000 + b"}\n",
+            "JSON nested too deeply to read",
+        ),
     ],
 )
 def test_every_jsonl_input_reports_a_bad_line_alike(tmp_path, bad_line, message):
@@ -147,6 +151,23 @@ def test_missing_path_empty_corpus_and_duplicates(tmp_path):
         PipelineError, match=r"dup\.jsonl:2: duplicate document id '1' \(first seen at .*dup\.jsonl:1\)"
     ):
         list(read_documents([f]))
+
+
+def test_only_regular_files_are_read_a_fifo_or_device_never_blocks(tmp_path, capsys):
+    import os
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "fine.txt").write_text("A fine text.\n")
+    os.mkfifo(folder / "pipe.txt")  # reading it would block forever
+    (folder / "zero.txt").symlink_to("/dev/zero")  # reading it would never end
+    docs = list(read_documents([folder]))
+    assert [d.title for d in docs] == ["fine"]
+    said = capsys.readouterr().err
+    assert f"skipping {folder / 'pipe.txt'}: not a regular file" in said and "zero.txt: not a regular file" in said
+    for named in (folder / "pipe.txt", folder / "zero.txt"):
+        with pytest.raises(PipelineError, match=r"not a regular file \(a FIFO, device or socket\)"):
+            list(read_documents([named]))
 
 
 def test_unreadable_parquet_is_one_clear_error(tmp_path):
@@ -360,3 +381,26 @@ def test_pdf_html_and_docx_are_searchable_and_a_hit_names_its_page(trained_works
     run_cli("index", "-w", str(ws))
     hits = run_cli("search", "-w", str(ws), "pumice floats", "--mode", "lexical", "--json").stdout.splitlines()
     assert not any(json.loads(line)["doc_id"].startswith("rocks.pdf") for line in hits)
+
+
+def test_metadata_past_its_bounds_is_one_line_naming_the_document(tmp_path):
+    from common.readers import MAX_FIELD_NAME_CHARS, MAX_METADATA_BYTES, MAX_METADATA_FIELDS
+
+    cases = [
+        (
+            {f"f{i}": i for i in range(MAX_METADATA_FIELDS + 1)},
+            f"101 metadata fields, more than the {MAX_METADATA_FIELDS}",
+        ),
+        ({"x" * (MAX_FIELD_NAME_CHARS + 1): 1}, f"longer than {MAX_FIELD_NAME_CHARS} characters"),
+        ({"big": "y" * MAX_METADATA_BYTES}, f"more than the {MAX_METADATA_BYTES:,} a document may have"),
+    ]
+    for metadata, message in cases:
+        path = tmp_path / "meta.jsonl"
+        path.write_text(
+            json.dumps({"_id": "1", "text": "fine"}) + "\n" + json.dumps({"_id": "2", "text": "t", **metadata}) + "\n"
+        )
+        with pytest.raises(PipelineError, match=r"meta\.jsonl:2: ") as raised:
+            list(read_documents([path]))
+        assert message in str(raised.value) and "\n" not in str(raised.value)
+    path.write_text(json.dumps({"_id": "3", "text": "t", **{f"f{i}": i for i in range(MAX_METADATA_FIELDS)}}) + "\n")
+    assert len(next(read_documents([path])).metadata) == MAX_METADATA_FIELDS  # at the bound: kept

@@ -176,7 +176,22 @@ def test_request_size_is_bounded_and_the_bounds_are_in_the_schema(client):
     huge = client.post(
         "/search", content=b'{"q": "x", "pad": "' + b"y" * 200_000 + b'"}', headers={"content-type": "application/json"}
     )
-    assert huge.status_code == 413 and "Too Large" in huge.text  # answered by the framework's limit, before parsing
+    assert huge.status_code == 413 and huge.json() == {"error": "body over 65,536 bytes"}  # before parsing
+
+
+def test_http_edges_head_allow_and_strict_types(client):
+    head, get = client.head("/health"), client.get("/health")
+    assert (
+        head.status_code == 200 and head.content == b"" and head.headers["content-type"] == get.headers["content-type"]
+    )
+    assert client.head("/search", params={"q": "cells"}).status_code == 200
+    wrong_method = client.put("/search")
+    assert wrong_method.status_code == 405 and set(wrong_method.headers["allow"].split(", ")) == {"GET", "HEAD", "POST"}
+    assert wrong_method.json()["error"]
+    for weight in (False, True):
+        answer = client.post("/search", json={"q": "cells", "dense_weight": weight})
+        assert answer.status_code == 422 and "dense_weight" in answer.json()["error"], (weight, answer.text)
+    assert client.post("/search", json={"q": "cells", "mode": "hybrid", "dense_weight": 1}).status_code == 200
     assert client.get("/health").json()["status"] == "ok"
 
 

@@ -12,6 +12,7 @@ import anyio
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from common.console import info, warn
 from common.errors import PipelineError
@@ -49,7 +50,49 @@ async def invalid(request: Request, exc: RequestValidationError):
 
 
 async def http_error(request: Request, exc: StarletteHTTPException):
-    return error(exc.status_code, str(exc.detail))
+    response = error(exc.status_code, str(exc.detail))
+    response.headers.update(exc.headers or {})
+    if exc.status_code == 405:  # Allow: every method a route of this path takes (the framework names one's)
+        allowed = {
+            method
+            for method in ("GET", "POST", "PUT", "PATCH", "DELETE")
+            if any(r.matches({**request.scope, "method": method})[0] == Match.FULL for r in request.app.routes)
+        }
+        response.headers["Allow"] = ", ".join(sorted(allowed | ({"HEAD"} if "GET" in allowed else set())))
+    return response
+
+
+class RequestEdges:
+    """What the framework leaves to each app: a body over MAX_BODY_BYTES answered 413 in the API's error
+    shape (from its Content-Length, or once a streamed body passes the limit), and HEAD answered as the GET
+    of the same path, without its body."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > MAX_BODY_BYTES:
+            return await error(413, f"body over {MAX_BODY_BYTES:,} bytes")(scope, receive, send)
+        received = 0
+
+        async def bounded_receive():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > MAX_BODY_BYTES:
+                raise StarletteHTTPException(413, f"body over {MAX_BODY_BYTES:,} bytes")
+            return message
+
+        if scope["method"] != "HEAD":
+            return await self.app(scope, bounded_receive, send)
+
+        async def without_body(message):
+            await send({**message, "body": b""} if message["type"] == "http.response.body" else message)
+
+        await self.app({**scope, "method": "GET"}, bounded_receive, without_body)
 
 
 async def shard_unavailable(request: Request, exc: ShardUnavailable):
@@ -74,7 +117,6 @@ def create_app(
     app = FastAPI(
         title="embedding-pipeline search",
         lifespan=lifespan,
-        max_body_size=MAX_BODY_BYTES,
         docs_url=None,
         redoc_url=None,
         description="Search the documents of a pipeline workspace: dense, lexical (BM25) or "
@@ -88,6 +130,7 @@ def create_app(
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(ShardUnavailable, shard_unavailable)
     app.add_exception_handler(Exception, unexpected)
+    app.add_middleware(RequestEdges)
     # Without a key nothing is checked, and the OpenAPI description declares no key (and a request skips
     # resolving the two key parameters).
     app.include_router(data, dependencies=[Depends(require_key)] if api_key else [])

@@ -20,9 +20,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.embedder import is_static
-from common.errors import PipelineError, UnknownDocument
+from common.errors import PipelineError, StoredNotIndexed, UnknownDocument, disk_full_error
 from common.manifest import read_manifest
-from common.readers import Document
+from common.readers import Document, check_metadata
 from search.filters import OPERATORS, DocumentFilter, FilterError
 from search.serve.batcher import SearchBatcher
 from search.serve.generation import Generation, WriteConflict
@@ -191,8 +191,15 @@ def write(generation: Generation, upserts: list[Document], deletes: list[str]):
         return error(404, str(e))
     except WriteConflict as e:
         return error(409, str(e))
+    except StoredNotIndexed as e:  # kept, and the reply says so: 507 when the disk is full, else 503
+        return error(507 if disk_full_error(e) else 503, str(e))
     except PipelineError as e:  # another writer held the workspace past the wait, or the store is unusable
         return error(503, str(e))
+    except Exception as e:  # a full disk before the store's commit: nothing was stored
+        said = disk_full_error(e)
+        if said is None:
+            raise
+        return error(507, f"nothing was stored: {said}")
 
 
 @data.post("/documents", summary="Add or replace documents", response_model=WriteResponse, responses=WRITE_ERRORS)
@@ -203,6 +210,11 @@ def upsert_documents(body: UpsertRequest, generation: Served):
     if len(set(ids)) != len(ids):
         return error(422, f"documents: the id '{next(i for i in ids if ids.count(i) > 1)}' appears twice")
     documents = [Document(d.id, d.title, API_SOURCE, d.text, dict(d.model_extra or {})) for d in body.documents]
+    try:  # bounded metadata (common/readers.py): nothing is stored when one document is past a limit
+        for i, document in enumerate(documents):
+            check_metadata(document.metadata, f"documents[{i}]")
+    except PipelineError as e:
+        return error(422, str(e))
     return write(generation, documents, [])
 
 

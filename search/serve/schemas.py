@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Literal, Optional
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from search.filters import OPERATORS
 
@@ -60,6 +60,14 @@ class SearchRequest(BaseModel):
     dense_weight: Optional[float] = Field(
         None, ge=0.0, le=1.0, description="Hybrid: weight of the dense ranking (default: the workspace's, see /health)."
     )
+
+    @field_validator("dense_weight", mode="before")
+    @classmethod
+    def not_a_boolean(cls, value):  # JSON's false would otherwise be read as 0.0
+        if isinstance(value, bool):
+            raise ValueError("a number from 0 to 1, not true or false")
+        return value
+
     filter: Optional[dict[str, Any]] = Field(
         None,
         description=FILTER_HELP,
@@ -252,6 +260,12 @@ WRITE_ERRORS = {
     503: {
         "model": ErrorResponse,
         "description": "Another writer (e.g. `pipeline embed`) held the workspace too long (retry), or the "
-        "documents are stored but the index holding them is not served yet (Ray Serve deploying its shards).",
+        "documents are stored but the index holding them is not served yet (Ray Serve deploying its shards, or "
+        "the index update failed: the message says which).",
+    },
+    507: {
+        "model": ErrorResponse,
+        "description": "The disk is full: the message says whether the documents were stored (then searchable "
+        "once the index is updated) or nothing was.",
     },
 }
