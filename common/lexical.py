@@ -77,8 +77,10 @@ import multiprocessing
 import os
 import re
 import shutil
+import sys
 import threading
 import unicodedata
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, NamedTuple
@@ -718,10 +720,15 @@ class LexicalIndex:
     def top_many(self, queries: list[str], k: int) -> list[np.ndarray]:
         """The best k chunk ids of each query, best first, in a process per core. Analysing a query is Python
         and holds the interpreter lock, so threads queue on it (16 threads mined hard negatives at 1.3x one
-        core's speed); forked processes share the index as it is in memory. With few queries, or no fork on
-        this system, one process does it."""
+        core's speed); forked processes share the index as it is in memory. With few queries one process
+        does it; where forking is unsafe (no fork, or gRPC's threads in this process), threads."""
         processes = min(len(os.sched_getaffinity(0)), len(queries) // QUERIES_PER_PROCESS)
-        if processes < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        # gRPC's threads (a Ray driver or worker: this process) do not survive a fork: threads then
+        unsafe_to_fork = "grpc" in sys.modules or "fork" not in multiprocessing.get_all_start_methods()
+        if processes >= 2 and unsafe_to_fork:
+            with ThreadPoolExecutor(processes, thread_name_prefix="bm25") as pool:
+                return list(pool.map(lambda query: self.top_chunk_ids(query, k), queries))
+        if processes < 2:
             return [self.top_chunk_ids(query, k) for query in queries]
         global _FORKED_SEARCH
         _FORKED_SEARCH = (self, k)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -249,6 +250,8 @@ def test_many_queries_searched_in_forked_processes_rank_as_one_at_a_time(built, 
     assert len(got) == len(many)
     for query, ids in zip(many, got):
         assert ids.tolist() == index.chunk_ids[reference.search(query, 12)[0]].tolist(), query
+    monkeypatch.setitem(sys.modules, "grpc", None)  # a Ray process, which must not fork: threads, the same answers
+    assert [ids.tolist() for ids in index.top_many(many, 12)] == [ids.tolist() for ids in got]
 
 
 def test_an_index_of_an_older_layout_asks_for_pipeline_index(built, tmp_path):
