@@ -502,6 +502,8 @@ def _read_html(file: Path, name: str) -> Iterator[tuple[Document, str]]:
     text = _clean(found.text or "") if found is not None else ""
     if not text:  # no main text found: all the page's visible text rather than nothing
         text = _clean(trafilatura.html2txt(raw) or "")
+    if not text and raw.strip():  # e.g. markup nested deeper than the parser goes: said, not dropped unseen
+        raise _Unreadable("no text found in the page (none, or markup the HTML parser could not read)")
     if not text:
         return
     title = " ".join((found.title or "").split()) if found is not None else ""

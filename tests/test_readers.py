@@ -290,9 +290,12 @@ def test_unreadable_documents_are_one_line_warnings_naming_them_and_the_rest_is_
     with zipfile.ZipFile(tmp_path / "zipped-not-docx.docx", "w") as z:
         z.writestr("hello.txt", "a zip, not a document")
     (tmp_path / "page.html").write_text(BLOG_PAGE)
+    (tmp_path / "nested.html").write_text("<html><body>" + "<div>" * 5000 + "Deep text." + "</div>" * 5000)
     skipped = []
     assert [d.id for d, _ in located_documents([tmp_path], skipped=skipped)] == ["good.pdf#page=1", "page.html"]
-    unreadable = ["broken.docx", "broken.pdf", "locked.docx", "locked.pdf", "scan.pdf", "zipped-not-docx.docx"]
+    unreadable = [
+        "broken.docx", "broken.pdf", "locked.docx", "locked.pdf", "nested.html", "scan.pdf", "zipped-not-docx.docx"
+    ]  # fmt: skip
     assert skipped == [str(tmp_path / name) for name in unreadable]
     out, err = capfd.readouterr()  # what the process printed, the libraries' C code too
     assert out == ""
@@ -302,11 +305,13 @@ def test_unreadable_documents_are_one_line_warnings_naming_them_and_the_rest_is_
         f"warning: skipping {tmp_path / 'broken.pdf'}: not a readable PDF (corrupt or truncated)",
         f"warning: skipping {tmp_path / 'locked.docx'}: encrypted DOCX (password-protected) or an old binary .doc",
         f"warning: skipping {tmp_path / 'locked.pdf'}: encrypted PDF (it needs a password)",
+        f"warning: skipping {tmp_path / 'nested.html'}: no text found in the page (none, or markup the HTML parser "
+        "could not read)",
         f"warning: skipping {tmp_path / 'scan.pdf'}: no text layer (none of its 2 pages has text: a scan? OCR it"
         " first)",
-        lines[5],
+        lines[6],
     ]
-    assert lines[5].startswith(f"warning: skipping {tmp_path / 'zipped-not-docx.docx'}: cannot read as docx (")
+    assert lines[6].startswith(f"warning: skipping {tmp_path / 'zipped-not-docx.docx'}: cannot read as docx (")
 
 
 def test_pdf_html_and_docx_are_searchable_and_a_hit_names_its_page(trained_workspace, tmp_path):
