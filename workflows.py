@@ -136,8 +136,8 @@ def index(
     ray: str | None = None,
 ) -> dict:
     """`pipeline index`: the indexes brought up to the store; a full build then measures the default search
-    mode (an update changes too little to measure again), as does a run finding its full build without its
-    measurement (a killed run's). memory_budget: bytes an IVF index's codes may take in memory
+    mode (an update changes too little to measure again), as does a run finding its full build unchanged and
+    without its measurement (a killed run's). memory_budget: bytes an IVF index's codes may take in memory
     (index/build.py's default when None); shards, ray: a sharded build (index/shards.py)."""
     from common.embedder import load_embedder
     from index.build import refresh_indexes
@@ -147,8 +147,12 @@ def index(
         budget = {} if memory_budget is None else {"memory_budget": memory_budget}
         summary = refresh_indexes(ws, kind, rebuild, language, **budget, shards=shards, ray=ray)
         manifest = read_manifest(ws)
-        unmeasured = manifest.search is None or not manifest.search.measured_for(manifest.index)
-        if summary["update"] == "full" or unmeasured:
+        index = manifest.index
+        # a killed run's full build beside the last build's measurement: measured now, if the base index
+        # still holds every stored chunk (the measurement reads the base alone)
+        base_unmeasured = manifest.search is not None and not manifest.search.measured_for(index)
+        base_is_whole = index.delta_vectors == 0 and index.deleted_in_base == 0
+        if summary["update"] == "full" or (base_unmeasured and base_is_whole):
             embedder = require(ws, "embedder", "run `pipeline embed` first")
             summary["search"] = choose_default_mode(
                 ws, load_embedder(embedder.model_dir(ws)), summary["embedder_fingerprint"]
