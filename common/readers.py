@@ -185,11 +185,9 @@ def _ids_checked_at_end(paths: Iterable[Path], text_field: str | None) -> Iterat
         yield doc
     ordered = np.sort(np.concatenate([*hashes, np.array(chunk, np.uint64)]))
     if len(ordered) > 1 and (ordered[1:] == ordered[:-1]).any():
-        seen: dict[str, str] = {}  # a repeated hash: the second read finds the id (or a collision, then no error)
-        for doc, where in located_documents(paths, text_field):
-            if doc.id in seen:
-                raise duplicate_id_error(doc.id, where, seen[doc.id])
-            seen[doc.id] = where
+        # a repeated hash: the checked read raises at the repeated id (a collision reads through, no error)
+        for _ in read_documents(paths, text_field):
+            pass
 
 
 def duplicate_id_error(doc_id: str, where: str, first_where: str) -> PipelineError:

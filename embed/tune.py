@@ -527,7 +527,7 @@ def run_tune(
         )
         settings = replace(settings, steps=max(1, len(sampler)))
     tokenizing = time.perf_counter()
-    preprocess = training_preprocess(model, settings, itertools.chain.from_iterable(columns.values()))
+    preprocess = training_preprocess(model, settings, ())  # each column's texts tokenized as it is positioned
     columns = {name: preprocess.positions(texts) for name, texts in columns.items()}  # batched from their tokens
     tokenize_s = time.perf_counter() - tokenizing
     dataset = Dataset.from_dict(columns)

@@ -12,7 +12,6 @@ import json
 import shutil
 import signal
 import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -131,7 +130,7 @@ def test_a_server_killed_between_a_writes_store_commit_and_its_index_update_rest
     ahead of the index. The restarted server brings the index up to date itself and serves the document."""
     import httpx
 
-    from server import free_port, running_server
+    from server import free_port, running_server, wait_until_serving
 
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
@@ -142,13 +141,7 @@ def test_a_server_killed_between_a_writes_store_commit_and_its_index_update_rest
     )  # fmt: skip
     try:
         base = f"http://127.0.0.1:{port}"
-        while True:  # until it answers
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert server.poll() is None, "the server exited before it served"
-                time.sleep(0.3)
+        wait_until_serving(server, base)
         note = {"id": "kill-note", "text": "Marmots hibernate in alpine burrows through the winter."}
         with pytest.raises(httpx.HTTPError):  # killed before it could answer
             httpx.post(f"{base}/documents", json={"documents": [note]}, timeout=120)
@@ -172,7 +165,7 @@ def test_a_full_disk_is_one_line_and_no_lie(trained_workspace, tmp_path, monkeyp
     import httpx
 
     import index.corpus
-    from server import free_port, running_server
+    from server import free_port, running_server, wait_until_serving
 
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
@@ -199,13 +192,7 @@ def test_a_full_disk_is_one_line_and_no_lie(trained_workspace, tmp_path, monkeyp
     )  # fmt: skip
     try:
         base = f"http://127.0.0.1:{port}"
-        while True:
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert server.poll() is None, "the server exited before it served"
-                time.sleep(0.3)
+        wait_until_serving(server, base)
         note = {"id": "full-note", "text": "Marmots hibernate in alpine burrows through the winter."}
         answer = httpx.post(f"{base}/documents", json={"documents": [note]}, timeout=120)
         assert answer.status_code == 507 and answer.json()["error"].startswith("the documents are stored"), answer.text
