@@ -89,7 +89,7 @@ class StaticEmbedder:
             not self.mean_with_torch or sum(map(len, ids)) <= SMALL_BATCH_TOKENS
         ):  # a query: numpy costs less than a torch call
             for row, text_ids in zip(out, ids):
-                if text_ids:
+                if len(text_ids):
                     self.table.take(text_ids, axis=0).mean(axis=0, out=row)
         else:
             import torch
@@ -98,7 +98,7 @@ class StaticEmbedder:
             for start in range(0, len(ids), STATIC_BATCH_TEXTS):
                 batch = ids[start : start + STATIC_BATCH_TEXTS]
                 lengths = np.fromiter(map(len, batch), np.int64, len(batch))
-                flat = np.fromiter(itertools.chain.from_iterable(batch), np.int64, int(lengths.sum()))
+                flat = np.concatenate([np.asarray(text_ids, np.int64) for text_ids in batch])
                 offsets = np.concatenate([[0], np.cumsum(lengths[:-1])])
                 # One multi-threaded gather-and-average for the batch (a bag's mean); an empty bag gives zeros.
                 out[start : start + len(batch)] = torch.nn.functional.embedding_bag(
@@ -347,20 +347,24 @@ def encode_token_ids(
         raise ValueError("the tokenizer frames texts in a way encode_token_ids does not know")
     before, after = frame
     room = token_limit(model) - len(before) - len(after)
-    inputs = [before + ids[:room] + after for ids in token_ids]
-    order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))
+
+    def framed(i: int) -> list[int]:  # made a batch at a time: a large document's chunks are not copied at once
+        return before + np.asarray(token_ids[i][:room]).tolist() + after
+
+    lengths = [len(before) + min(len(ids), room) + len(after) for ids in token_ids]
+    order = sorted(range(len(token_ids)), key=lambda i: -lengths[i])
     pad = model.tokenizer.pad_token_id or 0
-    vectors = np.zeros((len(inputs), model.get_embedding_dimension()), np.float32)
+    vectors = np.zeros((len(token_ids), model.get_embedding_dimension()), np.float32)
     with torch.inference_mode():
-        masked = padding_needs_mask(model, inputs[order[0]] if inputs else [])
+        masked = padding_needs_mask(model, framed(order[0]) if order else [])
         for start in range(0, len(order), batch_size):
             batch = order[start : start + batch_size]
-            longest = max(1, len(inputs[batch[0]]))
+            longest = max(1, lengths[batch[0]])
             ids = torch.full((len(batch), longest), pad, dtype=torch.long)
             mask = torch.zeros((len(batch), longest), dtype=torch.long)
             for row, i in enumerate(batch):
-                ids[row, : len(inputs[i])] = torch.tensor(inputs[i], dtype=torch.long)
-                mask[row, : len(inputs[i])] = 1
+                ids[row, : lengths[i]] = torch.tensor(framed(i), dtype=torch.long)
+                mask[row, : lengths[i]] = 1
             vectors[batch] = _sentence_embeddings(model, ids, mask, masked).float().numpy()
             if on_batch is not None:
                 on_batch(start + len(batch))

@@ -26,7 +26,7 @@ from common.manifest import EmbedderEntry, embedder_key, write_section
 from common.readers import Document
 from common.store import ChunkRow, Store
 from common.workspace import Workspace
-from embed.chunking import chunk_texts, whole_text_chunk
+from embed.chunking import chunk_texts, tokenized_whole, whole_text_chunk
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Embedding:
     chunk_tokens: int
     overlap: int
     batch_size: int = 64  # chunks per forward pass
-    embed_inputs: Callable[[list[list[int]]], np.ndarray] | None = None  # elsewhere: actors on a Ray cluster
+    embed_inputs: Callable[[list[np.ndarray]], np.ndarray] | None = None  # elsewhere: actors on a Ray cluster
 
     @property
     def dim(self) -> int:
@@ -159,7 +159,7 @@ def chunk_and_embed(
     chunk_tokens: int,
     overlap: int,
     first_chunk_id: int,
-    embed_inputs: Callable[[list[list[int]]], np.ndarray] | None = None,
+    embed_inputs: Callable[[list[np.ndarray]], np.ndarray] | None = None,
     on_progress: Callable[[float], None] | None = None,
     batch_size: int = 64,
 ) -> tuple[list[ChunkRow], np.ndarray]:
@@ -178,8 +178,9 @@ def chunk_and_embed(
             docs, model, tokenizer, chunk_tokens, overlap, first_chunk_id, on_progress, batch_size
         )
     token_ids_of = model_token_ids(model)
-    token_ids = token_ids_of([d.text for d in docs])
-    long = [i for i, ids in enumerate(token_ids) if len(ids) > chunk_tokens]
+    # A text tokenized in pieces is long whatever its tokens: chunk_texts alone tokenizes it.
+    token_ids = token_ids_of([d.text if tokenized_whole(d.text) else "" for d in docs])
+    long = [i for i, d in enumerate(docs) if not tokenized_whole(d.text) or len(token_ids[i]) > chunk_tokens]
     chunks_of = dict(zip(long, chunk_texts([docs[i].text for i in long], tokenizer, chunk_tokens, overlap)))
     title_ids = token_ids_of([f"{d.title}\n" for d in docs])
     rows, inputs = [], []
@@ -188,7 +189,8 @@ def chunk_and_embed(
             rows.append(
                 ChunkRow(first_chunk_id + len(rows), doc.id, c.index, c.text, c.start_char, c.end_char, c.n_tokens)
             )
-            inputs.append(title_ids[i] + c.token_ids if doc.title else c.token_ids)
+            ids = np.asarray(c.token_ids, np.int32)
+            inputs.append(np.concatenate((np.asarray(title_ids[i], np.int32), ids)) if doc.title else ids)
     if not inputs:
         return rows, np.zeros((0, model.get_embedding_dimension()), np.float32)
     if embed_inputs is not None:

@@ -29,7 +29,7 @@ class ChunkEmbedder:
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from common.embedder import embed_token_ids
 
-        vectors = embed_token_ids(self.model, [[int(i) for i in ids] for ids in batch["ids"]], self.batch_size)
+        vectors = embed_token_ids(self.model, list(batch["ids"]), self.batch_size)
         return {"row": batch["row"], "vector": vectors}
 
 
@@ -45,7 +45,7 @@ class RayEncoder:
         # are not the user's.
         logging.getLogger("ray.data").setLevel(logging.ERROR)
 
-    def __call__(self, inputs: list[list[int]]) -> np.ndarray:
+    def __call__(self, inputs: list[np.ndarray]) -> np.ndarray:
         rows = [{"row": i, "ids": ids} for i, ids in enumerate(inputs)]
         dataset = self.ray.data.from_items(rows, override_num_blocks=min(len(rows), self.workers * 4))
         embedded = dataset.map_batches(

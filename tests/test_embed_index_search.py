@@ -336,6 +336,39 @@ def test_a_static_embedders_chunks_are_embedded_from_the_documents_tokens(traine
     np.testing.assert_allclose(vectors[rows.index(middle)], model.embed_ids([ids])[0], atol=1e-6)
 
 
+@pytest.mark.parametrize("embedder", ["static", "transformer"])
+def test_a_document_tokenized_in_pieces_gets_the_chunks_and_vectors_of_one_tokenized_whole(
+    trained_workspace, tmp_path, monkeypatch, embedder
+):
+    """A text longer than PIECE_CHARS is tokenized in pieces cut before a space, its tokens held as int32
+    arrays (bounded memory for a large document): with byte-level BPE, which splits words at spaces anyway, its
+    chunks (texts, offsets, tokens) and their vectors are those of the whole text tokenized at once."""
+    from common.embedder import load_embedder, text_tokenizer
+    from common.readers import Document
+    from embed import chunking
+    from embed.ingest import chunk_and_embed
+
+    path = save_static_model(trained_workspace, tmp_path / "static") if embedder == "static" else None
+    model = load_embedder(path or trained_workspace / "model")
+    rows = [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()[:8]]
+    docs = [Document(r["_id"], r["title"], "src", r["text"]) for r in rows]
+
+    def chunked() -> tuple[list, list, np.ndarray]:
+        chunks = chunking.chunk_texts([d.text for d in docs], text_tokenizer(model), 48, 8)
+        return chunks, *chunk_and_embed(docs, model, text_tokenizer(model), 48, 8, 0, batch_size=16)
+
+    whole_chunks, whole_rows, whole_vectors = chunked()
+    monkeypatch.setattr(chunking, "PIECE_CHARS", 200)
+    assert all(len(d.text) > 4 * chunking.PIECE_CHARS for d in docs[:3])  # several pieces, several calls
+    assert len(chunking.piece_starts(docs[0].text)) > chunking.PIECES_PER_CALL
+    pieced_chunks, pieced_rows, pieced_vectors = chunked()
+    assert [[(c.text, c.start_char, c.end_char, list(c.token_ids)) for c in cs] for cs in pieced_chunks] == [
+        [(c.text, c.start_char, c.end_char, list(c.token_ids)) for c in cs] for cs in whole_chunks
+    ]
+    assert pieced_rows == whole_rows and len(pieced_rows) > 3 * len(docs)
+    np.testing.assert_allclose(pieced_vectors, whole_vectors, atol=1e-5)
+
+
 def chunk_vectors_match_their_texts(model, tokenizer) -> tuple[list, np.ndarray]:
     """Chunks of three documents (one with no title, one longer than a chunk) embedded by chunk_and_embed;
     each document's first chunk must have the vector `encode` gives its title and text as one text."""
