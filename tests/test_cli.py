@@ -339,14 +339,20 @@ def test_no_library_noise_reaches_the_user(corpus_file, tmp_path):
     assert "exported the " in pretrain and "tuned in" in tune
 
 
-def test_the_readmes_python_api_example_runs(trained_workspace, tmp_path, monkeypatch, capsys):
-    """The README's Python API section, run as written against a workspace at ./workspace."""
-    readme = (REPO / "README.md").read_text()
-    code = readme.split("## Python API", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+def python_api_example(section: str) -> str:
+    """The first Python block under a heading of docs/python-api.md (the README links there)."""
+    guide = (REPO / "docs" / "python-api.md").read_text()
+    return guide.split(f"\n## {section}\n", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_python_api_guides_search_example_runs(trained_workspace, tmp_path, monkeypatch, capsys):
+    """docs/python-api.md's search example (the README's Python API), run as written against a workspace at
+    ./workspace."""
+    code = python_api_example("Searching a workspace")
     (tmp_path / "workspace").symlink_to(trained_workspace)  # the engine only reads it
     monkeypatch.chdir(tmp_path)
     names: dict = {}
-    exec(compile(code, "README.md", "exec"), names)
+    exec(compile(code, "docs/python-api.md", "exec"), names)
     printed = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in printed] == ["1", "2", "3", "4", "5"]
     assert len(names["recent"]) == 5 and all(hit.metadata["year"] >= 2015 for hit in names["recent"])
@@ -376,17 +382,18 @@ def test_a_damaged_index_or_store_file_is_named_with_what_to_run(trained_workspa
     )
 
 
-def test_the_readmes_workflows_example_builds_a_consistent_workspace(corpus_file, tmp_path, monkeypatch, capsys):
-    """The README's second Python example (building a workspace with workflows.py), run as written on a
+def test_the_python_api_guides_workflows_example_builds_a_consistent_workspace(
+    corpus_file, tmp_path, monkeypatch, capsys
+):
+    """docs/python-api.md's second example (building a workspace with workflows.py), run as written on a
     folder of documents, with a budget of seconds instead of minutes."""
-    readme = (REPO / "README.md").read_text()
-    code = readme.split("## Python API", 1)[1].split("```python\n", 2)[2].split("```", 1)[0]
+    code = python_api_example("Building a workspace")
     assert 'time_budget="5m"' in code
     docs = tmp_path / "docs"
     docs.mkdir()
     shutil.copy(corpus_file, docs / "corpus.jsonl")
     monkeypatch.chdir(tmp_path)
-    exec(compile(code.replace('time_budget="5m"', 'time_budget="15s"'), "README.md", "exec"), {})
+    exec(compile(code.replace('time_budget="5m"', 'time_budget="15s"'), "docs/python-api.md", "exec"), {})
     mode, problems = capsys.readouterr().out.splitlines()[-2:]
     assert mode in ("dense", "lexical", "hybrid") and problems == "[]"
     manifest = json.loads((tmp_path / "my-workspace" / "manifest.json").read_text())
