@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Annotated, Literal, Optional
 
 import typer
+from typer._click.exceptions import BadParameter, NoArgsIsHelpError, UsageError  # typer>=0.29 vendors click
 from typer.core import TyperGroup
 
 import workflows
@@ -31,11 +32,6 @@ from common.durations import parse_duration
 from common.errors import PipelineError, disk_full_error, out_of_memory_error
 from common.workspace import WORKSPACE_ENV, Workspace
 from pretrain.settings import MAX_PORT, SEED_MAX, OptionError, Preset, PretrainSettings
-
-try:  # typer vendors click from 0.2x on; before, it used click itself
-    from typer._click.exceptions import BadParameter, NoArgsIsHelpError, UsageError
-except ImportError:  # pragma: no cover
-    from click.exceptions import BadParameter, NoArgsIsHelpError, UsageError
 
 
 class OneLineUsageError(UsageError):

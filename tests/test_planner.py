@@ -18,7 +18,7 @@ from common.errors import PipelineError
 from conftest import board, board_charts, run_cli
 from pretrain.config import ModelConfig, ParallelConfig, model_config_for
 from pretrain.planner.candidates import Candidate, enumerate_plans
-from pretrain.planner.cluster import Device, Link, load_cluster_toml, uniform_cluster
+from pretrain.planner.cluster import EXAMPLE_TOML, Device, Link, load_cluster_toml, uniform_cluster
 from pretrain.planner.cost import estimate, shared_cpu_speedup
 from pretrain.planner.layout import Layout
 from pretrain.planner.measure import MeasureSettings, local_cluster, measure_cluster
@@ -82,6 +82,20 @@ def test_cluster_toml_gives_a_link_matrix_with_slow_links_only_between_sites(tmp
     )
     assert cluster.ring([0, 1, 2, 3]).latency_s < 1e-3 and cluster.ring([0, 4]).latency_s == pytest.approx(0.03)
     assert cluster.devices[5].memory_bytes == 40e9 and cluster.devices[5].flops == 150e12
+
+
+def test_the_example_cluster_file_reads_as_it_says(tmp_path):
+    """The example cluster file docs/plan.md points to reads as its comments say: two sites of 4 GPUs, 30 ms and
+    10 Gbit/s apart."""
+    path = tmp_path / "example.toml"
+    path.write_text(EXAMPLE_TOML)
+    cluster = load_cluster_toml(path)
+    assert cluster.world_size == 8 and cluster.nodes == ["site-a", "site-b"]
+    assert cluster.link(0, 1).bandwidth_Bps == pytest.approx(2400e9 / 8)
+    assert cluster.link(3, 4).latency_s == pytest.approx(0.03) and cluster.link(3, 4).bandwidth_Bps == pytest.approx(
+        10e9 / 8
+    )
+    assert {d.name for d in cluster.devices} == {"A100-40GB"} and cluster.devices[0].flops == 150e12
 
 
 @pytest.mark.parametrize(

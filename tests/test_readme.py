@@ -73,10 +73,8 @@ def check_command(args: list[str]) -> None:
 
 
 def usage_error() -> type[Exception]:
-    try:
-        from typer._click.exceptions import UsageError
-    except ImportError:  # pragma: no cover: typer before it vendored click
-        from click.exceptions import UsageError
+    from typer._click.exceptions import UsageError  # typer>=0.29 vendors click
+
     return UsageError
 
 
