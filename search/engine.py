@@ -20,8 +20,8 @@ delta (index/build.py): both FAISS indexes are searched and their hits merged by
 chunks never among them; BM25 reads both segments. `search` can be called from several threads (FAISS and
 BM25 searches only read).
 
-A sharded index (index/shards.py) is searched shard by shard through IndexShard's interface (what a shard in
-another process could answer): the query embedded once, BM25 scored with the collection's statistics summed over
+A sharded index (index/shards.py) is searched shard by shard through the Shard interface (which a shard in
+another process answers too): the query embedded once, BM25 scored with the collection's statistics summed over
 the shards first (the DFS phase of a distributed search engine), each retriever's rankings merged by score, then
 fused, and the hits read from their shards. Every ranking orders equal scores by chunk id, so N shards answer
 exactly as one index over the same chunks.
@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Generic, Protocol, TypeVar
 
 import faiss
 import numpy as np
@@ -310,7 +310,7 @@ class IndexShard:
             raise PipelineError("the BM25 index does not hold the stored chunks: run `pipeline index`")
         self.filters = DocumentFilters(self.corpus.filters_path)
 
-    # ---- what a search asks of a shard (calls a shard in another process could answer too: call, wait)
+    # ---- what a search asks of a shard (the Shard interface below: LocalShard asks these in this process)
     def statistics(self, query: str) -> CollectionStatistics:
         """This shard's part of BM25's collection statistics for `query` (summed over the shards first)."""
         return self.lexical.statistics(query)
@@ -369,14 +369,6 @@ class IndexShard:
     def fields(self) -> dict[str, str]:
         """The fields this shard's filters can use, with their types."""
         return self.filters.fields
-
-    def call(self, method: str, *arguments):
-        """A call of the shard's interface above: answered now (a remote shard's answer comes later: wait)."""
-        return getattr(self, method)(*arguments)
-
-    @staticmethod
-    def wait(answer):
-        return answer
 
     # ---- within the shard
     def allowed(self, filters: DocumentFilter) -> AllowedChunks:
@@ -466,13 +458,84 @@ class ShardUnavailable(Exception):
     naming it (503), never answered from the other shards alone."""
 
 
-def local_shards(root: Path, entry: IndexEntry) -> list[IndexShard]:
+T = TypeVar("T")
+
+
+class Answer(Protocol[T]):
+    """A shard's answer to one call, awaited by result() (a ShardUnavailable when a shard elsewhere fails)."""
+
+    def result(self) -> T: ...
+
+
+class Shard(Protocol):
+    """What the engine asks of one shard of the index: IndexShard's questions, each call started at once and
+    answered by its Answer's result(). The engine makes every shard's call before it awaits any, so shards in
+    other processes work side by side. Implemented by LocalShard (an IndexShard in this process) and by
+    search/serve/ray_serve.py's RemoteShard (a shard's Ray Serve application)."""
+
+    def statistics(self, query: str) -> Answer[CollectionStatistics]: ...
+
+    def candidates(
+        self,
+        vectors: np.ndarray | None,
+        queries: list[str],
+        depth: int,
+        filters: DocumentFilter | None,
+        walk_budget: int | None,
+        collections: list[CollectionStatistics | None] | None,
+    ) -> Answer[tuple[list[Ranking] | None, list[Ranking] | None]]: ...
+
+    def hits(self, query: str, ranking: Ranking) -> Answer[list[Hit]]: ...
+
+    def document(self, doc_id: str) -> Answer[dict | None]: ...
+
+    def fields(self) -> Answer[dict[str, str]]: ...
+
+
+@dataclass(frozen=True)
+class Answered(Generic[T]):
+    """An answer there at once."""
+
+    value: T
+
+    def result(self) -> T:
+        return self.value
+
+
+class LocalShard:
+    """An IndexShard in this process, asked through the Shard interface: each answer is there at once."""
+
+    def __init__(self, shard: IndexShard):
+        self.shard = shard
+
+    def statistics(self, query: str) -> Answered[CollectionStatistics]:
+        return Answered(self.shard.statistics(query))
+
+    def candidates(self, *arguments) -> Answered[tuple[list[Ranking] | None, list[Ranking] | None]]:
+        return Answered(self.shard.candidates(*arguments))
+
+    def hits(self, query: str, ranking: Ranking) -> Answered[list[Hit]]:
+        return Answered(self.shard.hits(query, ranking))
+
+    def document(self, doc_id: str) -> Answered[dict | None]:
+        return Answered(self.shard.document(doc_id))
+
+    def fields(self) -> Answered[dict[str, str]]:
+        return Answered(self.shard.fields())
+
+
+def local_shards(root: Path, entry: IndexEntry) -> list[LocalShard]:
     """The index's shards opened in this process (one for an unsharded index)."""
-    return [IndexShard(root, shard_entry, i) for i, shard_entry in enumerate(entry.shard_entries())]
+    return [LocalShard(IndexShard(root, shard_entry, i)) for i, shard_entry in enumerate(entry.shard_entries())]
 
 
-# (workspace root, the index's record) -> its shards: IndexShards here, or what answers for them elsewhere
-OpenShards = Callable[[Path, IndexEntry], list]
+# (workspace root, the index's record) -> its shards: LocalShards here, or what answers for them elsewhere
+OpenShards = Callable[[Path, IndexEntry], list[Shard]]
+
+
+def awaited(answers: list[Answer[T]]) -> list[T]:
+    """The answers' results, in order: awaited only after every call was made."""
+    return [answer.result() for answer in answers]
 
 
 class SearchEngine:
@@ -504,7 +567,7 @@ class SearchEngine:
         if self.index_entry.stale_reason(store_generation):
             raise PipelineError(self.index_entry.stale_reason(store_generation))
         self.shards = open_shards(ws.root, self.index_entry)
-        self.in_process = all(isinstance(shard, IndexShard) for shard in self.shards)
+        self.in_process = all(isinstance(shard, LocalShard) for shard in self.shards)
         self.has_lexical = all(entry.lexical_path for entry in self.index_entry.shard_entries())
         self._model = reuse_model
         self._default_mode, self._default_dense_weight = self.measured_defaults(manifest.search)
@@ -581,15 +644,12 @@ class SearchEngine:
         if mode != "dense":  # over several shards, BM25 scores with the whole collection's statistics (DFS)
             collections = [None] * len(queries)
             if len(self.shards) > 1:
-                shards = range(len(self.shards))
-                parts = self._ask([(n, "statistics", (query,)) for query in queries for n in shards])
-                collections = [
-                    CollectionStatistics.summed(parts[i * len(shards) : (i + 1) * len(shards)])
-                    for i in range(len(queries))
-                ]
+                parts = awaited([shard.statistics(query) for query in queries for shard in self.shards])
+                n = len(self.shards)
+                collections = [CollectionStatistics.summed(parts[i * n : (i + 1) * n]) for i in range(len(queries))]
         budget = HYBRID_WALK_BUDGET if mode == "hybrid" else None
         arguments = (vectors, queries, depth, filters, budget, collections)
-        found = self._ask([(n, "candidates", arguments) for n in range(len(self.shards))])
+        found = awaited([shard.candidates(*arguments) for shard in self.shards])
         results = []
         for i, query in enumerate(queries):
             dense = NO_RANKING if vectors is None else self._merged([shard_dense[i] for shard_dense, _ in found], depth)
@@ -597,12 +657,6 @@ class SearchEngine:
             ranked = fuse(dense, lexical, dense_weight) if mode == "hybrid" else dense if mode == "dense" else lexical
             results.append(self.hits(query, ranked, k))
         return results
-
-    def _ask(self, calls: list[tuple[int, str, tuple]]) -> list:
-        """The answers to (shard number, method, arguments) calls, in order. Every call is made before any answer
-        is awaited, so shards answering from other processes or machines work side by side."""
-        pending = [(self.shards[n], self.shards[n].call(method, *arguments)) for n, method, arguments in calls]
-        return [shard.wait(answer) for shard, answer in pending]
 
     def _merged(self, rankings: list[Ranking], n: int) -> Ranking:
         """The best n documents of the shards' rankings, by score, equal scores by their chunk's id: as one
@@ -624,7 +678,7 @@ class SearchEngine:
         """The first k documents of `ranking` as hits, each read from its shard, ranked."""
         head = ranking.head(k)
         rows = {int(n): np.flatnonzero(head.shards == n) for n in np.unique(head.shards)}
-        answers = self._ask([(n, "hits", (query, head.take(at))) for n, at in rows.items()])
+        answers = awaited([self.shards[n].hits(query, head.take(at)) for n, at in rows.items()])
         hits: list[Hit] = [None] * len(head)  # type: ignore[list-item]
         for at, found in zip(rows.values(), answers):
             for i, hit in zip(at.tolist(), found):
@@ -635,13 +689,13 @@ class SearchEngine:
 
     def document(self, doc_id: str) -> dict | None:
         """The stored document `doc_id` (from the shard holding it), or None."""
-        found = self._ask([(n, "document", (doc_id,)) for n in range(len(self.shards))])
+        found = awaited([shard.document(doc_id) for shard in self.shards])
         return next((document for document in found if document is not None), None)
 
     @property
     def fields(self) -> dict[str, str]:
         """The fields filters can use, with their types (every shard's)."""
-        found = self._ask([(n, "fields", ()) for n in range(len(self.shards))])
+        found = awaited([shard.fields() for shard in self.shards])
         return {name: kind for fields in found for name, kind in fields.items()}
 
     def embed_queries(self, queries: list[str], names: list[str] | None = None) -> np.ndarray:

@@ -215,7 +215,7 @@ def test_search_answers_from_the_snapshot_as_from_the_store(trained_workspace):
     """Every hit's fields, and its snippet, are the store's."""
     engine = SearchEngine(Workspace(trained_workspace))
     with Store(Workspace(trained_workspace).db_path, read_only=True) as store:
-        assert_corpus_matches_store(engine.shards[0].corpus, store)
+        assert_corpus_matches_store(engine.shards[0].shard.corpus, store)
         documents = {
             row[0]: row[1:]
             for row in store.con.execute("SELECT doc_id, title, source, text, metadata FROM documents").fetchall()
@@ -224,7 +224,7 @@ def test_search_answers_from_the_snapshot_as_from_the_store(trained_workspace):
             row[0]: row[1:] for row in store.con.execute("SELECT chunk_id, text, chunk_index FROM chunks").fetchall()
         }
     for query in ("tumour cells immune response", "vitamin D", "protein folding in bacteria"):
-        terms = snippet_terms(query, engine.shards[0].lexical.analyzer)
+        terms = snippet_terms(query, engine.shards[0].shard.lexical.analyzer)
         for mode in ("dense", "lexical", "hybrid"):
             hits = engine.search(query, k=20, mode=mode)
             assert hits, (query, mode)
@@ -248,11 +248,11 @@ def test_the_loaded_engine_holds_no_texts(trained_workspace):
     and nothing holds a Python list of the documents or chunks."""
     before = pa.total_allocated_bytes()
     engine = SearchEngine(Workspace(trained_workspace), load_model=False)
-    corpus = engine.shards[0].corpus
+    corpus = engine.shards[0].shard.corpus
     assert pa.total_allocated_bytes() - before < 64 * 1024
     arrays = [value for value in vars(corpus).values() if isinstance(value, np.ndarray)]
     assert len(arrays) == 6 and all(isinstance(array, np.memmap) for array in arrays)
-    for owner in (engine, corpus, engine.shards[0].filters):
+    for owner in (engine, corpus, engine.shards[0].shard.filters):
         assert not [
             name
             for name, value in vars(owner).items()

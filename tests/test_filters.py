@@ -41,7 +41,7 @@ def test_every_extra_field_is_kept_typed_and_returned(engine, corpus_file):
     assert hits[0].to_dict()["metadata"]["year"] == 1905
     document = engine.document(rows[5]["_id"])
     assert document["metadata"] == hits[0].metadata and document["text"] == rows[5]["text"]
-    fields = engine.shards[0].filters.fields
+    fields = engine.shards[0].shard.filters.fields
     assert {name: fields[name] for name in ("year", "journal", "open_access", "published", "tags")} == {
         "year": "BIGINT",
         "journal": "VARCHAR",
@@ -105,7 +105,7 @@ def test_filters_keep_k_hits_in_every_mode_and_index_type(copied_workspace, kind
     query = "cells in tumour growth and immune response"
     everything = {mode: engine.search(query, k=1000, mode=mode) for mode in ("dense", "lexical")}
     for share, n in SHARES.items():
-        corpus = engine.shards[0].corpus
+        corpus = engine.shards[0].shard.corpus
         allowed = {corpus.doc_id(i) for i in range(corpus.n_documents) if corpus.metadata(i)["year"] < 1900 + n}
         assert len(allowed) == n
         for mode in ("dense", "lexical", "hybrid"):

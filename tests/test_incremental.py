@@ -30,7 +30,7 @@ def scifact_rows(start: int, n: int) -> list[dict]:
 
 
 def document_ids(engine: SearchEngine) -> list[str]:
-    return [engine.shards[0].corpus.doc_id(i) for i in range(engine.shards[0].corpus.n_documents)]
+    return [engine.shards[0].shard.corpus.doc_id(i) for i in range(engine.shards[0].shard.corpus.n_documents)]
 
 
 def answers(engine: SearchEngine, queries: list[str], mode: str, k: int = 10) -> list[list[tuple[str, float]]]:
@@ -140,14 +140,14 @@ def test_deleted_and_replaced_documents_never_come_back(updated):
     assert (
         hits and hits[0].doc_id == updated["rows"][5]["_id"] and "Zebrafish" in engine.document(hits[0].doc_id)["text"]
     )
-    chunk_docs = [engine.shards[0].corpus.doc_id(d) for d in engine.shards[0].corpus.chunk_docs.tolist()]
+    chunk_docs = [engine.shards[0].shard.corpus.doc_id(d) for d in engine.shards[0].shard.corpus.chunk_docs.tolist()]
     assert deleted.isdisjoint(chunk_docs)
 
 
 def test_an_update_writes_the_snapshot_of_the_changed_store(updated):
     """The corpus snapshot search reads is the store's after the update: documents added, changed, deleted."""
     assert updated["second"]["update"] == "incremental"
-    corpus = SearchEngine(updated["ws"]).shards[0].corpus
+    corpus = SearchEngine(updated["ws"]).shards[0].shard.corpus
     with Store(updated["ws"].db_path, read_only=True) as store:
         assert_corpus_matches_store(corpus, store)
     rows = updated["rows"]
@@ -211,15 +211,17 @@ def test_an_ivf_base_takes_added_chunks_in_its_trained_lists_and_rebuilds_when_t
     assert summary["delta_rescore_path"] and summary["trained_path"]
 
     engine = SearchEngine(ws)
-    for part in engine.shards[0].dense:  # searched at their widest, the base and the delta answer as exact search
+    for part in engine.shards[0].shard.dense:  # searched at their widest, the base and the delta answer as exact search
         part.inner.nprobe, part.rescore = part.inner.nlist, part.ntotal
     added = {r["_id"] for r in new}
     added_chunks = [
-        i for i, d in enumerate(engine.shards[0].corpus.chunk_docs) if engine.shards[0].corpus.doc_id(d) in added
+        i
+        for i, d in enumerate(engine.shards[0].shard.corpus.chunk_docs)
+        if engine.shards[0].shard.corpus.doc_id(d) in added
     ]
     with Store(ws.db_path, read_only=True) as store:
-        _, vectors = store.load_vectors(engine.shards[0].corpus.chunk_ids[added_chunks])
-    for position, (found, scores) in zip(added_chunks, engine.shards[0].dense_chunks(vectors, 3, None)):
+        _, vectors = store.load_vectors(engine.shards[0].shard.corpus.chunk_ids[added_chunks])
+    for position, (found, scores) in zip(added_chunks, engine.shards[0].shard.dense_chunks(vectors, 3, None)):
         assert position in found[scores >= scores[0] - 1e-5]  # each added chunk is its own nearest
     for mode in MODES:
         for hits in engine.search_many([r["title"] for r in rows[:2]], 100, mode):

@@ -49,8 +49,8 @@ def exact_and_widest(ws: Workspace, n_queries: int = 25):
     engine = SearchEngine(ws, load_model=False)
     with Store(ws.db_path, read_only=True) as store:
         ids, vectors = store.load_vectors()
-    exact = DenseIndex(make_index("flat", vectors, ids), engine.shards[0].corpus.chunk_ids)
-    base = engine.shards[0].dense[0]
+    exact = DenseIndex(make_index("flat", vectors, ids), engine.shards[0].shard.corpus.chunk_ids)
+    base = engine.shards[0].shard.dense[0]
     base.inner.nprobe = base.inner.nlist
     base.rescore = len(ids)
     queries = vectors[:: len(vectors) // n_queries][:n_queries]

@@ -87,7 +87,7 @@ def test_shards_deployed_on_ray_serve_answer_as_the_whole_index(cluster, whole, 
 def assert_answers_as_the_whole_index(engine: SearchEngine, whole: SearchEngine) -> None:
     assert not engine.in_process
     assert_same_answers(engine, whole, QUERIES[:3] + QUERIES[-2:], filters=FILTERS)
-    doc_id = whole.shards[0].corpus.doc_id(7)
+    doc_id = whole.shards[0].shard.corpus.doc_id(7)
     assert engine.document(doc_id) == whole.document(doc_id)
     assert engine.fields == whole.fields
 

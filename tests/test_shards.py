@@ -44,9 +44,9 @@ def test_shards_answer_as_the_whole_index(whole, trained_workspace, tmp_path, sh
     entry = read_manifest(ws).index
     assert len(entry.shards) == shards and sum(shard["vectors"] for shard in entry.shards) == entry.vectors
     engine = SearchEngine(ws)
-    for shard in engine.shards:  # each document in the shard its id says, with all its chunks
-        corpus = shard.corpus
-        assert {shard_of(corpus.doc_id(i), shards) for i in range(corpus.n_documents)} == {shard.number}
+    for local in engine.shards:  # each document in the shard its id says, with all its chunks
+        corpus = local.shard.corpus
+        assert {shard_of(corpus.doc_id(i), shards) for i in range(corpus.n_documents)} == {local.shard.number}
     for filters in FILTERS:
         for mode in ("dense", "lexical", "hybrid"):
             for query in QUERIES:
@@ -56,7 +56,7 @@ def test_shards_answer_as_the_whole_index(whole, trained_workspace, tmp_path, sh
                 assert [h.doc_id for h in got] == [h.doc_id for h in want], where
                 assert [(h.chunk_id, h.snippet, h.rank) for h in got] == [(h.chunk_id, h.snippet, h.rank) for h in want]
                 np.testing.assert_allclose([h.score for h in got], [h.score for h in want], rtol=0, atol=1e-5)
-    doc_id = whole.shards[0].corpus.doc_id(7)
+    doc_id = whole.shards[0].shard.corpus.doc_id(7)
     assert engine.document(doc_id) == whole.document(doc_id)
     assert engine.fields == whole.fields
 
@@ -85,7 +85,7 @@ def test_shards_built_as_ray_tasks_are_the_shards_built_here(whole, trained_work
     shutil.copytree(trained_workspace, ws.root)
     run_cli_process("index", "-w", str(ws.root), "--type", "flat", "--shards", "3", "--ray", ray_cluster, timeout=400)
     entry = read_manifest(ws).index
-    corpus = whole.shards[0].corpus
+    corpus = whole.shards[0].shard.corpus
     owners = [shard_of(corpus.doc_id(i), 3) for i in range(corpus.n_documents)]
     assert [shard["documents"] for shard in entry.shards] == [owners.count(n) for n in range(3)]
     engine = SearchEngine(ws)
@@ -107,7 +107,7 @@ def test_document_writes_update_only_their_shards_and_answer_as_a_full_build(who
     before = read_manifest(ws).index
     ids = [doc_id for doc_id in (f"note-{i}" for i in range(20)) if shard_of(doc_id, 2) == 0][:3]
     notes = [{"id": doc_id, "title": "A note", "text": f"Quokka survey {doc_id} on an island."} for doc_id in ids]
-    corpus = whole.shards[0].corpus
+    corpus = whole.shards[0].shard.corpus
     deleted = next(d for d in (corpus.doc_id(i) for i in range(corpus.n_documents)) if shard_of(d, 2) == 0)
     with running_server(ws.root) as base, httpx.Client(base_url=base, timeout=120) as client:
         written = client.post("/documents", json={"documents": notes})

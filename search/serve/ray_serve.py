@@ -4,8 +4,8 @@ Each shard is a Ray Serve application of its own, `shard-<its build>-<i>`, one d
 as asked) holding the shard's IndexShard: its FAISS and BM25 indexes and its corpus snapshot, memory-mapped
 from the workspace (every node must read the workspace at the same path: a shared file system). The ingress is
 the application `search`, routed at `/`: the same FastAPI app as `pipeline serve` (search/serve/app.py), whose
-engine embeds the query once and asks each shard through a RemoteShard, a DeploymentHandle behind
-IndexShard's call/wait interface: every shard's call is made before any answer is awaited, the rankings are
+engine embeds the query once and asks each shard through a RemoteShard, a DeploymentHandle behind the engine's
+Shard interface: every shard's call is made before any answer is awaited, the rankings are
 merged and fused in the ingress (search/engine.py), so the answers are those of one machine.
 
 Faults. Ray Serve restarts a replica that dies, and sends requests to a shard's other replicas meanwhile. A
@@ -31,15 +31,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 from ray import serve
 from ray.exceptions import RayTaskError
 
 from common.console import info, warn
 from common.errors import PipelineError
+from common.lexical import CollectionStatistics
 from common.manifest import IndexEntry, read_manifest
 from common.ray_cluster import connect
 from common.workspace import Workspace
-from search.engine import IndexShard, ShardUnavailable
+from search.engine import Hit, IndexShard, Ranking, ShardUnavailable
+from search.filters import DocumentFilter
 from search.serve.generation import POLL_SECONDS, WriteDocuments
 
 INGRESS = "search"  # the ingress application's name
@@ -72,7 +75,7 @@ CONSTRUCTOR_TRIES = 3
     max_constructor_retry_count=CONSTRUCTOR_TRIES,
 )
 class ShardReplica:
-    """One replica of a shard: its IndexShard, answering the calls of the IndexShard interface."""
+    """One replica of a shard: its IndexShard, answering the engine's Shard calls (search/engine.py)."""
 
     def __init__(self, root: str, entry: IndexEntry, number: int, build_id: str):
         import faiss
@@ -81,8 +84,20 @@ class ShardReplica:
         self.shard = IndexShard(Path(root), entry, number)
         self.identity = (build_id, number)
 
-    def __call__(self, method: str, *arguments):
-        return self.shard.call(method, *arguments)
+    def statistics(self, query: str) -> CollectionStatistics:
+        return self.shard.statistics(query)
+
+    def candidates(self, *arguments) -> tuple[list[Ranking] | None, list[Ranking] | None]:
+        return self.shard.candidates(*arguments)
+
+    def hits(self, query: str, ranking: Ranking) -> list[Hit]:
+        return self.shard.hits(query, ranking)
+
+    def document(self, doc_id: str) -> dict | None:
+        return self.shard.document(doc_id)
+
+    def fields(self) -> dict[str, str]:
+        return self.shard.fields()
 
     def describe(self) -> tuple[str, int]:
         """(the index build, the shard's number) this replica answers for."""
@@ -90,8 +105,8 @@ class ShardReplica:
 
 
 class RemoteShard:
-    """Shard `number` of the index `build_id`, answering from its Ray Serve application: IndexShard's call and
-    wait, through a DeploymentHandle."""
+    """Shard `number` of the index `build_id`, answering from its Ray Serve application: the engine's Shard
+    interface (search/engine.py), each call a request through a DeploymentHandle, awaited by its RemoteAnswer."""
 
     def __init__(self, build_id: str, number: int):
         self.number = number
@@ -100,16 +115,46 @@ class RemoteShard:
             self.handle = serve.get_app_handle(self.application)
         except Exception:  # noqa: BLE001 -- Ray Serve raises several kinds for an application it does not have
             raise PipelineError(f"shard {number} of index {build_id} is not deployed ({self.application})") from None
-        described = self.wait(self.handle.describe.remote())
+        described = RemoteAnswer(self, self.handle.describe.remote()).result()
         if tuple(described) != (build_id, number):  # never an answer from another index's shard
             raise PipelineError(f"{self.application} answers for {described}, not shard {number} of {build_id}")
 
-    def call(self, method: str, *arguments):
-        return self.handle.remote(method, *arguments)
+    def statistics(self, query: str) -> RemoteAnswer:
+        return RemoteAnswer(self, self.handle.statistics.remote(query))
 
-    def wait(self, response):
+    def candidates(
+        self,
+        vectors: np.ndarray | None,
+        queries: list[str],
+        depth: int,
+        filters: DocumentFilter | None,
+        walk_budget: int | None,
+        collections: list[CollectionStatistics | None] | None,
+    ) -> RemoteAnswer:
+        return RemoteAnswer(
+            self, self.handle.candidates.remote(vectors, queries, depth, filters, walk_budget, collections)
+        )
+
+    def hits(self, query: str, ranking: Ranking) -> RemoteAnswer:
+        return RemoteAnswer(self, self.handle.hits.remote(query, ranking))
+
+    def document(self, doc_id: str) -> RemoteAnswer:
+        return RemoteAnswer(self, self.handle.document.remote(doc_id))
+
+    def fields(self) -> RemoteAnswer:
+        return RemoteAnswer(self, self.handle.fields.remote())
+
+
+class RemoteAnswer:
+    """A RemoteShard's answer: the replica's result, its own error (a request's, such as a filter's field) or
+    ShardUnavailable naming the shard."""
+
+    def __init__(self, shard: RemoteShard, response):
+        self.number, self.application, self.response = shard.number, shard.application, response
+
+    def result(self):
         try:
-            return response.result(timeout_s=SHARD_TIMEOUT_S)
+            return self.response.result(timeout_s=SHARD_TIMEOUT_S)
         except RayTaskError as e:  # the shard raised: a request's own error (a filter's field) is the caller's
             if isinstance(e.cause, PipelineError):
                 raise e.cause from None
