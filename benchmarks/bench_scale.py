@@ -118,8 +118,8 @@ def dense_recall(ws: Path, queries: list[str]) -> dict:
     engine = SearchEngine(Workspace(ws))
     vectors = engine.embed_queries(queries)
     found = [
-        engine.shards[0].corpus.chunk_ids[positions]
-        for positions, _ in engine.shards[0].dense_chunks(vectors, 10, None)
+        engine.shards[0].shard.corpus.chunk_ids[positions]
+        for positions, _ in engine.shards[0].shard.dense_chunks(vectors, 10, None)
     ]
     best_scores = np.full((len(queries), 10), -np.inf, np.float32)
     best_ids = np.zeros((len(queries), 10), np.int64)

@@ -62,7 +62,7 @@ def step_costs(ws: Path, queries: list[str]) -> dict:
     torch.set_num_threads(1)  # as `pipeline serve` runs
     faiss.omp_set_num_threads(1)
     engine = SearchEngine(Workspace(ws))
-    fetch = engine.shards[0].first_fetch(FUSION_DEPTH, len(engine.shards[0].corpus.chunk_ids))
+    fetch = engine.shards[0].first_fetch(FUSION_DEPTH, len(engine.shards[0].shard.corpus.chunk_ids))
     costs = {
         name: []
         for name in (
@@ -79,12 +79,12 @@ def step_costs(ws: Path, queries: list[str]) -> dict:
         t0 = time.perf_counter()
         vector = engine.embed_queries([query])
         t1 = time.perf_counter()
-        engine.shards[0].dense_chunks(vector, fetch, None)
+        engine.shards[0].shard.dense_chunks(vector, fetch, None)
         t2 = time.perf_counter()
-        engine.shards[0].lexical.search_positions(query, fetch, None, HYBRID_WALK_BUDGET)
+        engine.shards[0].shard.lexical.search_positions(query, fetch, None, HYBRID_WALK_BUDGET)
         t3 = time.perf_counter()
-        dense = engine.shards[0].dense_documents(vector, FUSION_DEPTH, None)[0]
-        lexical = engine.shards[0].lexical_documents(query, FUSION_DEPTH, None, HYBRID_WALK_BUDGET)
+        dense = engine.shards[0].shard.dense_documents(vector, FUSION_DEPTH, None)[0]
+        lexical = engine.shards[0].shard.lexical_documents(query, FUSION_DEPTH, None, HYBRID_WALK_BUDGET)
         t4 = time.perf_counter()
         ranked = fuse(dense, lexical, 0.5)
         t5 = time.perf_counter()
@@ -101,9 +101,9 @@ def step_costs(ws: Path, queries: list[str]) -> dict:
         costs["row_lookup_and_snippet"].append(t6 - t5)
         costs["search_hybrid_total"].append(t7 - t6)
     return {
-        "vectors": len(engine.shards[0].corpus.chunk_ids),
-        "index_type": engine.shards[0].dense[0].kind,
-        "documents": engine.shards[0].corpus.n_documents,
+        "vectors": len(engine.shards[0].shard.corpus.chunk_ids),
+        "index_type": engine.shards[0].shard.dense[0].kind,
+        "documents": engine.shards[0].shard.corpus.n_documents,
         "steps": {name: percentiles(values) for name, values in costs.items()},
     }
 
