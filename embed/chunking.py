@@ -62,7 +62,7 @@ def chunk_texts(texts: list[str], tokenizer, size: int, overlap: int) -> list[li
     return result
 
 
-def windows(text: str, ids: list[int], offsets, size: int, overlap: int) -> list[Chunk]:
+def windows(text: str, ids: list[int] | np.ndarray, offsets, size: int, overlap: int) -> list[Chunk]:
     """A text's chunks from its token ids and their (start, end) character offsets."""
     if len(ids) <= size:
         return [whole_text_chunk(text, ids)]
