@@ -148,11 +148,9 @@ def index(
         summary = refresh_indexes(ws, kind, rebuild, language, **budget, shards=shards, ray=ray)
         manifest = read_manifest(ws)
         index = manifest.index
-        # a killed run's full build beside the last build's measurement: measured now, if the base index
-        # still holds every stored chunk (the measurement reads the base alone)
+        # a killed run's full build beside the last build's measurement (updated since or not): measured now
         base_unmeasured = manifest.search is not None and not manifest.search.measured_for(index)
-        base_is_whole = index.delta_vectors == 0 and index.deleted_in_base == 0
-        if summary["update"] == "full" or (base_unmeasured and base_is_whole):
+        if summary["update"] == "full" or base_unmeasured:
             embedder = require(ws, "embedder", "run `pipeline embed` first")
             summary["search"] = choose_default_mode(
                 ws, load_embedder(embedder.model_dir(ws)), summary["embedder_fingerprint"]

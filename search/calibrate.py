@@ -67,7 +67,10 @@ def measure_modes(ws: Workspace, model, seed: int = 0, draws: int = DRAWS) -> di
         stored = store.counts()["documents"]
         # As the index analyses text (every shard of a sharded index alike).
         analyzer = Analyzer.load(ws.root / index_entry.shard_entries()[0].lexical_path)
-        if len(documents) == stored and not index_entry.shards:  # the whole collection, and its BM25 base segment
+        # The whole collection, and its BM25 base segment while that holds every stored chunk (not after an
+        # update: a delta beside it, or chunks deleted from it); else a segment of the documents measured.
+        base_is_whole = index_entry.delta_vectors == 0 and index_entry.deleted_in_base == 0
+        if len(documents) == stored and not index_entry.shards and base_is_whole:
             chunk_ids, vectors = store.load_vectors()
             chunk_docs = [doc_id for _, doc_id in store.chunk_documents()]  # both in chunk id order
             base = Segment.load(base_segment_dir(ws, index_entry))

@@ -205,12 +205,14 @@ def test_a_full_disk_is_one_line_and_no_lie(trained_workspace, tmp_path, monkeyp
         assert hits[0]["doc_id"] == "full-note"
 
 
+@pytest.mark.parametrize("written_after", [False, True], ids=["rerun", "write-then-rerun"])
 def test_a_build_killed_before_its_default_mode_was_measured_is_measured_by_the_rerun(
-    killer, trained_workspace, tmp_path
+    killer, trained_workspace, tmp_path, written_after
 ):
     """A full build recorded, then killed while measuring the default mode: the last build's measurement is
-    not taken for the new one (status says the default is unmeasured), and re-running `pipeline index`,
-    though nothing changed, measures it."""
+    not taken for the new one (status says the default is unmeasured), and re-running `pipeline index`
+    measures it: when nothing changed, and when a document was written meanwhile (the rerun then updates
+    the killed build, whose BM25 base no longer holds every chunk)."""
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
     before = json.loads((ws / "manifest.json").read_text())
@@ -222,10 +224,15 @@ def test_a_build_killed_before_its_default_mode_was_measured_is_measured_by_the_
     assert killed["index"]["path"] != before["index"]["path"] and killed["search"] == before["search"]
     status = json.loads(run_cli("status", "-w", str(ws), "--json").stdout)
     assert status["parts"]["search"]["state"] == "default" and not status["problems"]
+    if written_after:
+        later = tmp_path / "later.jsonl"
+        later.write_text(json.dumps({"_id": "later", "text": "Pikas gather hay for the winter."}) + "\n")
+        run_cli("embed", "-w", str(ws), "--data", str(later))
     rerun = run_cli("index", "-w", str(ws))
     assert "default search mode:" in rerun.stderr
     measured = json.loads((ws / "manifest.json").read_text())
     assert measured["index"]["path"] == killed["index"]["path"]  # the same build, now measured
+    assert (measured["index"]["delta_vectors"] > 0) == written_after  # the write went to a delta beside its base
     assert measured["search"]["base_index"] == measured["index"]["path"]
     status = json.loads(run_cli("status", "-w", str(ws), "--json").stdout)
     assert status["parts"]["search"]["state"] == "ok"
