@@ -33,6 +33,8 @@ from conftest import board
 from pretrain.config import SCHEDULES, ModelConfig, ParallelConfig, RuntimeOptions, TrainConfig
 from pretrain.launch import RunSpec, launch
 
+pytestmark = pytest.mark.multiprocess
+
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 5
 TRAIN = dict(
@@ -224,6 +226,7 @@ def test_four_process_plans_train_like_one_process(world4, single, name):
     assert_same_training(world4[name], single)
 
 
+@pytest.mark.slow
 @SLOW
 def test_three_dimensional_plan_on_eight_processes_trains_like_one_process(world8, single):
     assert_same_training(world8["dp2xtp2xpp2"], single)

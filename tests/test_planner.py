@@ -391,6 +391,7 @@ def test_plan_command_table_json_and_errors(tmp_path):
 # ---------------------------------------------------------------- real processes: emulator and measurement
 
 
+@pytest.mark.multiprocess
 def test_measured_links_show_the_emulated_latency_and_bandwidth():
     """A real 2-process gloo job measures this machine; the benchmarks' link emulator, installed in each
     rank by the measurement's setup, adds 25 ms and 80 Mbit/s. How much more than that a message takes

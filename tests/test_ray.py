@@ -8,6 +8,8 @@ from common.store import Store
 from common.workspace import Workspace
 from conftest import run_cli, run_cli_process
 
+pytestmark = pytest.mark.ray
+
 pytest.importorskip("ray", reason="the ray extra is not installed")
 
 

@@ -35,6 +35,8 @@ from search.serve.ray_serve import (  # noqa: E402
 from server import free_port  # noqa: E402
 from workflows import write_documents  # noqa: E402
 
+pytestmark = pytest.mark.ray
+
 KEY = "ray-serve-key"
 NOTE = {"id": "note-1", "title": "A note", "text": "Quokka survey on an island."}
 

@@ -160,6 +160,7 @@ def count_colour(image, colour) -> int:
     return sum(n for n, c in image.getcolors(maxcolors=1 << 24) if c == colour)
 
 
+@pytest.mark.browser
 def test_runs_page_draws_every_chart_offline_in_a_real_browser(server, report, tmp_path):
     from playwright.sync_api import sync_playwright
 
@@ -243,6 +244,7 @@ def embedded_only(tmp_path_factory, trained_workspace, corpus_file) -> Path:
     return ws
 
 
+@pytest.mark.browser
 def test_a_workspace_without_a_pretraining_run_says_so(embedded_only):
     from playwright.sync_api import sync_playwright
 

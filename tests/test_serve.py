@@ -420,6 +420,7 @@ def test_port_in_use_is_a_one_line_error(workspace):
     )
 
 
+@pytest.mark.browser
 def test_web_page_searches_in_a_real_browser(server, tmp_path):
     if not CHROMIUM.exists():
         pytest.skip(

@@ -80,6 +80,7 @@ def test_more_shards_than_documents_is_one_line_before_anything_is_written(train
     assert not list(ws.index_dir.glob("shards-*"))
 
 
+@pytest.mark.ray
 def test_shards_built_as_ray_tasks_are_the_shards_built_here(whole, trained_workspace, tmp_path, ray_cluster):
     ws = Workspace(tmp_path / "ray")
     shutil.copytree(trained_workspace, ws.root)
