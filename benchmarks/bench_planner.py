@@ -3,7 +3,7 @@
 On this machine, for 2 and 4 CPU ranks (gloo), two sites (2 ranks: one per site; 4 ranks: two per site)
 joined by a link of 0, 5, 20 or 50 ms latency and 1 Gbit/s or 100 Mbit/s. Two ways to make the link:
 
-    --network emulated (default)   benchmarks/linkemu.py delays every collective and send by latency +
+    --network emulated (default)   tests/linkemu.py delays every collective and send by latency +
                                    bytes/bandwidth; the planner is told the link
     --network veth                 the sites are network namespaces joined by a veth pair that tc tbf caps
                                    to the bandwidth (benchmarks/netns.py; needs root); this kernel has no
@@ -366,7 +366,7 @@ def main() -> None:
         "--network",
         choices=("emulated", "veth"),
         default="emulated",
-        help="emulated: benchmarks/linkemu.py delays every transfer; veth: the sites are network namespaces "
+        help="emulated: tests/linkemu.py delays every transfer; veth: the sites are network namespaces "
         "joined by a veth pair capped by tc tbf (real bandwidth; latency still emulated; needs root)",
     )
     args = parser.parse_args()
@@ -436,9 +436,9 @@ def tp_across_sites_vs_fastest(scenario: dict) -> float | None:
 
 
 NETWORKS = {
-    "emulated": "two sites, benchmarks/linkemu.py emulated link between them (no netem in this kernel)",
+    "emulated": "two sites, tests/linkemu.py emulated link between them (no netem in this kernel)",
     "veth": "two sites = two network namespaces joined by a veth pair capped by tc tbf (real bandwidth); "
-    "latency added by benchmarks/linkemu.py (no netem in this kernel)",
+    "latency added by tests/linkemu.py (no netem in this kernel)",
 }
 
 

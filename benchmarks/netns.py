@@ -3,7 +3,7 @@
 Each site is a Linux network namespace; a veth pair joins them, and both ends are shaped by tc's token
 bucket filter (tbf) to the given rate, so traffic between the sites crosses a real TCP link of that
 bandwidth while traffic inside a site stays on the namespace's loopback. This kernel has tbf but no
-netem, so added latency still comes from benchmarks/linkemu.py. Needs root and iproute2 (`ip`, `tc`).
+netem, so added latency still comes from tests/linkemu.py. Needs root and iproute2 (`ip`, `tc`).
 
     with VethSites(mbit=100) as sites:
         sites.launch(runs, per_site=2, module="benchmarks.planner_worker")
@@ -93,7 +93,7 @@ class VethSites:
         two sites, so the link matrix it finds crosses the real link (and the emulated latency in `env`)."""
         per_site = world // 2
         code = (
-            "import json, sys; from benchmarks.linkemu import install_from_env; "
+            "import json, sys; sys.path.insert(0, 'tests'); from linkemu import install_from_env; "
             "from pretrain.planner.measure import measure_rank; "
             "measure_rank(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], json.loads(sys.argv[5]), "
             "install_from_env)"

@@ -28,7 +28,8 @@ def worker(spec_json: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from benchmarks import linkemu
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/linkemu.py
+    import linkemu
     from common.workspace import Workspace
     from pretrain import metrics
     from pretrain.config import ParallelConfig, RuntimeOptions, train_config_from_dict

@@ -393,11 +393,11 @@ def test_plan_command_table_json_and_errors(tmp_path):
 
 @pytest.mark.multiprocess
 def test_measured_links_show_the_emulated_latency_and_bandwidth():
-    """A real 2-process gloo job measures this machine; the benchmarks' link emulator, installed in each
-    rank by the measurement's setup, adds 25 ms and 80 Mbit/s. How much more than that a message takes
+    """A real 2-process gloo job measures this machine; the link emulator (tests/linkemu.py), installed in
+    each rank by the measurement's setup, adds 25 ms and 80 Mbit/s. How much more than that a message takes
     depends on the machine and its load: the test asserts only what the emulator guarantees (no message
     arrives sooner than its emulated time) and that every cost the planner needs was measured."""
-    from benchmarks.linkemu import EmulatedLinks, install
+    from linkemu import EmulatedLinks, install
 
     emulated = Link(0.025, 10e6)
     settings = MeasureSettings(seconds=0.05, large_bytes=2**20, repeats=2)
