@@ -77,6 +77,11 @@ def pretrain(ws: Workspace, settings, adapt: bool = True) -> dict:
                 f"adaptation gets {budget * MIN_ADAPTATION_SHARE:.0f}s, over the budget"
             )
             adaptation_s = budget * MIN_ADAPTATION_SHARE
+        if not (settings.shape_given or settings.resume):
+            summary["budget_split"] = budget_split(
+                summary, pretraining_s, phases["pretraining"]["actual_s"], adaptation_s
+            )
+            info(summary["budget_split"]["why"])
         documents = tuning_documents(source_documents(ws, settings.data, settings.text_field))
         adaptation = adapt_embedder(ws, documents, adaptation_s, TuneSettings(wandb=settings.wandb))
         summary["adaptation"] = adaptation
@@ -87,6 +92,31 @@ def pretrain(ws: Workspace, settings, adapt: bool = True) -> dict:
     summary["phases"] = {**phases, "total": {"planned_s": planned, "actual_s": total}}
     info(phases_line(summary["phases"]))
     return summary
+
+
+def budget_split(model: dict, planned_s: float, pretraining_s: float, adaptation_s: float) -> dict:
+    """How the budget was divided between pretraining and the adaptation, and why: pretraining is planned in
+    PRETRAIN_SHARE, and what it does not use goes to the adaptation, when validation loss stopped falling
+    (early stopping) or the corpus was worth fewer epochs than the share could train (sizing's cap)."""
+    handed_over = planned_s - pretraining_s
+    if model.get("stopped_early"):
+        reason = (
+            f"pretraining stopped at step {model['steps']} of {model['planned_steps']}: validation loss stopped "
+            f"falling (best {model['best_val_loss']:.4f} at step {model['best_step']})"
+        )
+    elif (model.get("prediction") or {}).get("sizing", {}).get("capped_at_max_epochs"):
+        reason = "the corpus is worth fewer epochs of pretraining than its share could train"
+    elif handed_over < 0:
+        reason = f"pretraining ran {-handed_over:.0f}s over its share"
+    else:
+        reason = "pretraining used its share"
+    given = f": the {handed_over:.0f}s it did not use go to the adaptation" if handed_over >= 1 else ""
+    return {
+        "pretraining_planned_s": planned_s,
+        "pretraining_s": pretraining_s,
+        "adaptation_s": adaptation_s,
+        "why": f"budget: {reason}{given} ({pretraining_s:.0f}s pretraining, {adaptation_s:.0f}s adaptation)",
+    }
 
 
 def phases_line(phases: dict) -> str:

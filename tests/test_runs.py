@@ -17,6 +17,7 @@ import pytest
 from conftest import board, read_metrics, run_cli
 from pretrain.sizing import LAW_GAIN
 from server import running_server
+from workflows import MIN_ADAPTATION_SHARE, PRETRAIN_SHARE
 
 KEY = "test-key-0123456789"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -30,7 +31,7 @@ def full_run(tmp_path_factory, corpus_file) -> Path:
     retrieval (the adaptation's loss and candidates), then embed and index (the default-mode measurement).
     The session's trained_workspace has none of the first three (a given shape, no plan, --no-adapt)."""
     ws = tmp_path_factory.mktemp("runs") / "ws"
-    run_cli(
+    pretrained = run_cli(
         "pretrain",
         "-w",
         str(ws),
@@ -44,10 +45,27 @@ def full_run(tmp_path_factory, corpus_file) -> Path:
         "1",
         "--eval-every",
         "3",
+        "--json",
     )
+    (ws.parent / "pretrain.json").write_text(pretrained.stdout)
     run_cli("embed", "-w", str(ws))
     run_cli("index", "-w", str(ws))
     return ws
+
+
+def test_the_chain_says_how_its_budget_went_to_pretraining_and_the_adaptation(full_run):
+    """Pretraining is planned in a share of the budget; what it leaves (stopped early, or a corpus worth fewer
+    epochs) goes to the adaptation, and the summary says how much and why."""
+    summary = json.loads((full_run.parent / "pretrain.json").read_text())
+    split, phases = summary["budget_split"], summary["phases"]
+    assert split["pretraining_planned_s"] == pytest.approx(25 * PRETRAIN_SHARE)
+    assert split["pretraining_s"] == phases["pretraining"]["actual_s"]
+    assert split["adaptation_s"] == phases["adaptation"]["planned_s"]
+    assert split["adaptation_s"] == pytest.approx(max(25 - split["pretraining_s"], 25 * MIN_ADAPTATION_SHARE))
+    left = split["pretraining_planned_s"] - split["pretraining_s"]
+    assert ("go to the adaptation" in split["why"]) == (left >= 1)
+    if summary["stopped_early"]:
+        assert f"stopped at step {summary['steps']} of {summary['planned_steps']}" in split["why"]
 
 
 @pytest.fixture(scope="module")
