@@ -298,31 +298,43 @@ def test_eval_scores_every_mode_with_pytrec_eval_and_sets_the_default(trained_wo
     assert search["chosen_by"] == "judged queries" and search["default_mode"] == best
 
 
-def test_hybrid_weight_is_the_middle_of_the_plateau():
-    from search.calibrate import plateau_weight
+def test_hybrid_weight_is_the_plateaus_weight_nearest_the_prior():
+    from search.calibrate import PRIOR_DENSE_WEIGHT, plateau_weight
 
     rng = np.random.default_rng(0)
     base = rng.random(400)
-    # One weight clearly best: it is chosen.
-    clear = {0.1: base, 0.2: base + 0.2, 0.3: base}
-    assert plateau_weight(clear) == 0.2
+    # One weight clearly best: it is chosen, however far from the prior.
+    clear = {0.1: base, 0.2: base, 0.6: base + 0.2, 0.3: base}
+    assert plateau_weight(clear) == 0.6
     # 0.1-0.4 differ per pair but equal on average (0.4 best by far less than a standard error), 0.5
-    # clearly worse: the median of the plateau, not its edge.
+    # clearly worse: of the plateau, the weight nearest the prior, not the best by a hair.
     flat = {}
     for w in (0.1, 0.2, 0.3, 0.4):
         noise = rng.choice([-0.05, 0.05], 400)
         flat[w] = base + noise - noise.mean()
     flat[0.4] = flat[0.4] + 1e-3
     flat[0.5] = base - 0.3
-    assert plateau_weight(flat) == 0.2
+    assert plateau_weight(flat) == PRIOR_DENSE_WEIGHT == 0.3
+    # A plateau away from the prior: its nearest end.
+    low = {w: flat[w] for w in (0.1, 0.2)} | {0.3: base - 0.3, 0.4: base - 0.3}
+    assert plateau_weight(low) == 0.2
 
 
-def test_the_default_mode_is_the_best_measured_and_lexical_when_the_measurement_is_inconclusive():
+def test_the_default_mode_is_hybrid_unless_another_is_clearly_better_and_lexical_when_inconclusive():
     from search.calibrate import best_mode
 
-    assert best_mode({"lexical": 0.61, "dense": 0.55, "hybrid": 0.66}) == ("hybrid", False)
-    assert best_mode({"lexical": 0.30, "dense": 0.30, "hybrid": 0.30}) == ("lexical", False)  # a tie: the cheaper
-    assert best_mode({"lexical": 0.0, "dense": 0.02, "hybrid": 0.01}) == ("lexical", True)  # nothing found: no evidence
+    rng = np.random.default_rng(1)
+    base = rng.random(300)
+    noise = rng.choice([-0.1, 0.1], 300)
+    # lexical ahead of hybrid by less than a standard error of the per-pair difference: hybrid, the safe choice
+    assert best_mode({"lexical": base + noise + 0.002, "dense": base - 0.2, "hybrid": base}) == ("hybrid", False)
+    # lexical clearly ahead: lexical; dense clearly ahead of both: dense
+    assert best_mode({"lexical": base + 0.05, "dense": base - 0.2, "hybrid": base}) == ("lexical", False)
+    assert best_mode({"lexical": base + 0.05, "dense": base + 0.1, "hybrid": base}) == ("dense", False)
+    # nothing found in any mode: no evidence, lexical
+    found = np.zeros(300)
+    found[:3] = 1.0
+    assert best_mode({"lexical": found * 0, "dense": found, "hybrid": found}) == ("lexical", True)
 
 
 def test_held_out_pairs_draw_distinct_sentences_each_left_out_of_its_text():
