@@ -186,9 +186,9 @@ class Collection:
 
 
 def plateau_weight(gains_by_weight: dict[float, np.ndarray]) -> float:
-    """Of the weights whose mean gain is within one standard error of the best weight's (the standard error
-    of the per-pair differences to the best), the one nearest PRIOR_DENSE_WEIGHT, the lower of two as near
-    (module docstring)."""
+    """Of the weights whose mean gain is within PLATEAU_ERRORS standard errors of the best weight's (of the
+    per-pair differences to the best), the one nearest PRIOR_DENSE_WEIGHT, the lower of two as near (module
+    docstring)."""
     best = max(gains_by_weight, key=lambda w: gains_by_weight[w].mean())
     plateau = [
         w for w, gains in gains_by_weight.items() if not clearly_better(gains_by_weight[best], gains, PLATEAU_ERRORS)
