@@ -230,9 +230,9 @@ def targets(rows: dict, reference: dict | None) -> dict:
             "dense >= 0.59": [chain["dense"]["ndcg@10"], chain["dense"]["ndcg@10"] >= 0.59],
         }
     random_init = rows.get("random init (--max-steps 0)")
-    if random_init and DATA.root == SCIFACT.resolve():
+    if random_init:  # what pretraining adds, on every collection (issue 49's target: +0.02 dense)
         gap = chain["dense"]["ndcg@10"] - random_init["dense"]["ndcg@10"]
-        found["dense >= random init + 0.03"] = [gap, gap >= 0.03]
+        found["dense: pretrained - random init >= 0.02"] = [gap, gap >= 0.02]
     return {name: {"value": value, "met": met} for name, (value, met) in found.items()}
 
 
@@ -321,6 +321,9 @@ def main() -> None:
         else f"search_quality-{DATA.root.name}-{args.split}",
         result,
     )
+    pretraining_gain = result["targets"].get("dense: pretrained - random init >= 0.02")
+    if pretraining_gain:
+        print(f"{DATA.root.name}: dense nDCG@10 pretrained - random init {pretraining_gain['value']:+.4f}")
     print("\n| run | lexical | dense | hybrid | default (mode) |\n|---|---|---|---|---|")
     for name, rows in result["rows"].items():
         print(
