@@ -31,7 +31,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 from ray import serve
 from ray.exceptions import RayTaskError
 
@@ -42,7 +41,6 @@ from common.manifest import IndexEntry, read_manifest
 from common.ray_cluster import connect
 from common.workspace import Workspace
 from search.engine import Hit, IndexShard, Ranking, ShardUnavailable
-from search.filters import DocumentFilter
 from search.serve.generation import POLL_SECONDS, WriteDocuments
 
 INGRESS = "search"  # the ingress application's name
@@ -122,18 +120,8 @@ class RemoteShard:
     def statistics(self, query: str) -> RemoteAnswer:
         return RemoteAnswer(self, self.handle.statistics.remote(query))
 
-    def candidates(
-        self,
-        vectors: np.ndarray | None,
-        queries: list[str],
-        depth: int,
-        filters: DocumentFilter | None,
-        walk_budget: int | None,
-        collections: list[CollectionStatistics | None] | None,
-    ) -> RemoteAnswer:
-        return RemoteAnswer(
-            self, self.handle.candidates.remote(vectors, queries, depth, filters, walk_budget, collections)
-        )
+    def candidates(self, *arguments) -> RemoteAnswer:
+        return RemoteAnswer(self, self.handle.candidates.remote(*arguments))
 
     def hits(self, query: str, ranking: Ranking) -> RemoteAnswer:
         return RemoteAnswer(self, self.handle.hits.remote(query, ranking))
