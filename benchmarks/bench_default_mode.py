@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from benchmarks_common import REPO, write_result
+from benchmarks_common import pipeline, write_result
 from common.embedder import load_embedder
 from common.manifest import read_manifest
 from common.workspace import Workspace
@@ -29,8 +27,9 @@ TARGET_GAP = 0.01
 def judged(ws: Path, beir: Path, split: str, *mode: str) -> float:
     """nDCG@10 of `pipeline eval` on the split's judged queries, in the given mode."""
     qrels = beir / "qrels" / f"{split}.tsv"
-    args = ["eval", "-w", str(ws), "--queries", str(beir / "queries.jsonl"), "--qrels", str(qrels), "--json", *mode]
-    done = subprocess.run([sys.executable, str(REPO / "cli.py"), *args], capture_output=True, text=True, check=True)
+    done = pipeline(
+        "eval", "-w", str(ws), "--queries", str(beir / "queries.jsonl"), "--qrels", str(qrels), "--json", *mode
+    )
     report = json.loads(done.stdout)
     return round((report[0] if isinstance(report, list) else report)["ndcg@10"], 4)
 
