@@ -12,6 +12,7 @@ import json
 import shutil
 import signal
 import subprocess
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -65,6 +66,26 @@ def assert_same_store(a, b) -> None:
     assert docs_a == docs_b and chunks_a == chunks_b
     np.testing.assert_array_equal(ids_a, ids_b)
     np.testing.assert_allclose(vectors_a, vectors_b, atol=1e-6)
+
+
+@contextmanager
+def server_armed_at_index_update(ws, **armed):
+    """`pipeline serve` on a free port, armed (killpoint.armed_process) at the first index update a document
+    write makes: the process and its address once it serves; killed when done."""
+    from server import free_port, wait_until_serving
+
+    port = free_port()
+    server = armed_process(
+        "index.build:refresh_indexes", 1, "serve", "-w", str(ws), "--port", str(port),
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, **armed,
+    )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_until_serving(server, base)
+        yield server, base
+    finally:
+        server.kill()
+        server.wait()
 
 
 def test_killed_embed_leaves_the_store_as_it_was_and_a_rerun_ends_as_an_uninterrupted_run(
@@ -130,24 +151,15 @@ def test_a_server_killed_between_a_writes_store_commit_and_its_index_update_rest
     ahead of the index. The restarted server brings the index up to date itself and serves the document."""
     import httpx
 
-    from server import free_port, running_server, wait_until_serving
+    from server import running_server
 
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
-    port = free_port()
-    server = armed_process(
-        "index.build:refresh_indexes", 1, "serve", "-w", str(ws), "--port", str(port),
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_until_serving(server, base)
+    with server_armed_at_index_update(ws) as (server, base):
         note = {"id": "kill-note", "text": "Marmots hibernate in alpine burrows through the winter."}
         with pytest.raises(httpx.HTTPError):  # killed before it could answer
             httpx.post(f"{base}/documents", json={"documents": [note]}, timeout=120)
         assert server.wait(timeout=60) == -signal.SIGKILL
-    finally:
-        server.kill()
     with pytest.raises(PipelineError, match="the documents changed since the index was built"):
         SearchEngine(Workspace(ws), load_model=False)  # the state the kill left
     with running_server(ws) as base:
@@ -165,7 +177,7 @@ def test_a_full_disk_is_one_line_and_no_lie(trained_workspace, tmp_path, monkeyp
     import httpx
 
     import index.corpus
-    from server import free_port, running_server, wait_until_serving
+    from server import running_server
 
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
@@ -185,21 +197,11 @@ def test_a_full_disk_is_one_line_and_no_lie(trained_workspace, tmp_path, monkeyp
     assert (ws / "manifest.json").read_bytes() == manifest
     monkeypatch.undo()
 
-    port = free_port()
-    server = armed_process(
-        "index.build:refresh_indexes", 1, "serve", "-w", str(ws), "--port", str(port), disk_full=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_until_serving(server, base)
+    with server_armed_at_index_update(ws, disk_full=True) as (_, base):
         note = {"id": "full-note", "text": "Marmots hibernate in alpine burrows through the winter."}
         answer = httpx.post(f"{base}/documents", json={"documents": [note]}, timeout=120)
         assert answer.status_code == 507 and answer.json()["error"].startswith("the documents are stored"), answer.text
         assert httpx.get(f"{base}/health").status_code == 200  # still serving
-    finally:
-        server.kill()
-        server.wait()
     with running_server(ws) as base:  # the restart brings the index up to date: the stored note is found
         hits = httpx.get(f"{base}/search", params={"q": "marmots hibernate", "mode": "lexical"}).json()["results"]
         assert hits[0]["doc_id"] == "full-note"
