@@ -1,20 +1,20 @@
 #!/usr/bin/env python3
-"""Convert the public source files into the BEIR-format collections in this folder.
+"""Build the BEIR-format collections of this folder from their public source files.
 
-This script documents (and reproduces) the conversion; it downloads nothing.
-Pass it the paths of the source files (see README.md for where they come from):
+The corpora are not committed: sources.json names each collection's source files (a GitHub repository, a
+commit, the paths and their sha256) and its licence, and this script builds the collections from them:
 
-    python convert.py cranfield --docs cran.all.1400 --queries cran.qry \
-        --qrels cranqrel --out cranfield
-    python convert.py xquad --json xquad.ru.json --out xquad-ru
-    python convert.py jsquad --json valid-v1.3.json --out jsquad
+    python convert.py                      # every collection in sources.json
+    python convert.py cranfield npl        # some of them
+    python convert.py --sources DIR ...    # the source files are in DIR (by file name): nothing is downloaded
 
-Every collection is written in BEIR layout:
+A source file not in --sources is downloaded from raw.githubusercontent.com at the pinned commit. Every
+file's sha256 is checked before it is read. Every collection is written in BEIR layout:
 
-    <out>/corpus.jsonl      {"_id": str, "title": str, "text": str} per line
-    <out>/queries.jsonl     {"_id": str, "text": str} per line
-    <out>/qrels/train.tsv   "query-id<TAB>corpus-id<TAB>score" (header line first)
-    <out>/qrels/test.tsv
+    <name>/corpus.jsonl      {"_id": str, "title": str, "text": str} per line
+    <name>/queries.jsonl     {"_id": str, "text": str} per line
+    <name>/qrels/train.tsv   "query-id<TAB>corpus-id<TAB>score" (header line first)
+    <name>/qrels/test.tsv
 
 Queries without any relevant document are dropped.  Queries are split into
 train and test by a hash of the query id (see ``split_of``), so every query,
@@ -28,6 +28,7 @@ import hashlib
 import json
 import re
 import sys
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -89,13 +90,14 @@ def squash(text: str) -> str:
 # --------------------------------------------------------------------------
 
 def parse_smart(path: Path) -> list[dict]:
-    """Parse a SMART-format file: records start with ".I <id>", fields with
-    ".T" (title), ".A" (author), ".B" (bibliography), ".W" (text).  CRLF line
-    ends are accepted."""
+    """Parse a SMART-format file: records start with ".I <id>", fields with a
+    dot and one capital letter: ".T" (title), ".A" (author), ".B"
+    (bibliography), ".W" (text), and in CISI ".X" (citations), ".K", ".C".
+    CRLF line ends are accepted."""
     records = []
     field = None
     for line in path.read_text(encoding="ascii").replace("\r\n", "\n").split("\n"):
-        m = re.match(r"^\.([ITABW])\b ?(.*)$", line)
+        m = re.match(r"^\.([A-Z])\b ?(.*)$", line)
         if m and m.group(1) == "I":
             records.append({"I": m.group(2).strip()})
             field = None
@@ -110,13 +112,13 @@ def parse_smart(path: Path) -> list[dict]:
             for r in records]
 
 
-def convert_cranfield(args) -> dict:
-    docs = [(r["I"], r.get("T", ""), r.get("W", "")) for r in parse_smart(args.docs)]
+def convert_cranfield(files: dict[str, Path], out: Path) -> dict:
+    docs = [(r["I"], r.get("T", ""), r.get("W", "")) for r in parse_smart(files["docs"])]
     assert [d[0] for d in docs] == [str(i) for i in range(1, len(docs) + 1)]
     # cranqrel numbers the queries by their position in cran.qry (1..225),
     # not by the ".I" numbers (001, 002, 004, 008, ...), so the query id is the
     # sequential position.
-    qrecs = parse_smart(args.queries)
+    qrecs = parse_smart(files["queries"])
     queries = [(str(pos), r["W"]) for pos, r in enumerate(qrecs, start=1)]
     # cranqrel: "<query position> <doc id> <code>".  Codes 1..4 are Cleverdon's
     # relevance grades (1 = complete answer ... 4 = minimum interest; 5 = no
@@ -128,14 +130,14 @@ def convert_cranfield(args) -> dict:
     # relevant here.
     qrels: dict[str, list[str]] = {}
     codes = Counter()
-    for line in args.qrels.read_text(encoding="ascii").split("\n"):
+    for line in files["qrels"].read_text(encoding="ascii").split("\n"):
         if not line.strip():
             continue
         qid, did, code = line.split()
         codes[int(code)] += 1
         if 1 <= int(code) <= 4:
             qrels.setdefault(qid, []).append(did)
-    counts = write_collection(args.out, docs, queries, qrels)
+    counts = write_collection(out, docs, queries, qrels)
     counts["qrel_codes"] = dict(sorted(codes.items()))
     return counts
 
@@ -183,8 +185,8 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
-def convert_xquad(args) -> dict:
-    data = json.loads(args.json.read_text(encoding="utf-8"))["data"]
+def convert_xquad(files: dict[str, Path], out: Path) -> dict:
+    data = json.loads(files["json"].read_text(encoding="utf-8"))["data"]
     docs, queries, qrels = [], [], {}
     pidx = 0
     for article in data:
@@ -205,15 +207,15 @@ def convert_xquad(args) -> dict:
                     rel.append(hit)
                 qrels[qa["id"]] = rel
             pidx += 1
-    return write_collection(args.out, docs, queries, qrels)
+    return write_collection(out, docs, queries, qrels)
 
 
 # --------------------------------------------------------------------------
 # 3. JSQuAD (SQuAD format; context = "<article title> [SEP] <paragraph>")
 # --------------------------------------------------------------------------
 
-def convert_jsquad(args) -> dict:
-    data = json.loads(args.json.read_text(encoding="utf-8"))["data"]
+def convert_jsquad(files: dict[str, Path], out: Path) -> dict:
+    data = json.loads(files["json"].read_text(encoding="utf-8"))["data"]
     docs, queries, qrels = [], [], {}
     for article in data:
         for para in article["paragraphs"]:
@@ -228,28 +230,119 @@ def convert_jsquad(args) -> dict:
             for qa in para["qas"]:
                 queries.append((qa["id"], qa["question"].strip()))
                 qrels[qa["id"]] = [pid]
-    return write_collection(args.out, docs, queries, qrels)
+    return write_collection(out, docs, queries, qrels)
+
+
+# --------------------------------------------------------------------------
+# 4. CISI (SMART format; long natural-language queries)
+# --------------------------------------------------------------------------
+
+def convert_cisi(files: dict[str, Path], out: Path) -> dict:
+    docs = [(r["I"], r.get("T", ""), r.get("W", "")) for r in parse_smart(files["docs"])]
+    assert [d[0] for d in docs] == [str(i) for i in range(1, len(docs) + 1)]
+    # The ".I" numbers of CISI.QRY run 1..112 in order, and CISI.REL uses them.
+    qrecs = parse_smart(files["queries"])
+    assert [r["I"] for r in qrecs] == [str(i) for i in range(1, len(qrecs) + 1)]
+    queries = [(r["I"], r["W"]) for r in qrecs]
+    # CISI.REL: "<query> <doc> 0 0.000000" per line; every listed pair is relevant.
+    qrels: dict[str, list[str]] = {}
+    for line in files["qrels"].read_text(encoding="ascii").split("\n"):
+        if line.strip():
+            qid, did = line.split()[:2]
+            qrels.setdefault(qid, []).append(did)
+    return write_collection(out, docs, queries, qrels)
+
+
+# --------------------------------------------------------------------------
+# 5. NPL (Vaswani; "<id>" then text lines then "/"; short keyword queries)
+# --------------------------------------------------------------------------
+
+def parse_slash_records(path: Path) -> list[tuple[str, str]]:
+    """Records of the NPL files: an id line, text lines, then a line "/"."""
+    records = []
+    for block in re.split(r"^\s*/\s*$", path.read_text(encoding="ascii"), flags=re.M):
+        lines = block.strip().split("\n")
+        if lines != [""]:
+            records.append((lines[0].strip(), squash("\n".join(lines[1:]))))
+    return records
+
+
+def convert_npl(files: dict[str, Path], out: Path) -> dict:
+    docs = [(did, "", text) for did, text in parse_slash_records(files["docs"])]
+    # Ids run 1..11429 in order; three numbers (6984 among them) have no record.
+    assert [int(d[0]) for d in docs] == sorted({int(d[0]) for d in docs})
+    # The documents are lower-case in the source and the queries upper-case
+    # (a 1960s convention); the queries are lower-cased to match.
+    queries = [(qid, text.lower()) for qid, text in parse_slash_records(files["queries"])]
+    # rlv-ass: per query, the relevant document ids, white-space separated.
+    qrels = {qid: ids.split() for qid, ids in parse_slash_records(files["qrels"])}
+    return write_collection(out, docs, queries, qrels)
+
+
+# --------------------------------------------------------------------------
+# 6. CMRC 2018 (SQuAD format; Chinese questions over Wikipedia paragraphs)
+# --------------------------------------------------------------------------
+
+def convert_cmrc2018(files: dict[str, Path], out: Path) -> dict:
+    data = json.loads(files["json"].read_text(encoding="utf-8"))["data"]
+    docs, queries, qrels = [], [], {}
+    for article in data:
+        for para in article["paragraphs"]:
+            # question ids are "<paragraph id>_QUERY_<n>"
+            assert all(qa["id"].startswith(para["id"] + "_QUERY_") for qa in para["qas"])
+            docs.append((para["id"], article["title"].strip(), para["context"].strip()))
+            for qa in para["qas"]:
+                queries.append((qa["id"], qa["question"].strip()))
+                qrels[qa["id"]] = [para["id"]]
+    return write_collection(out, docs, queries, qrels)
+
+
+CONVERTERS = {
+    "cranfield": convert_cranfield,
+    "xquad": convert_xquad,
+    "jsquad": convert_jsquad,
+    "cisi": convert_cisi,
+    "npl": convert_npl,
+    "cmrc2018": convert_cmrc2018,
+}
+HERE = Path(__file__).resolve().parent
+
+
+def source_file(repo: str, commit: str, path: str, sha256: str, sources: Path | None, cache: Path) -> Path:
+    """The source file, from --sources (by file name) or downloaded once into `cache`; its sha256 checked."""
+    name = Path(path).name
+    local = sources / name if sources else cache / repo.replace("/", "+") / name
+    if not local.exists():
+        if sources:
+            sys.exit(f"convert.py: {local} is missing (from github.com/{repo} at {commit}: {path})")
+        local.parent.mkdir(parents=True, exist_ok=True)
+        url = f"https://raw.githubusercontent.com/{repo}/{commit}/{path}"
+        print(f"downloading {url}", file=sys.stderr)
+        urllib.request.urlretrieve(url, local)
+    digest = hashlib.sha256(local.read_bytes()).hexdigest()
+    if digest != sha256:
+        sys.exit(f"convert.py: {local}: sha256 {digest}, expected {sha256}")
+    return local
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="kind", required=True)
-    c = sub.add_parser("cranfield")
-    c.add_argument("--docs", type=Path, required=True, help="cran.all.1400")
-    c.add_argument("--queries", type=Path, required=True, help="cran.qry")
-    c.add_argument("--qrels", type=Path, required=True, help="cranqrel")
-    for name in ("xquad", "jsquad"):
-        p = sub.add_parser(name)
-        p.add_argument("--json", type=Path, required=True,
-                       help="xquad.<lang>.json" if name == "xquad" else "valid-v1.3.json")
-    for p in sub.choices.values():
-        p.add_argument("--out", type=Path, required=True, help="output folder")
+    catalogue = json.loads((HERE / "sources.json").read_text(encoding="utf-8"))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("names", nargs="*", metavar="NAME",
+                    help=f"collections to build (default: all of {', '.join(catalogue)})")
+    ap.add_argument("--sources", type=Path, help="a folder holding the source files, by file name")
+    ap.add_argument("--cache", type=Path, default=HERE / ".sources",
+                    help="where downloaded source files are kept (default: .sources here)")
     args = ap.parse_args(argv)
-    counts = {"cranfield": convert_cranfield, "xquad": convert_xquad,
-              "jsquad": convert_jsquad}[args.kind](args)
-    json.dump(counts, sys.stdout, ensure_ascii=False, indent=1)
-    print()
+    unknown = [name for name in args.names if name not in catalogue]
+    if unknown:
+        ap.error(f"no collection {unknown[0]!r} in sources.json")
+    for name in args.names or list(catalogue):
+        entry = catalogue[name]
+        files = {role: source_file(entry["repo"], entry["commit"], path, sha256, args.sources, args.cache)
+                 for role, (path, sha256) in entry["files"].items()}
+        counts = CONVERTERS[entry["convert"]](files, HERE / name)
+        print(json.dumps({name: counts}, ensure_ascii=False))
 
 
 if __name__ == "__main__":
