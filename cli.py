@@ -30,8 +30,11 @@ import workflows
 from common.console import err, out, quiet_libraries, visible, visible_json
 from common.durations import parse_duration
 from common.errors import PipelineError, disk_full_error, out_of_memory_error
+from common.options import OptionError, declared_fields
 from common.workspace import WORKSPACE_ENV, Workspace
-from pretrain.settings import MAX_PORT, SEED_MAX, OptionError, Preset, PretrainSettings
+from embed.settings import EmbedSettings, TuneSettings
+from index.settings import IndexSettings
+from pretrain.settings import MAX_PORT, Preset, PretrainSettings
 
 
 class OneLineUsageError(UsageError):
@@ -113,12 +116,8 @@ app = typer.Typer(
 
 # Choices, as each stage spells them (tests/test_cli.py checks they agree); the CLI doesn't import the
 # stages to read them, so that `pipeline --help` and light commands start fast.
-IndexType = Literal["auto", "flat", "hnsw", "ivf", "ivfpq"]
 SearchMode = Literal["dense", "lexical", "hybrid"]
 EvalMode = Literal["dense", "lexical", "hybrid", "all"]
-Architecture = Literal["auto", "static", "transformer"]
-Pooling = Literal["mean", "weightedmean", "lasttoken"]
-PAIR_KINDS = ("title", "ict", "neighbours", "dropout")
 
 
 def command_workspace(ctx: typer.Context, param: typer.CallbackParam, value: Path) -> Path:
@@ -134,7 +133,6 @@ def command_workspace(ctx: typer.Context, param: typer.CallbackParam, value: Pat
 # Numbers: each option's range where it is declared, checked before the command runs: typer's min=/max=
 # (inclusive; shown in --help), and these callbacks for what they don't cover. NaN and infinity are floats
 # too ("--lr nan" reached the optimizer); every float option has a callback that refuses them.
-MIN_CHUNK_TOKENS = 8  # embed/run.py's MIN_CHUNK_TOKENS
 MAX_K = 1000  # search/engine.py's MAX_K
 
 
@@ -160,20 +158,6 @@ def duration(value: str) -> str:
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     return value
-
-
-def pair_kinds(value: str) -> str:
-    unknown = [k for k in (k.strip() for k in value.split(",")) if k and k not in PAIR_KINDS]
-    if unknown:
-        raise typer.BadParameter(f"unknown kind '{', '.join(unknown)}' (choose from {', '.join(PAIR_KINDS)})")
-    return value
-
-
-def complete_pair_kinds(incomplete: str) -> list[str]:
-    """The comma-separated list so far, completed with each kind its last item can still become."""
-    done, _, last = incomplete.rpartition(",")
-    chosen = done.split(",") if done else []
-    return [",".join([*chosen, kind]) for kind in PAIR_KINDS if kind.startswith(last) and kind not in chosen]
 
 
 WorkspaceOption = Annotated[
@@ -265,7 +249,7 @@ def root(
 
 def options_of(settings_class):
     """Give a command one option per field of a settings dataclass whose fields are declared with their
-    help and range (pretrain/settings.py `option`), and call it with the settings made from them. The
+    help and range (common/options.py `option`), and call it with the settings made from them. The
     options are declared once, in the dataclass; its own checks run when the settings are made, and a value
     out of range is a one-line usage error naming the option, as typer's own are."""
     hints = typing.get_type_hints(settings_class)
@@ -279,7 +263,7 @@ def options_of(settings_class):
             for p in own.values()
             if p.name != "settings"
         ]
-        for f in dataclasses.fields(settings_class):
+        for f in declared_fields(settings_class):
             declared = f.metadata["option"]
             has_factory = f.default_factory is not dataclasses.MISSING
             annotation = Optional[hints[f.name]] if has_factory else hints[f.name]
@@ -292,26 +276,34 @@ def options_of(settings_class):
                 help=help_text,
                 metavar=declared.metavar,
                 show_default=not has_factory,
+                autocompletion=declared.complete if declared.listing else None,
             )
             parameters.append(
                 inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
             )
-        fields = {f.name for f in dataclasses.fields(settings_class)}
+        fields = {f.name for f in declared_fields(settings_class)}
 
         @functools.wraps(command)
         def with_settings(ctx: typer.Context, **values):
-            given = {name: value for name, value in values.items() if name in fields and value is not None}
             try:
-                settings = settings_class(**given)
+                settings = make_settings(settings_class, values)
             except OptionError as e:
                 raise OneLineUsageError(str(e), ctx) from None
             return command(settings=settings, **{name: value for name, value in values.items() if name not in fields})
 
         with_settings.__signature__ = inspect.Signature(parameters)
         with_settings.__annotations__ = {p.name: p.annotation for p in parameters}
+        with_settings.settings_class = settings_class  # for checking a command line without running it
         return with_settings
 
     return decorate
+
+
+def make_settings(settings_class, values: dict):
+    """A command's settings from its parsed options (those that are fields; an option not given keeps the
+    field's default), checked as they are made (OptionError)."""
+    fields = {f.name for f in declared_fields(settings_class)}
+    return settings_class(**{name: value for name, value in values.items() if name in fields and value is not None})
 
 
 def user_errors(command):
@@ -387,32 +379,12 @@ def pretrain(
 
 @app.command(short_help="chunk and embed documents into the workspace's DuckDB store")
 @user_errors
+@options_of(EmbedSettings)
 def embed(
+    settings: EmbedSettings,
     workspace: WorkspaceOption = Path("workspace"),
     data: DataOption = None,
     text_field: TextFieldOption = None,
-    model: Annotated[
-        Optional[Path],
-        typer.Option(help="A sentence-transformers model directory (default: the workspace's pretrained model)."),
-    ] = None,
-    chunk_tokens: Annotated[
-        Optional[int],
-        typer.Option(
-            min=MIN_CHUNK_TOKENS, help="Tokens per chunk (default: the model's maximum input less 32 for the title)."
-        ),
-    ] = None,
-    overlap: Annotated[int, typer.Option(min=0, help="Tokens shared by consecutive chunks.")] = 32,
-    batch_size: Annotated[int, typer.Option(min=1, help="Chunks per forward pass.")] = 64,
-    prune: Annotated[
-        bool,
-        typer.Option(
-            help="Remove stored documents that are no longer in the source (an unreadable file keeps its own)."
-        ),
-    ] = False,
-    ray: Annotated[
-        Optional[str],
-        typer.Option(help="Embed on a Ray cluster: local, auto, or the head's address (needs the ray extra)."),
-    ] = None,
     json_output: JsonOption = False,
 ):
     """Chunk and embed documents into the workspace's DuckDB store (only new or changed ones; of a JSON-lines
@@ -427,11 +399,6 @@ def embed(
         pipeline embed --data corpus.jsonl --model ~/models/all-MiniLM-L6-v2
         pipeline embed --data corpus.jsonl --ray auto    # model actors on every node of a Ray cluster
     """
-    from embed.run import EmbedSettings
-
-    settings = EmbedSettings(
-        model_dir=model, chunk_tokens=chunk_tokens, overlap=overlap, batch_size=batch_size, prune=prune, ray=ray
-    )
     summary = workflows.embed(Workspace(workspace), list(data or []), text_field, settings)
     if json_output:
         out.print_json(json.dumps(summary))
@@ -439,58 +406,8 @@ def embed(
 
 @app.command(short_help="build or update the FAISS and BM25 indexes")
 @user_errors
-def index(
-    workspace: WorkspaceOption = Path("workspace"),
-    index_type: Annotated[
-        IndexType,
-        typer.Option(
-            "--type",
-            help=(
-                "FAISS index type: flat is exact; hnsw a graph; ivf int8 codes in inverted lists; ivfpq 64-byte PQ "
-                "codes in inverted lists, candidates re-scored exactly. auto: flat below 50,000 vectors, HNSW below "
-                "500,000, IVF-PQ from there."
-            ),
-        ),
-    ] = "auto",
-    rebuild: Annotated[
-        bool, typer.Option("--rebuild", help="Build in full even when the last build could be updated.")
-    ] = False,
-    language: Annotated[
-        str,
-        typer.Option(
-            metavar="CODE",
-            help=(
-                "BM25's analyzer: auto (the collection's language, detected), none (no stop words or stemming), "
-                "or an ISO 639-1 code (en, de, ru, ja, ...); another than the last build's builds in full."
-            ),
-        ),
-    ] = "auto",
-    memory_budget: Annotated[
-        float,
-        typer.Option(
-            metavar="GB",
-            callback=positive,
-            help="Memory an IVF index's codes may take; beyond it their lists are written to disk and "
-            "memory-mapped [x>0].",
-        ),
-    ] = 4.0,
-    shards: Annotated[
-        Optional[int],
-        typer.Option(
-            min=1,
-            help="Split the collection by document into this many shards, each with its own indexes, built in full "
-            "(default: as the last build; none for a new workspace). Search merges them: the same results.",
-        ),
-    ] = None,
-    ray: Annotated[
-        Optional[str],
-        typer.Option(
-            help="Build the shards as tasks on a Ray cluster: local, auto, or the head's address (the workspace "
-            "on storage every node reads; needs the ray extra)."
-        ),
-    ] = None,
-    json_output: JsonOption = False,
-):
+@options_of(IndexSettings)
+def index(settings: IndexSettings, workspace: WorkspaceOption = Path("workspace"), json_output: JsonOption = False):
     """Build the FAISS and BM25 indexes over the stored chunks, or update the last build with what changed.
 
     An update keeps the last full build, skips its deleted chunks and indexes the chunks added since in a
@@ -518,11 +435,7 @@ def index(
         pipeline index --language de   # German stop words and stemmer, whatever was detected
         pipeline index --shards 4 --ray auto   # four shards built on the Ray cluster
     """
-    if ray is not None and shards is None:
-        raise PipelineError("--ray builds shards: give --shards N too")
-    summary = workflows.index(
-        Workspace(workspace), index_type, rebuild, language, int(memory_budget * 2**30), shards, ray
-    )
+    summary = workflows.index(Workspace(workspace), settings)
     if json_output:
         out.print_json(json.dumps(summary))
 
@@ -575,12 +488,9 @@ def search(
     from rich.table import Table
     from rich.text import Text
 
-    from search.engine import SearchEngine, short_text
-
-    engine = SearchEngine(Workspace(workspace), load_model=False)
-    hits = engine.search_many(
-        [query], k, mode, command_line_filter(where, source, title), dense_weight, names=[f'"{short_text(query, 40)}"']
-    )[0]
+    hits = workflows.search(
+        Workspace(workspace), query, k, mode, command_line_filter(where, source, title), dense_weight
+    )
     if json_output:
         for hit in hits:
             print(visible_json(json.dumps(hit.to_dict(), ensure_ascii=False)))
@@ -670,108 +580,12 @@ def eval_command(
 
 @app.command(short_help="tune the pretrained model into a sentence embedder (contrastive)")
 @user_errors
+@options_of(TuneSettings)
 def tune(
+    settings: TuneSettings,
     workspace: WorkspaceOption = Path("workspace"),
     data: DataOption = None,
     text_field: TextFieldOption = None,
-    pairs_from: Annotated[
-        str,
-        typer.Option(
-            metavar="KIND,...",
-            callback=pair_kinds,
-            autocompletion=complete_pair_kinds,
-            help="Pairs the corpus gives, comma-separated kinds: title, ict, neighbours, dropout.",
-        ),
-    ] = "title,ict,neighbours",
-    hard_negatives: Annotated[
-        bool,
-        typer.Option(
-            "--hard-negatives/--no-hard-negatives",
-            help=(
-                "Give each pair a negative mined with BM25 (a document sharing the anchor's words that is not its own)."
-            ),
-        ),
-    ] = True,
-    pairs: Annotated[
-        Optional[Path],
-        typer.Option(
-            help='Labelled pairs, JSON lines: {"query": ..., "document": text} or {"query": ..., "doc_id": ...}.'
-        ),
-    ] = None,
-    architecture: Annotated[
-        Architecture,
-        typer.Option(
-            help=(
-                "static (the GPT-2's token embeddings, mean of a text's tokens; fast, best on CPU), "
-                "transformer (the whole GPT-2 plus pooling), or auto: static, and the transformer too "
-                "if its steps fit --time-budget here (batches of up to 256, its own learning rate), "
-                "the better on held-out documents kept."
-            )
-        ),
-    ] = "auto",
-    time_budget: Annotated[
-        str,
-        typer.Option(
-            callback=duration,
-            metavar="DURATION",
-            help=(
-                "Time for the whole command (e.g. 90s, 15m, 1h): steps (at most --steps) and the pairs mined for "
-                "them are planned from a step and mining timed here; with auto, both candidates and their "
-                "measurement fit in it."
-            ),
-        ),
-    ] = "12m",
-    pooling: Annotated[
-        Pooling,
-        typer.Option(
-            help="With --architecture transformer: mean, weightedmean (position-weighted, SGPT) or lasttoken."
-        ),
-    ] = "mean",
-    dimensions: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            help=(
-                "With --architecture static: the width of its token vectors (the pretrained model's, then random ones)."
-            ),
-        ),
-    ] = 1024,
-    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 500,
-    batch_size: Annotated[
-        int,
-        typer.Option(
-            min=2,
-            help=(
-                "Pairs per batch; the other pairs are each one's negatives. "
-                "A batch holds each document once, so at most a third as many pairs as there are documents."
-            ),
-        ),
-    ] = 1024,
-    mini_batch: Annotated[
-        Optional[int],
-        typer.Option(
-            min=1,
-            help="Use CachedMultipleNegativesRankingLoss with this many texts per pass (large batches, little memory).",
-        ),
-    ] = None,
-    lr: Annotated[
-        Optional[float],
-        typer.Option(callback=positive, help="Peak learning rate [x>0] [default: 5e-2 static, 3e-4 transformer]."),
-    ] = None,
-    max_seq_length: Annotated[
-        int, typer.Option(min=1, help="Tokens per training text (longer ones are truncated).")
-    ] = 128,
-    seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Random seed (pairs, order, weights).")] = 0,
-    wandb: Annotated[
-        bool,
-        typer.Option(
-            "--wandb",
-            help=(
-                "Also log the tuning to Weights & Biases (needs `pip install wandb`; WANDB_MODE=offline keeps it "
-                "on disk). TensorBoard event files are always written, under WORKSPACE/tensorboard."
-            ),
-        ),
-    ] = False,
     json_output: JsonOption = False,
 ):
     """Contrastive tuning of the pretrained model into a sentence embedder, from your unlabelled documents.
@@ -796,26 +610,10 @@ def tune(
         pipeline tune && pipeline embed && pipeline index
     """
     from common.board import require_wandb
-    from embed.tune import TuneSettings
 
-    if wandb:
+    if settings.wandb:
         require_wandb()
-    settings = TuneSettings(
-        architecture=architecture,
-        pooling=pooling,
-        dimensions=dimensions,
-        pair_kinds=tuple(k.strip() for k in pairs_from.split(",") if k.strip()),
-        pairs_file=pairs,
-        hard_negatives=hard_negatives,
-        steps=steps,
-        batch_size=batch_size,
-        mini_batch=mini_batch,
-        lr=lr,
-        max_seq_length=max_seq_length,
-        seed=seed,
-        wandb=wandb,
-    )
-    summary = workflows.tune(Workspace(workspace), list(data or []), text_field, settings, parse_duration(time_budget))
+    summary = workflows.tune(Workspace(workspace), list(data or []), text_field, settings)
     if json_output:
         out.print_json(json.dumps(summary))
 
@@ -941,12 +739,11 @@ def plan(
     """
     from rich.table import Table
 
-    from pretrain.planner.auto import get_cluster, plan_for, workload_from_args
+    from pretrain.planner.auto import workload_from_args
     from pretrain.planner.rank import table_rows, why
 
     work = workload_from_args(preset, model_config, seq_len, global_batch, vocab_size, bf16)
-    ws = Workspace(workspace).create() if cluster is None else None
-    result = plan_for(work, get_cluster(ws, cluster, nproc, remeasure), nproc, dp, tp, pp)
+    result = workflows.plan(Workspace(workspace), work, cluster, nproc, dp, tp, pp, remeasure)
     if json_output:
         out.print_json(json.dumps(result.to_dict()))
         return

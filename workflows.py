@@ -56,7 +56,8 @@ def pretrain(ws: Workspace, settings, adapt: bool = True) -> dict:
 
     from embed.choose import adapt as adapt_embedder
     from embed.run import source_documents
-    from embed.tune import TuneSettings, tuning_documents
+    from embed.settings import TuneSettings
+    from embed.tune import tuning_documents
     from pretrain.run import run_pretrain
 
     started = time.perf_counter()
@@ -83,7 +84,8 @@ def pretrain(ws: Workspace, settings, adapt: bool = True) -> dict:
             )
             info(summary["budget_split"]["why"])
         documents = tuning_documents(source_documents(ws, settings.data, settings.text_field))
-        adaptation = adapt_embedder(ws, documents, adaptation_s, TuneSettings(wandb=settings.wandb))
+        static = TuneSettings(architecture="static", wandb=settings.wandb)
+        adaptation = adapt_embedder(ws, documents, adaptation_s, static)
         summary["adaptation"] = adaptation
         phases["adaptation"] = {"planned_s": adaptation_s, "actual_s": adaptation["seconds_total"]}
         phases.update({f"adaptation: {name}": times for name, times in adaptation["phases"].items()})
@@ -130,10 +132,10 @@ def phases_line(phases: dict) -> str:
     )
 
 
-def tune(ws: Workspace, data: list[Path], text_field: str | None, settings, time_budget_seconds: float) -> dict:
-    """`pipeline tune`: with architecture auto, the static embedder and, when its steps fit the budget, the
-    transformer, the better kept (embed/choose.py); else the one architecture asked for, its steps planned to
-    fit the budget. Either way the budget is the whole command's."""
+def tune(ws: Workspace, data: list[Path], text_field: str | None, settings) -> dict:
+    """`pipeline tune` (settings: embed/settings.py TuneSettings): with architecture auto, the static embedder
+    and, when its steps fit the budget, the transformer, the better kept (embed/choose.py); else the one
+    architecture asked for, its steps planned to fit the budget. Either way the budget is the whole command's."""
     from dataclasses import replace
 
     from embed.choose import adapt
@@ -143,39 +145,40 @@ def tune(ws: Workspace, data: list[Path], text_field: str | None, settings, time
     documents = tuning_documents(source_documents(ws, data, text_field))
     if settings.architecture == "auto":
         static = replace(settings, architecture="static", pooling="mean")
-        return adapt(ws, documents, time_budget_seconds, static, transformer_pooling=settings.pooling)
-    return run_tune(ws, documents, replace(settings, time_budget_s=time_budget_seconds))
+        return adapt(ws, documents, settings.time_budget_seconds, static, transformer_pooling=settings.pooling)
+    return run_tune(ws, documents, settings, budget_s=settings.time_budget_seconds)
 
 
 def embed(ws: Workspace, data: list[Path], text_field: str | None = None, settings=None) -> dict:
     """`pipeline embed`: the source's new and changed documents into the store, as the workspace's one writer."""
-    from embed.run import EmbedSettings, run_embed
+    from embed.run import run_embed
+    from embed.settings import EmbedSettings
 
     ws.create()
     with ws.writing():
         return run_embed(ws, data, text_field, settings or EmbedSettings())
 
 
-def index(
-    ws: Workspace,
-    kind: str = "auto",
-    rebuild: bool = False,
-    language: str = "auto",
-    memory_budget: int | None = None,
-    shards: int | None = None,
-    ray: str | None = None,
-) -> dict:
-    """`pipeline index`: the indexes brought up to the store; a full build then measures the default search
-    mode (an update changes too little to measure again), as does a run finding its full build unchanged and
-    without its measurement (a killed run's). memory_budget: bytes an IVF index's codes may take in memory
-    (index/build.py's default when None); shards, ray: a sharded build (index/shards.py)."""
+def index(ws: Workspace, settings=None) -> dict:
+    """`pipeline index` (settings: index/settings.py IndexSettings): the indexes brought up to the store; a full
+    build then measures the default search mode (an update changes too little to measure again), as does a run
+    finding its full build unchanged and without its measurement (a killed run's)."""
     from common.embedder import load_embedder
     from index.build import refresh_indexes
+    from index.settings import IndexSettings
     from search.calibrate import choose_default_mode
 
+    settings = settings or IndexSettings()
     with ws.writing():
-        budget = {} if memory_budget is None else {"memory_budget": memory_budget}
-        summary = refresh_indexes(ws, kind, rebuild, language, **budget, shards=shards, ray=ray)
+        summary = refresh_indexes(
+            ws,
+            settings.index_type,
+            settings.rebuild,
+            settings.language,
+            memory_budget=settings.memory_budget_bytes,
+            shards=settings.shards,
+            ray=settings.ray,
+        )
         manifest = read_manifest(ws)
         index = manifest.index
         # a killed run's full build beside the last build's measurement (updated since or not): measured now
@@ -186,6 +189,24 @@ def index(
                 ws, load_embedder(embedder.model_dir(ws)), summary["embedder_fingerprint"]
             )
     return summary
+
+
+def search(ws: Workspace, query: str, k: int = 10, mode: str | None = None, where=None, dense_weight=None) -> list:
+    """`pipeline search`: the ranked hits (search/engine.py Hit) for one query; `where`: a DocumentFilter."""
+    from search.engine import SearchEngine, short_text
+
+    engine = SearchEngine(ws, load_model=False)  # the query model loads only if a dense search asks for it
+    return engine.search_many([query], k, mode, where, dense_weight, names=[f'"{short_text(query, 40)}"'])[0]
+
+
+def plan(ws: Workspace, workload, cluster_file: Path | None, nproc, dp, tp, pp, remeasure: bool = False):
+    """`pipeline plan`: every parallel plan for `workload` ranked (pretrain/planner), on the cluster a TOML file
+    describes or, without one, on this machine as measured (the measurement cached in the workspace)."""
+    from pretrain.planner.auto import get_cluster, plan_for
+
+    if cluster_file is None:
+        ws.create()
+    return plan_for(workload, get_cluster(ws, cluster_file, nproc, remeasure), nproc, dp, tp, pp)
 
 
 def evaluate(
@@ -451,4 +472,4 @@ def search_status(measured, index) -> tuple[str, str, str | None]:
         if measured.default_mode == "hybrid" and measured.dense_weight is not None
         else ""
     )
-    return "ok", f"default mode {measured.default_mode}{weight} (chosen on {measured.chosen_by})", None
+    return "ok", f"default mode {measured.default_mode}{weight} ({measured.measurement()})", None

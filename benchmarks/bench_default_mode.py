@@ -50,8 +50,14 @@ def main() -> None:
         ws, beir = (Path(part).resolve() for part in pair.split("=", 1))
         workspace = Workspace(ws)
         measured = measure_modes(workspace, load_embedder(read_manifest(workspace).embedder.model_dir(workspace)))
-        chosen = measured["mode"] if measured["mode"] != "hybrid" else f"hybrid {measured['dense_weight']}"
-        row = {"held_out": measured["ndcg@10"], "dense_weight": measured["dense_weight"], "chosen": chosen}
+        chosen = measured.mode if measured.mode != "hybrid" else f"hybrid {measured.dense_weight}"
+        row = {
+            "held_out": measured.ndcg,
+            "held_out_se": measured.ndcg_se,
+            "pair_kinds": measured.pair_kinds,
+            "dense_weight": measured.dense_weight,
+            "chosen": chosen,
+        }
         for split in ("train", "test"):
             if not (beir / "qrels" / f"{split}.tsv").exists():
                 continue

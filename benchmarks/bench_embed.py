@@ -28,7 +28,8 @@ def main() -> None:
     from common.embedder import embedding_text, encode, load_embedder
     from common.readers import read_documents
     from common.workspace import Workspace
-    from embed.run import EmbedSettings, run_embed
+    from embed.run import run_embed
+    from embed.settings import EmbedSettings
 
     source = pretrained_workspace(args.workspace)
     docs = list(read_documents([SCIFACT / "corpus.jsonl"]))[: args.docs]

@@ -1,4 +1,4 @@
-"""BM25 (common/lexical.py) at N chunks: building it from the store, loading it, and its queries against
+"""BM25 (common/lexical/) at N chunks: building it from the store, loading it, and its queries against
 the exhaustive scoring it replaced, in one run.
 
 The chunks are synthetic documents made from SciFact with a seed (benchmarks_common.synthetic_documents:

@@ -85,7 +85,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the tiny model only")
     args = parser.parse_args()
-    from pretrain.corpus import Corpus, DataOptions, prepare_data
+    from pretrain.prepare import DataOptions, PretrainingSources, prepare_data
 
     root = Path(tempfile.mkdtemp(prefix="bench_parallel_"))
     base = TrainConfig(
@@ -100,7 +100,7 @@ def main() -> None:
     )
     prepared = Workspace(root / "prepared").create()
     data = [SCIFACT / "corpus.jsonl"] if SCIFACT.exists() else []  # else the built-in corpus
-    meta = prepare_data(prepared, Corpus(tuple(data), None), base, DataOptions())
+    meta = prepare_data(prepared, PretrainingSources(tuple(data), None), base, DataOptions())
     results = []
     try:
         for model_name, shape in MODELS.items():

@@ -125,7 +125,7 @@ def bench_space(world: int) -> SearchSpace:
 
 
 def prepare(root: Path) -> tuple[Path, TrainConfig]:
-    from pretrain.corpus import Corpus, DataOptions, prepare_data
+    from pretrain.prepare import DataOptions, PretrainingSources, prepare_data
 
     corpus = root / "corpus"
     corpus.mkdir(parents=True)
@@ -146,7 +146,7 @@ def prepare(root: Path) -> tuple[Path, TrainConfig]:
         measure_comm=False,
     )
     ws = Workspace(root / "prepared").create()
-    meta = prepare_data(ws, Corpus((corpus,), None), cfg, DataOptions())
+    meta = prepare_data(ws, PretrainingSources((corpus,), None), cfg, DataOptions())
     cfg.model = ModelConfig(vocab_size=meta["vocab_size"], block_size=SEQ, **MODEL)
     return ws.root, cfg
 

@@ -24,13 +24,13 @@ Wall time of each stage is recorded. Workspaces are kept in --workdir and reused
                                               [--curve 0,500,1000,2000] [--model DIR] [--requests N]
                                               [--adaptation transformer --tune-steps N]
 
---data takes any BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv); benchmarks/collections/convert.py builds
-six of other kinds (lower-case English, Russian, Japanese, Chinese, long and title-like queries), with reference BM25 scores of the analyzer
-each language needs (reference_bm25.json), which the run's lexical row is compared with. The JSON also
-records what the chain chose: the BM25 analyzer and languages detected, how documents were cut for the
-training pairs and the held-out pairs, the pair mix, and the default mode.
+--data takes any BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv); benchmarks/collections/convert.py
+builds six of other kinds (lower-case English, Russian, Japanese, Chinese, long and title-like queries), three
+with reference BM25 scores of the analyzer each language needs (reference_bm25.json), which the run's lexical
+row is compared with. The JSON also records what the chain chose: the BM25 analyzer and languages detected, how
+documents were cut for the training pairs and the held-out pairs, the pair mix, and the default mode.
 
-Results (2 CPU cores): see the closing notes of the search-quality issue; benchmarks/results/ is not committed.
+Results (2 CPU cores): the dated search-quality reports in benchmarks/results/.
 """
 
 from __future__ import annotations

@@ -92,7 +92,8 @@ def main() -> None:
     from common.readers import Document
     from embed.chunking import chunk_texts
     from embed.ingest import chunk_and_embed
-    from embed.run import TITLE_TOKENS, EmbedSettings
+    from embed.run import TITLE_TOKENS
+    from embed.settings import EmbedSettings
 
     model_dir = args.model or minilm_shaped(args.minilm_shaped)
     model = load_embedder(model_dir, device="cpu")

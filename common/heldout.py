@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import math
 import random
 
 from common.language import has_cjk, passages, word_count
@@ -104,3 +105,9 @@ def after_title(text: str, title: str) -> str | None:
         if matched == len(letters):
             return text[at + 1 :].lstrip(" .:;,-\u2013\u2014")
     return None
+
+
+def standard_error(values) -> float:
+    """The standard error of the mean of per-pair values (a numpy array; 0 for fewer than two): what the
+    choices made on held-out pairs weigh a difference against."""
+    return float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else 0.0

@@ -1,7 +1,7 @@
 """Reading the index files `pipeline index` writes (index/): what search and the default-mode measurement
 need of them, and nothing of how they are built. index/ writes these files and records them in the
 manifest's "index" section (common/manifest.py IndexEntry); search/ reads them only through here, and the
-corpus snapshot written beside them through common/corpus.py.
+corpus snapshot written beside them through common/snapshot/reader.py.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ class Section:
 
 @dataclass
 class TokenizerEntry(Section):
-    """Written by pretrain/corpus.py when the data is prepared (and when continued pretraining adds to it)."""
+    """Written by pretrain/prepare.py when the data is prepared (and when continued pretraining adds to it)."""
 
     NAME: ClassVar[str] = "tokenizer"
     path: str
@@ -174,7 +174,9 @@ class IndexEntry(Section):
     recall_at_10: float | None = None  # the base's, against exact search; None for exact search
     recall_target: float | None = None
     recall_short: bool = False  # tuning could not reach recall_target
-    corpus_path: str | None = None  # the corpus snapshot search reads (index/corpus.py); None before snapshots
+    corpus_path: str | None = (
+        None  # the corpus snapshot search reads (common/snapshot/writer.py); None before snapshots
+    )
     # A sharded index (index/shards.py): each shard's record, as an unsharded index's (paths under `path`, the
     # shards' directory, which corpus_path names too).
     shards: list[dict[str, Any]] | None = None
@@ -239,6 +241,19 @@ class SearchEntry(Section):
         killed `pipeline index` can leave a new build beside the last build's measurement)."""
         same_build = self.base_index is None or self.base_index == index.path
         return self.embedder_fingerprint == index.embedder_fingerprint and same_build
+
+    def measurement(self) -> str:
+        """What chose the mode, in a phrase: for a measurement, each mode's nDCG@10 with its standard error and
+        the kind of pairs measured."""
+        scores, errors = self.report.get("ndcg@10"), self.report.get("ndcg@10_se", {})
+        kinds = ", ".join(f"{n} {kind}" for kind, n in self.report.get("pair_kinds", {}).items())
+        if not scores or not kinds:
+            return f"chosen on {self.chosen_by}"
+        order = [mode for mode in ("lexical", "dense", "hybrid") if mode in scores]
+        each = ", ".join(
+            f"{mode} {scores[mode]:.3f}" + (f" ± {errors[mode]:.3f}" if mode in errors else "") for mode in order
+        )
+        return f"chosen on {self.report['pairs']} {self.chosen_by} ({kinds}), nDCG@10 {each}"
 
 
 SECTIONS = (TokenizerEntry, ModelEntry, TunedEntry, EmbedderEntry, IndexEntry, SearchEntry)

@@ -73,7 +73,7 @@ class Document:
 
 # A document's metadata, bounded as Elasticsearch bounds a mapping: fields a document may have, the length of
 # a field's name, and the size of all its values as JSON. (The collection's filterable fields are bounded
-# where the filter table is made: index/corpus.py's MAX_FILTER_FIELDS.)
+# where the filter table is made: common/snapshot/writer.py's MAX_FILTER_FIELDS.)
 MAX_METADATA_FIELDS = 100
 MAX_FIELD_NAME_CHARS = 256
 MAX_METADATA_BYTES = 64 * 1024

@@ -21,7 +21,7 @@ A document's metadata (every field of its input row beyond id, title and text) i
 documents from different files carry different fields, and a JSON column takes them all without a
 schema change in the middle of an embed run. Search does not read the store per query: `pipeline index`
 writes what search shows of the documents and chunks, with each metadata field typed into a column of
-its own for filters, into a snapshot beside the indexes (index/corpus.py, read by common/corpus.py),
+its own for filters, into a snapshot beside the indexes (common/snapshot/writer.py, read by common/snapshot/reader.py),
 streaming them from here: the documents' fields in doc_id order, their chunks with their document's
 position, then the texts in the store's own order (`document_fields`, `chunk_positions`,
 `document_texts_by_row`), so that nothing sorts the collection's text.

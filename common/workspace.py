@@ -11,7 +11,7 @@ Layout (all paths relative to the workspace root):
     tensorboard/         TensorBoard event files, one directory per run (pretrain/, tune-static/, ...)
     pipeline.duckdb      documents, chunks and vectors (common/store.py)
     index/               the FAISS index (faiss-<build>.index), the BM25 index (lexical-<id>/) and the corpus
-                         snapshot search reads (corpus-<id>/: common/corpus.py)
+                         snapshot search reads (corpus-<id>/: common/snapshot/reader.py)
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ import json
 import os
 import shutil
 import tempfile
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from common.errors import PipelineError
 
@@ -70,6 +71,22 @@ def _exchange(a: Path, b: Path) -> bool:
     if errno in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: not supported here
         return False
     raise OSError(errno, os.strerror(errno), str(b))
+
+
+def write_directory(write: Callable[[Path], None], index_dir: Path, kind: str) -> Path:
+    """Have `write` fill a staging directory under index_dir (a BM25 index: common/lexical/ write_built or
+    write_updated; the corpus snapshot: common/snapshot/writer.py), then rename it to a fresh `kind`-<id> name and
+    return that (the manifest then names it), so a reader always finds a complete directory."""
+    index_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=index_dir, prefix=f".{kind}.staging."))
+    try:
+        write(staging)
+        final = index_dir / f"{kind}-{uuid.uuid4().hex[:12]}"
+        staging.rename(final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final
 
 
 def replace_directory(staged: Path, final: Path) -> None:

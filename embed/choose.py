@@ -39,14 +39,14 @@ import numpy as np
 from common.console import info
 from common.embedder import embedding_text, encode, load_embedder
 from common.errors import PipelineError
-from common.heldout import held_out_pairs
+from common.heldout import held_out_pairs, standard_error
 from common.language import detect_languages
 from common.readers import Document
 from common.workspace import Workspace, model_fingerprint, replace_directory
+from embed.settings import TuneSettings
 from embed.tune import (
     PROBE_PAIRS,
     TUNED_DIR,
-    TuneSettings,
     document_text,
     record_tuned,
     run_tune,
@@ -112,7 +112,7 @@ def adapt(
     workdir = Path(tempfile.mkdtemp(dir=ws.root, prefix=".adapt."))  # the candidates, until one is kept
     try:
         candidates["static"] = run_tune(
-            ws, docs, replace(static, time_budget_s=static_s), out_name=f"{workdir.name}/static", record=False
+            ws, docs, static, out_name=f"{workdir.name}/static", record=False, budget_s=static_s
         )
         if skipped is None:
             transformer_s = budget_seconds - (time.perf_counter() - started) - left * MEASURE_SHARE
@@ -133,9 +133,10 @@ def adapt(
                 candidates["transformer"] = run_tune(
                     ws,
                     docs,
-                    replace(transformer, time_budget_s=transformer_s),
+                    transformer,
                     out_name=f"{workdir.name}/transformer",
                     record=False,
+                    budget_s=transformer_s,
                 )
             except (RuntimeError, PipelineError) as e:
                 skipped = {"skipped": f"tuning failed: {(str(e).splitlines() or [type(e).__name__])[0]}"}
@@ -181,7 +182,7 @@ def adapt(
     }
     record_tuned(ws, summary)
     measured = ", ".join(
-        f"{name} {report[name]['held_out_ndcg@10'] or 0:.3f} ± {report[name]['held_out_standard_error'] or 0:.3f}"
+        f"{name} {report[name]['held_out_ndcg@10'] or 0:.3f} ± {report[name]['held_out_standard_error']:.3f}"
         for name in candidates
     )
     info(
@@ -191,17 +192,13 @@ def adapt(
     return summary
 
 
-def standard_error(values: np.ndarray) -> float | None:
-    return float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else None
-
-
 def better(gains: dict[str, np.ndarray]) -> str:
     """The static embedder, unless the transformer finds the held-out documents better by more than the
     standard error of the per-pair differences (a few hundred pairs: a smaller lead is noise)."""
     if "transformer" not in gains or not len(gains["static"]):
         return "static"
     difference = gains["transformer"] - gains["static"]
-    return "transformer" if difference.mean() > (standard_error(difference) or 0.0) else "static"
+    return "transformer" if difference.mean() > standard_error(difference) else "static"
 
 
 def transformer_step_seconds(

@@ -11,7 +11,6 @@ are all written, in one transaction (common/store.py).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
@@ -27,27 +26,15 @@ from common.store import Store
 from common.workspace import Workspace, model_fingerprint
 from embed import appended
 from embed.ingest import Embedding, store_wanted_documents
+from embed.settings import EmbedSettings
 from embed.survey import documents_at, survey
 from embed.tune import default_model_dir
-
-
-@dataclass
-class EmbedSettings:
-    model_dir: Path | None = None  # default: the tuned model if any, else the model pretrain exported
-    chunk_tokens: int | None = None  # default: the model's max_seq_length less TITLE_TOKENS
-    overlap: int = 32
-    batch_size: int = 64
-    prune: bool = False
-    group_size: int = 1024  # documents per transaction; larger groups sort better by length
-    ray: str | None = None  # embed on a Ray cluster: local, auto or an address
-
 
 # Documents per group on Ray: each group is one Ray Data pipeline, which starts its own actor pool (every
 # actor loads the model: ~2 s a group on SciFact), so groups there are larger.
 RAY_GROUP_SIZE = 16_384
 # Room left in each model input for the document title that precedes the chunk.
 TITLE_TOKENS = 32
-MIN_CHUNK_TOKENS = 8  # the fewest tokens per chunk embed takes (cli.py declares --chunk-tokens with it)
 # From this many documents a static model averages with torch (its import, ~2 s, then pays for itself:
 # common/embedder.py StaticEmbedder.mean_with_torch); below, numpy is faster overall.
 TORCH_MEAN_DOCUMENTS = 20_000
@@ -84,13 +71,13 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
     with Store(ws.db_path, bulk=True) as store:
         source = survey(store, paths, text_field)  # bad input fails before the model loads
         model = load_embedder(model_dir)
-        if settings.chunk_tokens is None:
+        if settings.chunk_tokens is None:  # the model's: the overlap is checked against it here
             settings.chunk_tokens = max(32, token_limit(model) - TITLE_TOKENS)
-        if settings.chunk_tokens < MIN_CHUNK_TOKENS or not 0 <= settings.overlap < settings.chunk_tokens:
-            raise PipelineError(
-                f"--chunk-tokens {settings.chunk_tokens} / --overlap {settings.overlap}: "
-                f"need chunk-tokens >= {MIN_CHUNK_TOKENS} and 0 <= overlap < chunk-tokens"
-            )
+            if settings.overlap >= settings.chunk_tokens:
+                raise PipelineError(
+                    f"--overlap {settings.overlap}: not below this model's chunk size ({settings.chunk_tokens} "
+                    "tokens); give a smaller --overlap or a --chunk-tokens"
+                )
         tokenizer = text_tokenizer(model)
         fingerprint = model_fingerprint(model_dir)
         key = embedder_key(fingerprint, settings.chunk_tokens, settings.overlap)

@@ -64,13 +64,9 @@ from common.manifest import TunedEntry, read_manifest, write_section
 from common.readers import Document, read_json_lines
 from common.workspace import Workspace, model_fingerprint, replace_directory
 from embed.pretokenized import PretokenizedTexts, static_texts, transformer_texts
+from embed.settings import TuneSettings
 from embed.step_clock import StepClock
 
-ARCHITECTURES = ("static", "transformer")
-POOLING_MODES = ("mean", "weightedmean", "lasttoken")
-# Peak learning rates: an embedding table alone takes (and needs) far larger steps than a transformer.
-DEFAULT_LR = {"static": 5e-2, "transformer": 3e-4}
-PAIR_KINDS = ("title", "ict", "neighbours", "dropout")
 TUNED_DIR = "tuned"
 SIF_A = 1e-3  # the smoothing of SIF weights a / (a + p(token)), as Arora et al. chose
 HARD_NEGATIVE_DEPTH = 8  # a hard negative is drawn from the anchor's top BM25 documents, its own excluded
@@ -81,40 +77,13 @@ DOCUMENTS_PER_BATCH_PAIR = 3
 # pretraining corpus of gigabytes is not held in memory for them.
 MAX_TUNING_DOCUMENTS = 200_000
 MAX_PAIR_REPEATS = 3  # times one (anchor, positive) pair may be trained on: more teaches the pair, not the task
-# Planning to a time budget (TuneSettings.time_budget_s): a step and the mining are timed here first.
+# Planning to a time budget (run_tune's budget_s): a step and the mining are timed here first.
 PROBE_STEPS = 2  # timed steps, after one that warms up
 STATIC_PROBE_STEPS = 6  # a static step is cheap, and its first few vary by 2x as its memory is first touched
 PROBE_PAIRS = 64  # a transformer's timed batch (scaled to its own): a static step is cheap enough to time whole
 MINE_PROBE_PAIRS = 2048  # pairs whose hard negatives are timed (and kept) before the rest are mined
 PAIR_SLACK = 1.2  # pairs mined beyond steps x batch: the distinct-documents sampler leaves some out of batches
 SAVE_SHARE = 0.03  # of the budget, left for saving the model
-
-
-@dataclass
-class TuneSettings:
-    architecture: str = "static"
-    pooling: str = "mean"  # the transformer's; a static embedding is always a mean
-    dimensions: int = 1024  # the static embedding's width (the GPT-2's token embeddings and random columns)
-    pair_kinds: tuple[str, ...] = ("title", "ict", "neighbours")
-    hard_negatives: bool = True  # each pair also gets a BM25-mined negative
-    pairs_file: Path | None = None  # labelled (query, document) pairs, JSON lines
-    steps: int = 500
-    batch_size: int = 1024
-    mini_batch: int | None = None  # with a value: CachedMultipleNegativesRankingLoss, this many texts per forward pass
-    lr: float | None = None  # None: DEFAULT_LR of the architecture
-    max_seq_length: int = 128
-    dropout: float = 0.1
-    seed: int = 0
-    log_every: int = 10
-    wandb: bool = False  # mirror the TensorBoard events (tensorboard/tune-ARCHITECTURE/) to Weights & Biases
-    # with a value: the steps (at most `steps`), and the pairs mined for them, planned from a timed step and
-    # timed mining to end within this many seconds of run_tune's start
-    time_budget_s: float | None = None
-
-    @property
-    def max_chars(self) -> int:
-        """Characters kept of a training text: ample for max_seq_length tokens; the tokenizer truncates the rest."""
-        return self.max_seq_length * 6
 
 
 def tuning_documents(documents: Iterable[Document], limit: int = MAX_TUNING_DOCUMENTS, seed: int = 0) -> list[Document]:
@@ -402,33 +371,18 @@ class DistinctDocumentsBatchSampler:
 
 # ---- training
 def run_tune(
-    ws: Workspace, docs: list[Document], settings: TuneSettings, out_name: str = TUNED_DIR, record: bool = True
+    ws: Workspace,
+    docs: list[Document],
+    settings: TuneSettings,
+    out_name: str = TUNED_DIR,
+    record: bool = True,
+    budget_s: float | None = None,
 ) -> dict:
     """Tune, save the model to the workspace's `out_name` directory and, with `record`, name it in the
-    manifest as the model embed uses; returns what was done (the manifest's "tuned" section)."""
-    if settings.architecture not in ARCHITECTURES:
-        raise PipelineError(
-            f"--architecture: unknown '{settings.architecture}' (choose from {', '.join(ARCHITECTURES)})"
-        )
-    if settings.pooling not in POOLING_MODES:
-        raise PipelineError(f"--pooling: unknown mode '{settings.pooling}' (choose from {', '.join(POOLING_MODES)})")
-    if settings.architecture == "static" and settings.pooling != "mean":
-        raise PipelineError(
-            f"--pooling {settings.pooling}: a static embedding is the mean of its token vectors; "
-            "pooling modes apply to --architecture transformer"
-        )
-    unknown = [k for k in settings.pair_kinds if k not in PAIR_KINDS]
-    if unknown or not settings.pair_kinds:
-        raise PipelineError(f"--pairs-from: unknown kind '{','.join(unknown)}' (choose from {', '.join(PAIR_KINDS)})")
-    for name in ("steps", "batch_size", "max_seq_length", "dimensions"):
-        if getattr(settings, name) < 1:
-            raise PipelineError(f"--{name.replace('_', '-')} must be positive, got {getattr(settings, name)}")
-    if settings.batch_size < 2:
-        raise PipelineError("--batch-size must be at least 2: the other pairs in a batch are the negatives")
-    if settings.lr is None:
-        settings.lr = DEFAULT_LR[settings.architecture]
-    if not 0 < settings.lr < math.inf:  # a NaN or infinite rate would save NaN weights as the tuned model
-        raise PipelineError(f"--lr must be a positive finite number, got {settings.lr}")
+    manifest as the model embed uses; returns what was done (the manifest's "tuned" section). With
+    `budget_s`, the steps (at most settings.steps) are planned to end within that many seconds."""
+    if settings.architecture not in ("static", "transformer"):
+        raise ValueError(f"run_tune tunes one architecture, not {settings.architecture!r} (embed/choose.py: auto)")
     if not (ws.model_dir / "config.json").exists():
         raise PipelineError(f"no pretrained model in {ws.model_dir}: run `pipeline pretrain` first")
 
@@ -466,8 +420,10 @@ def run_tune(
 
     mining = settings.hard_negatives and len(training_docs) > 1
     plan, lexical, probed, probe_negatives = None, None, [], []
-    if settings.time_budget_s is not None:  # only the pairs the steps that fit will use are made and mined
-        plan, lexical = budget_plan(model, training_docs, labelled, settings, language, device, started, mining)
+    if budget_s is not None:  # only the pairs the steps that fit will use are made and mined
+        plan, lexical = budget_plan(
+            model, training_docs, labelled, settings, language, device, started, budget_s, mining
+        )
         probed, probe_negatives = plan.pop("mined")
         settings = replace(settings, steps=plan["steps"])
     pairs, report = make_pairs(training_docs, settings, labelled, language)
@@ -544,7 +500,7 @@ def run_tune(
 
     clock = StepClock(device)
     # the plan's steps are a prediction: training also stops where the budget (less saving) ends
-    deadline = started + settings.time_budget_s * (1 - SAVE_SHARE) if settings.time_budget_s else math.inf
+    deadline = started + budget_s * (1 - SAVE_SHARE) if budget_s else math.inf
     stopped_at_deadline = []
 
     class Progress(TrainerCallback):
@@ -575,7 +531,7 @@ def run_tune(
         output_dir=str(scratch),
         max_steps=settings.steps,
         per_device_train_batch_size=settings.batch_size,
-        learning_rate=settings.lr,
+        learning_rate=settings.learning_rate,
         warmup_steps=max(1, settings.steps // 10),
         lr_scheduler_type="linear",
         weight_decay=0.01,
@@ -609,7 +565,7 @@ def run_tune(
         if stopped_at_deadline:
             warn(
                 f"tuning stopped after {stopped_at_deadline[0]} of {settings.steps} planned steps: the time budget "
-                f"of {settings.time_budget_s:.0f}s ran out (steps took longer than the probe said)"
+                f"of {budget_s:.0f}s ran out (steps took longer than the probe said)"
             )
         if step_profile:
             info(
@@ -642,7 +598,7 @@ def run_tune(
         "planned_steps": settings.steps,
         "batch_size": settings.batch_size,
         "loss": "cached_mnrl" if settings.mini_batch else "mnrl",
-        "lr": settings.lr,
+        "lr": settings.learning_rate,
         "max_seq_length": settings.max_seq_length,
         "dropout": settings.dropout,
         "first_loss": losses[0] if losses else None,
@@ -680,9 +636,10 @@ def budget_plan(
     language: str,
     device: str,
     started: float,
+    budget_s: float,
     mining: bool,
 ) -> tuple[dict, object]:
-    """The steps that end the tuning within settings.time_budget_s of `started`, from what one round of pairs
+    """The steps that end the tuning within `budget_s` of `started`, from what one round of pairs
     (one a document) costs to make, to mine (MINE_PROBE_PAIRS of them, after the BM25 index is built) and to
     train on (a step timed on a copy of the model). Returns the plan and the BM25 index, for the mining."""
     start = time.perf_counter()
@@ -704,9 +661,9 @@ def budget_plan(
     step_s = step_seconds(model, probe, settings, device)
     elapsed = time.perf_counter() - started
     pair_s += tokenize_per_pair
-    steps = planned_steps(settings, settings.time_budget_s, elapsed, step_s, mine_per_pair + pair_s)
+    steps = planned_steps(settings, budget_s, elapsed, step_s, mine_per_pair + pair_s)
     plan = {
-        "budget_s": settings.time_budget_s,
+        "budget_s": budget_s,
         "steps": steps,
         "step_s": step_s,
         "mine_s_per_pair": mine_per_pair,
@@ -717,7 +674,7 @@ def budget_plan(
     }
     info(
         f"planned {steps} {settings.architecture} steps of {settings.batch_size} pairs for the "
-        f"{settings.time_budget_s:.0f}s budget: a step takes {step_s:.2f}s here (timed), a pair "
+        f"{budget_s:.0f}s budget: a step takes {step_s:.2f}s here (timed), a pair "
         f"{(mine_per_pair + pair_s) * 1000:.2f} ms to make, mine and tokenize, {elapsed:.0f}s spent planning"
         + (" (the most asked for)" if steps == settings.steps else "")
     )
@@ -753,7 +710,7 @@ def step_seconds(
     pairs = settings.batch_size if whole else min(PROBE_PAIRS, settings.batch_size)
     batch = [triples[i % len(triples)] for i in range(pairs)]
     loss = MultipleNegativesRankingLoss(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr or DEFAULT_LR[settings.architecture])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate)
     bf16 = device == "cuda" and settings.architecture == "transformer" and torch.cuda.is_bf16_supported()
     scale = settings.batch_size / pairs * (4 / 3 if settings.mini_batch else 1)
     preprocess = training_preprocess(model, settings, itertools.chain.from_iterable(batch))

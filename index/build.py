@@ -5,7 +5,7 @@ alike: it updates the last build when little changed since it (index/update.py: 
 deleted chunks skipped, the chunks added since in a delta), and builds in full otherwise: the first time,
 with --rebuild, for another index type or embedder, or when more than REBUILD_SHARE (10%) of the base was
 added or deleted since. Either writes a new corpus snapshot beside the indexes, the documents and chunks as
-search shows them (index/corpus.py), and is recorded in the manifest last (index/files.py), so a crash
+search shows them (common/snapshot/writer.py), and is recorded in the manifest last (index/files.py), so a crash
 mid-build leaves the previous index in use.
 """
 
@@ -30,16 +30,16 @@ from common.lexical import (
     choose_analyzer,
 )
 from common.manifest import read_manifest
+from common.snapshot.writer import write_corpus
 from common.store import Store
-from common.workspace import Workspace
-from index.corpus import write_corpus
+from common.workspace import Workspace, write_directory
 from index.faiss_build import build_faiss
-from index.faiss_index import INDEX_TYPES
-from index.files import record, write_directory
+from index.files import record
+from index.settings import IndexSettings
 from index.shards import build_shards, update_shards
 from index.update import Drifted, chunks_to_index, update, update_plan
 
-DEFAULT_MEMORY_BUDGET = 4 * 2**30  # bytes an IVF index's codes may take in memory before its lists go on disk
+DEFAULT_MEMORY_BUDGET = IndexSettings().memory_budget_bytes  # --memory-budget's default, in bytes
 
 
 def refresh_indexes(
@@ -54,15 +54,13 @@ def refresh_indexes(
 ) -> dict:
     """Bring the indexes up to the store: an update of the last build when that is cheap and sound,
     else a full build (index/update.py's `update_plan` says which). `language` chooses BM25's analyzer
-    (common/lexical.py): auto detects it at a full build, and an update keeps the last build's. Without
+    (common/lexical/): auto detects it at a full build, and an update keeps the last build's. Without
     `full_build_allowed` (a document write through the server, which must answer quickly) the last build
     is updated even past REBUILD_SHARE, and says so: the next `pipeline index` then builds in full.
     `memory_budget` (bytes): an IVF index whose codes would take more is built with its lists on disk.
     `shards`: build the collection as that many shards (index/shards.py; on the Ray cluster `ray`), in full
     (a document write updates the shards it changed); None: as many as the last build had (none: one
     unsharded index)."""
-    if kind not in INDEX_TYPES:
-        raise PipelineError(f"--type: unknown index type '{kind}' (choose from {', '.join(INDEX_TYPES)})")
     language = language.lower()
     check_language(language)
     manifest = read_manifest(ws)

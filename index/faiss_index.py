@@ -14,7 +14,6 @@ import numpy as np
 
 from common.index_files import candidates_to_rescore, rescored
 
-INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")  # ivf, ivfpq: index/ivf.py
 EXACT_LIMIT = 50_000  # below this many vectors exact search is fast enough and has perfect recall
 
 HNSW_LINKS = 32  # HNSW's M: each node's links per layer (twice as many in the bottom one)

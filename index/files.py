@@ -10,10 +10,8 @@ common/index_files.py.
 from __future__ import annotations
 
 import shutil
-import tempfile
 import uuid
 from pathlib import Path
-from typing import Callable
 
 import faiss
 import numpy as np
@@ -58,22 +56,6 @@ def write_faiss(index: faiss.Index, index_dir: Path, prefix: str, path: Path | N
     path = path or new_index_path(index_dir, prefix)
     atomic_write_bytes(path, faiss.serialize_index(index).tobytes())
     return path
-
-
-def write_directory(write: Callable[[Path], None], index_dir: Path, kind: str) -> Path:
-    """Have `write` fill a staging directory under index_dir (a BM25 index: common/lexical.py write_built or
-    write_updated; the corpus snapshot: index/corpus.py), then rename it to a fresh `kind`-<id> name and
-    return that (the manifest then names it), so a reader always finds a complete directory."""
-    index_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=index_dir, prefix=f".{kind}.staging."))
-    try:
-        write(staging)
-        final = index_dir / f"{kind}-{uuid.uuid4().hex[:12]}"
-        staging.rename(final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return final
 
 
 def remove_other_files(index_dir: Path, keep: set[str]) -> None:

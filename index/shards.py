@@ -5,7 +5,7 @@ md5_number_lower, the same number: Store.shard), so a document and all its chunk
 the machine or the order documents came in, and a write to a document concerns one shard. Each shard is an
 index generation of its own, in index/shards-<build>/<i>/: a FAISS index, a BM25 index of its chunks and the
 corpus snapshot of its documents (what its hits show, and its filter table). Search (search/engine.py) asks
-every shard and merges: BM25 with the collection's statistics summed over the shards (common/lexical.py
+every shard and merges: BM25 with the collection's statistics summed over the shards (common/lexical/
 CollectionStatistics, the DFS phase of a distributed search engine), so that N shards answer as one index.
 
 What is decided once for the collection, not per shard: the BM25 analyzer (the language, detected on a sample
@@ -32,17 +32,17 @@ import faiss
 import numpy as np
 
 from common.console import info
-from common.corpus import Corpus
 from common.errors import PipelineError
 from common.index_files import base_segment_dir
 from common.lexical import Analyzer, LexicalIndex, Segment
 from common.manifest import IndexEntry
+from common.snapshot.reader import Snapshot
+from common.snapshot.writer import write_corpus
 from common.store import Store, short_hash
-from common.workspace import Workspace
-from index.corpus import write_corpus
+from common.workspace import Workspace, write_directory
 from index.faiss_build import ShardBuild, build_and_tune, recall_record, tuning_queries
 from index.faiss_index import choose_type
-from index.files import shard_dir, write_directory
+from index.files import shard_dir
 from index.ivf import codes_bytes, train_ivf
 from index.update import Drifted, chunks_to_index, deleted_since, update, update_summary
 
@@ -181,7 +181,7 @@ def update_shards(ws: Workspace, previous: IndexEntry, store: Store, generation:
     shards, updated = [], []
     for number, (record, entry) in enumerate(zip(previous.shards, previous.shard_entries())):
         chunk_ids, doc_ids = store.shard(number, len(previous.shards))
-        if np.array_equal(chunk_ids, Corpus(ws.root / entry.corpus_path).chunk_ids):
+        if np.array_equal(chunk_ids, Snapshot(ws.root / entry.corpus_path).chunk_ids):
             shards.append(record)
             continue
         directory = shard_dir(ws.root / previous.path, number)

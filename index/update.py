@@ -16,7 +16,7 @@ search time in the base.
 
 The base segment's files in a new lexical directory are hard links to the previous version's: an
 update does not copy the base. Its deleted chunks' terms are found by a pass over its postings (a range
-at a time). The corpus snapshot search reads (index/corpus.py) is written anew from the last one and the
+at a time). The corpus snapshot search reads (common/snapshot/writer.py) is written anew from the last one and the
 documents added or changed since.
 """
 
@@ -34,9 +34,9 @@ from common.index_files import base_segment_dir
 from common.lexical import Analyzer, LexicalIndex, Segment
 from common.manifest import EmbedderEntry, IndexEntry
 from common.store import Store
-from common.workspace import Workspace
+from common.workspace import Workspace, write_directory
 from index.faiss_index import choose_type, make_index, recall_sample
-from index.files import new_index_path, write_directory, write_faiss
+from index.files import new_index_path, write_faiss
 from index.ivf import build_ivf, new_staging, remove_staging
 
 DRIFT_RATIO = 1.2  # added vectors this much further from an IVF base's centroids than its own: build in full

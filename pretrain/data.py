@@ -1,4 +1,4 @@
-"""The batches training reads from the token shards pretrain/corpus.py wrote.
+"""The batches training reads from the token shards pretrain/prepare.py wrote.
 
 Each shard (a flat uint16/uint32 file, documents separated by <|endoftext|>) is memory-mapped and cut
 into non-overlapping windows of seq_len + 1 tokens; the windows of all shards are numbered in shard

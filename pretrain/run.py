@@ -2,7 +2,7 @@
 
 run_pretrain() checks the settings once, before anything is written, then
 
-    a new run    prepares the data (tokenizer and token shards, pretrain/corpus.py), sizes the model to the
+    a new run    prepares the data (tokenizer and token shards, pretrain/prepare.py), sizes the model to the
                  time budget unless a shape or step count was given (pretrain/sizing.py), takes the plan
                  given or, with --strategy auto, the planner's (pretrain/planner/auto.py, --autotune), and
                  trains: in this process, under torchrun (pretrain/launch.py) or on Ray (pretrain/ray_train.py)
@@ -28,7 +28,7 @@ from common.manifest import read_manifest
 from common.workspace import Workspace
 from pretrain.checkpoint import BEST_DIR, checkpoint_dirs, config_from_checkpoint
 from pretrain.config import PRESET_TRAINING, PRESETS, ParallelConfig, RuntimeOptions, TrainConfig, model_config_for
-from pretrain.corpus import Corpus, DataOptions, append_data, prepare_data
+from pretrain.prepare import DataOptions, PretrainingSources, append_data, prepare_data
 from pretrain.settings import PretrainSettings
 from pretrain.sizing import size_to_budget
 
@@ -159,8 +159,8 @@ def runtime_options(s: PretrainSettings) -> RuntimeOptions:
     )
 
 
-def corpus_of(s: PretrainSettings) -> Corpus:
-    return Corpus(tuple(s.data), s.text_field)
+def corpus_of(s: PretrainSettings) -> PretrainingSources:
+    return PretrainingSources(tuple(s.data), s.text_field)
 
 
 def data_options(s: PretrainSettings) -> DataOptions:

@@ -1,7 +1,7 @@
 """`pipeline pretrain`'s settings, declared once.
 
-Each field of PretrainSettings is an option of the command: cli.py makes the options from these fields
-(name, type, default, help, range), and a Python program passes the same settings to
+Each field of PretrainSettings is an option of the command (common/options.py): cli.py makes the options
+from these fields (name, type, default, help, range), and a Python program passes the same settings to
 workflows.pretrain. Each field's range is checked where it is declared, when the settings are made
 (`__post_init__`), before anything is written: `--lr nan`, `--batch-size 0` or `--time-budget 0s` is one
 line naming the option. Checks that involve several options (the plan's degrees against the process
@@ -12,77 +12,19 @@ Light on purpose (no torch): the CLI imports it to build `pipeline pretrain --he
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
 from common.durations import parse_duration
-from common.errors import PipelineError
+from common.options import SEED_MAX, check_declared, option
 
 Preset = Literal["tiny", "small", "medium", "large"]
 Strategy = Literal["single", "ddp", "fsdp", "tp", "pp", "hybrid", "auto"]
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zero-bubble", "zbv"]
 
-SEED_MAX = 2**32 - 1  # numpy's (transformers seeds it), the narrowest of the seeded generators
 MIN_VOCAB_SIZE = 257  # the byte-level tokenizer's 256 bytes and its end-of-text token (pretrain/tokenizer.py)
 MAX_PORT = 65535
-
-
-@dataclass(frozen=True)
-class Declared:
-    """How a field is offered as an option: its help, its flags (default: --field-name), its range, and a
-    metavar; `above` is an exclusive lower bound (a rate, a timeout), `duration` a text like 90s or 15m."""
-
-    help: str
-    flags: tuple[str, ...] = ()
-    min: float | None = None
-    max: float | None = None
-    above: float | None = None
-    duration: bool = False
-    metavar: str | None = None
-
-    def range_text(self) -> str | None:
-        """The range as --help shows it: x>=1, 0<=x<=1, x>0."""
-        if self.above is not None:
-            return f"x>{number(self.above)}"
-        if self.min is not None and self.max is not None:
-            return f"{number(self.min)}<=x<={number(self.max)}"
-        if self.min is not None:
-            return f"x>={number(self.min)}"
-        return None
-
-    def problem(self, value: Any) -> str | None:
-        """What is wrong with a value of this option, or None."""
-        if value is None or isinstance(value, bool):
-            return None
-        if self.duration:
-            try:
-                parse_duration(value)
-            except ValueError as e:
-                return str(e)
-            return None
-        if isinstance(value, float) and not math.isfinite(value):
-            return f"{value} is not a finite number"
-        if isinstance(value, (int, float)):
-            low_ok = (self.min is None or value >= self.min) and (self.above is None or value > self.above)
-            if not low_ok or (self.max is not None and value > self.max):
-                return f"{number(value)} is not in the range {self.range_text()}"
-        return None
-
-
-def number(value: float) -> str:
-    """A bound or value as typed: 4294967295, 0.001, 1e-09."""
-    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
-
-
-def option(default: Any = None, help: str = "", *, factory=None, **declared) -> Any:
-    """A settings field that is also an option (Declared's arguments)."""
-    metadata = {"option": Declared(help, **declared)}
-    if factory is not None:
-        return field(default_factory=factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
 
 
 @dataclass
@@ -209,10 +151,7 @@ class PretrainSettings:
     dist_timeout: float = option(300.0, "Seconds a collective may wait for a peer before the job fails.", above=0)
 
     def __post_init__(self):
-        for f in dataclasses.fields(self):
-            problem = f.metadata["option"].problem(getattr(self, f.name))
-            if problem is not None:
-                raise OptionError(flag(f), problem)
+        check_declared(self)
         self.time_budget_seconds = parse_duration(self.time_budget)
 
     @property
@@ -235,17 +174,3 @@ class PretrainSettings:
                 self.batch_size,
             )
         )
-
-
-class OptionError(PipelineError):
-    """A setting out of its declared range; `option` is its flag (--lr)."""
-
-    def __init__(self, option: str, problem: str):
-        super().__init__(f"{option}: {problem}")
-        self.option, self.problem = option, problem
-
-
-def flag(f: dataclasses.Field) -> str:
-    """A field's option as the user types it: its first flag, else --field-name."""
-    declared = f.metadata["option"]
-    return declared.flags[0].split("/")[0] if declared.flags else "--" + f.name.replace("_", "-")

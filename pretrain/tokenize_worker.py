@@ -1,4 +1,4 @@
-"""What each tokenizing process runs (pretrain/corpus.py starts them, or Ray Data runs them): light on
+"""What each tokenizing process runs (pretrain/prepare.py starts them, or Ray Data runs them): light on
 purpose, a process that imports only the readers, the tokenizer and numpy starts in a moment and holds
 little memory."""
 

@@ -30,12 +30,13 @@ from __future__ import annotations
 import collections
 import math
 import random
+from dataclasses import dataclass
 
 import numpy as np
 
 from common.console import info
 from common.embedder import embedding_text, encode
-from common.heldout import held_out_pairs
+from common.heldout import held_out_pairs, standard_error
 from common.index_files import base_segment_dir
 from common.lexical import Analyzer, LexicalIndex, Segment
 from common.manifest import SearchEntry, read_manifest, require, write_section
@@ -59,17 +60,49 @@ PRIOR_DENSE_WEIGHT = 0.3  # the hybrid's weight taken when the pairs cannot tell
 PLATEAU_ERRORS = 2.0  # standard errors below the best weight's gain that a weight's may be, on the plateau
 
 
-def measure_modes(ws: Workspace, model, seed: int = 0, draws: int = DRAWS) -> dict:
+@dataclass(frozen=True)
+class ModeMeasurement:
+    """What measure_modes found: the mode chosen (and whether the pairs could tell the modes apart at all),
+    each mode's mean nDCG@10 and its standard error (hybrid's at the weight chosen), hybrid's at every
+    weight, and what was measured."""
+
+    mode: str
+    inconclusive: bool
+    dense_weight: float
+    ndcg: dict[str, float]  # lexical, dense, hybrid
+    ndcg_se: dict[str, float]
+    hybrid_ndcg: dict[float, float]  # by dense weight
+    pairs: int
+    documents_measured: int
+    pair_kinds: dict[str, int]
+    collection_documents: int  # the collection measured: every stored document, or a sample of them
+
+    def report(self) -> dict:
+        """As the manifest's "search" section records it."""
+        return {
+            "ndcg@10": self.ndcg,
+            "ndcg@10_se": self.ndcg_se,
+            "hybrid_ndcg@10": {str(w): v for w, v in self.hybrid_ndcg.items()},
+            "pairs": self.pairs,
+            "documents_measured": self.documents_measured,
+            "pair_kinds": self.pair_kinds,
+            "collection_documents": self.collection_documents,
+            "inconclusive": self.inconclusive,
+        }
+
+
+def measure_modes(ws: Workspace, model, seed: int = 0, draws: int = DRAWS) -> ModeMeasurement | None:
     """nDCG@10 of lexical, dense and hybrid (per dense weight) on held-out pairs of the stored corpus,
     each measured document's nDCG@10 the mean over its pairs (up to `draws`, one round each: a round
-    searches the collection with that round's documents shortened by their query)."""
+    searches the collection with that round's documents shortened by their query); None when no document
+    gives a pair."""
     rng = random.Random(seed)
     index_entry = require(ws, "index", "run `pipeline index` first")
     with Store(ws.db_path, read_only=True) as store:
         documents = store.document_texts(SAMPLE_DOCUMENTS, seed)
         drawn = held_out_pairs(documents, rng, index_entry.language, MAX_PAIRS, draws)
         if not drawn:
-            return {}
+            return None
         stored = store.counts()["documents"]
         # As the index analyses text (every shard of a sharded index alike).
         analyzer = Analyzer.load(ws.root / index_entry.shard_entries()[0].lexical_path)
@@ -100,19 +133,20 @@ def measure_modes(ws: Workspace, model, seed: int = 0, draws: int = DRAWS) -> di
     means = {key: total / counts for key, total in sums.items()}
     hybrid = {w: means[w] for w in HYBRID_WEIGHTS}
     weight = plateau_weight(hybrid)
-    mode, inconclusive = best_mode({"lexical": means["lexical"], "dense": means["dense"], "hybrid": hybrid[weight]})
-    measured = {"lexical": means["lexical"].mean(), "dense": means["dense"].mean(), "hybrid": hybrid[weight].mean()}
-    return {
-        "mode": mode,
-        "inconclusive": inconclusive,
-        "pairs": int(counts.sum()),
-        "documents_measured": len(doc_ids),
-        "pair_kinds": dict(collections.Counter(kind for each in drawn.values() for _, _, kind in each)),
-        "collection_documents": collection.documents,
-        "dense_weight": weight,
-        "ndcg@10": {mode: float(v) for mode, v in measured.items()},
-        "hybrid_ndcg@10": {str(w): float(g.mean()) for w, g in hybrid.items()},
-    }
+    per_pair = {"lexical": means["lexical"], "dense": means["dense"], "hybrid": hybrid[weight]}
+    mode, inconclusive = best_mode(per_pair)
+    return ModeMeasurement(
+        mode=mode,
+        inconclusive=inconclusive,
+        dense_weight=weight,
+        ndcg={name: float(gains.mean()) for name, gains in per_pair.items()},
+        ndcg_se={name: standard_error(gains) for name, gains in per_pair.items()},
+        hybrid_ndcg={w: float(g.mean()) for w, g in hybrid.items()},
+        pairs=int(counts.sum()),
+        documents_measured=len(doc_ids),
+        pair_kinds=dict(collections.Counter(kind for each in drawn.values() for _, _, kind in each)),
+        collection_documents=collection.documents,
+    )
 
 
 class Collection:
@@ -200,8 +234,7 @@ def clearly_better(gains: np.ndarray, than: np.ndarray, errors: float = 1.0) -> 
     """Whether the per-pair gains are higher than `than`'s by more than `errors` standard errors of their
     difference."""
     difference = gains - than
-    standard_error = difference.std(ddof=1) / math.sqrt(len(difference)) if len(difference) > 1 else 0.0
-    return difference.mean() > errors * standard_error
+    return difference.mean() > errors * standard_error(difference)
 
 
 def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> dict | None:
@@ -212,42 +245,27 @@ def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> dict
         info(f"default search mode: {current.default_mode} (chosen on judged queries by `pipeline eval --set-default`)")
         return None
     result = measure_modes(ws, model)
-    if not result:
+    if result is None:
         info("default search mode: lexical (no document has enough text to measure search on)")
         return None
-    best_weight, scores = result["dense_weight"], result["ndcg@10"]
-    mode, inconclusive = result["mode"], result["inconclusive"]
     section = record_default_mode(
         ws,
-        mode,
-        best_weight,
+        result.mode,
+        result.dense_weight,
         embedder_fingerprint,
         CHOSEN_BY,
-        {
-            "ndcg@10": scores,
-            "hybrid_ndcg@10": result["hybrid_ndcg@10"],
-            "pairs": result["pairs"],
-            "documents_measured": result["documents_measured"],
-            "pair_kinds": result["pair_kinds"],
-            "collection_documents": result["collection_documents"],
-            "inconclusive": inconclusive,
-        },
+        result.report(),
         base_index=read_manifest(ws).index.path,
     )
-    kinds = ", ".join(f"{n} {kind}" for kind, n in result["pair_kinds"].items())
-    measured = (
-        f"nDCG@10 on {result['pairs']} held-out corpus pairs ({kinds}) of {result['documents_measured']} documents: "
-        f"lexical {scores['lexical']:.3f}, "
-        f"dense {scores['dense']:.3f}, hybrid {scores['hybrid']:.3f} at dense weight {best_weight}"
-    )
-    if inconclusive:
+    measured = f"{SearchEntry.from_json(section).measurement()}; hybrid at dense weight {result.dense_weight}"
+    if result.inconclusive:
         info(
             "default search mode: lexical, as the measurement was inconclusive "
             f"({measured}: the held-out documents are hardly ever found, as in a collection of near-duplicates); "
             "with judged queries, `pipeline eval --set-default` chooses"
         )
     else:
-        info(f"default search mode: {mode} ({measured})")
+        info(f"default search mode: {result.mode} ({measured})")
     return section
 
 

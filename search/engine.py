@@ -10,7 +10,7 @@ queries, with the static embedder, it lifted hybrid above BM25 (0.704 vs 0.696 n
 below it (0.693); Bruch et al. (2023) found the same across BEIR.
 
 The engine loads the indexes and the model once, and opens the corpus snapshot `pipeline index` wrote beside
-them (common/corpus.py): arrays by chunk position (chunk-id order) and by document position (doc-id order),
+them (common/snapshot/reader.py): arrays by chunk position (chunk-id order) and by document position (doc-id order),
 memory-mapped, and each document's fields and compressed text. Nothing of the collection is read into memory
 at load: a hit's document is an array lookup, and only the hits' texts and metadata are read, when they are
 shown (a one-off search over 1M documents used to load the whole store first: 43 s and 11.7 GB). The store
@@ -50,12 +50,12 @@ import faiss
 import numpy as np
 
 from common.console import warn
-from common.corpus import Corpus
 from common.embedder import encode, is_static, load_embedder, text_tokenizer, token_limit, truncate_to_model
 from common.errors import PipelineError
 from common.index_files import candidates_to_rescore, load_index, read_rescore, rescored
 from common.lexical import Analyzer, CollectionStatistics, LexicalIndex
 from common.manifest import IndexEntry, SearchEntry, read_manifest
+from common.snapshot.reader import Snapshot
 from common.store import Store
 from common.workspace import Workspace, model_fingerprint
 from search.filters import DocumentFilter, DocumentFilters
@@ -70,7 +70,7 @@ DEFAULT_DENSE_WEIGHT = 0.5
 FUSION_DEPTH = 100  # documents taken from each retriever before fusing
 FETCH_MARGIN = 1.5  # chunks fetched first per document wanted, over the collection's chunks per document
 # Hybrid's BM25 walks at most this many postings in full; its commonest terms are then only looked up for the
-# chunks the others hold (common/lexical.py). At 10M topical chunks (200 SciFact train queries, 152 chunks each,
+# chunks the others hold (common/lexical/). At 10M topical chunks (200 SciFact train queries, 152 chunks each,
 # CPU a query) exact BM25 took 29 ms on average, 115 at p99; with 1M postings walked 21 / 57, the same chunks;
 # 500k 17 / 53 and 98% of them, 200k 16 / 47 and 95%. Lexical mode stays exact; below ~1M chunks it never binds.
 HYBRID_WALK_BUDGET = 1_000_000
@@ -288,7 +288,7 @@ class IndexShard:
 
     def __init__(self, root: Path, entry: IndexEntry, number: int = 0):
         self.entry, self.number = entry, number
-        self.corpus = Corpus(root / entry.corpus_path)
+        self.corpus = Snapshot(root / entry.corpus_path)
         if self.corpus.generation != entry.store_generation:  # the manifest names them together
             raise PipelineError("the corpus snapshot does not match the index: run `pipeline index`")
         # An IVF base and its delta re-score their candidates from int8 copies of the vectors (index/ivf.py).

@@ -1,7 +1,7 @@
 """Which documents a search may return: filters over the documents' metadata, source, title and id.
 
-The documents' fields are a table of the corpus snapshot `pipeline index` writes (index/corpus.py; the
-snapshot: common/corpus.py), `documents`, one typed column per metadata field (BIGINT, DOUBLE, BOOLEAN,
+The documents' fields are a table of the corpus snapshot `pipeline index` writes (common/snapshot/writer.py; the
+snapshot: common/snapshot/reader.py), `documents`, one typed column per metadata field (BIGINT, DOUBLE, BOOLEAN,
 DATE, TIMESTAMP, VARCHAR or a list of them; a field whose values disagree on a type is VARCHAR holding
 their JSON), plus `doc_id`, `title` and `source`, and each document's `position`. It is a DuckDB file,
 opened read-only: a filter reads its columns from disk, and no more than the pages it scans stay in memory.

@@ -1,7 +1,7 @@
 """The snippet shown with a hit: the passage of its best chunk that best matches the query, and where the
 query's terms are in it.
 
-Terms are matched as BM25 matches them (common/lexical.py's Analyzer of the index: lower-cased words of
+Terms are matched as BM25 matches them (common/lexical/'s Analyzer of the index: lower-cased words of
 two or more letters, no stop words, the language's Snowball stems; CJK bigrams), so "tumours" in a query
 marks "tumour" and "Tumours" in the text, whatever the mode that found the hit. The passage is the
 window of at most `limit` characters, starting at a word, holding the most distinct query terms (then

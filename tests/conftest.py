@@ -119,9 +119,24 @@ def run_cli_process(*args: str, check: bool = True, timeout: int = 300) -> subpr
     return result
 
 
+def scifact_lines(n: int, start: int = 0, file: str = "corpus.jsonl") -> list[str]:
+    """Lines start ... start + n - 1 of a SciFact file (the shared BEIR data beside the repository)."""
+    return (SCIFACT / file).read_text().splitlines()[start : start + n]
+
+
+def scifact_rows(n: int, start: int = 0) -> list[dict]:
+    """SciFact documents start ... start + n - 1, as {"_id", "title", "text"}."""
+    return [json.loads(line) for line in scifact_lines(n, start)]
+
+
+def scifact_queries(n: int | None = None) -> list[str]:
+    """The texts of SciFact's first n queries (all of them without n)."""
+    return [json.loads(line)["text"] for line in scifact_lines(n if n is not None else 10**9, 0, "queries.jsonl")]
+
+
 def scifact_slice(path: Path, n: int, start: int = 0) -> Path:
-    lines = (SCIFACT / "corpus.jsonl").read_text().splitlines()[start : start + n]
-    path.write_text("\n".join(lines) + "\n")
+    """SciFact documents start ... start + n - 1 written to `path` (JSON lines)."""
+    path.write_text("\n".join(scifact_lines(n, start)) + "\n")
     return path
 
 
@@ -253,7 +268,7 @@ def ivfpq_with_rescoring(vectors: np.ndarray, ids: np.ndarray, lists: int, direc
 
 
 def assert_corpus_matches_store(corpus, store) -> None:
-    """The corpus snapshot (common/corpus.py) holds what the store holds: every document's fields, text and
+    """The corpus snapshot (common/snapshot/reader.py) holds what the store holds: every document's fields, text and
     number of chunks, by doc_id, and every chunk's id, document, place in it and text, by chunk id."""
     documents = store.con.execute(
         "SELECT doc_id, title, source, text, metadata FROM documents ORDER BY doc_id"

@@ -10,14 +10,11 @@ from common.errors import PipelineError
 from common.manifest import embedder_key, read_json
 from common.store import Store
 from common.workspace import Workspace
-from conftest import SCIFACT
-from embed.run import EmbedSettings, run_embed
+from conftest import scifact_rows
+from embed.run import run_embed
+from embed.settings import EmbedSettings
 
 CHUNKING = dict(chunk_tokens=64, overlap=8)
-
-
-def rows(start: int, n: int) -> list[dict]:
-    return [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()[start : start + n]]
 
 
 def lines(rows: list[dict]) -> str:
@@ -42,12 +39,12 @@ def embed(ws: Workspace, data, prune: bool = False, model_dir=None, chunking: di
 
 def test_appended_lines_are_read_alone_and_store_what_a_full_read_stores(workspace, tmp_path):
     data = tmp_path / "docs.jsonl"
-    data.write_text(lines(rows(0, 30)))
+    data.write_text(lines(scifact_rows(30)))
     first = embed(workspace, data, prune=True)  # only this file's documents stay
     assert first["documents_read_before"] == 0 and first["embedded_documents"] == 30
 
     with data.open("a") as f:
-        f.write(lines(rows(30, 4)))
+        f.write(lines(scifact_rows(4, start=30)))
     second = embed(workspace, data)
     assert second["documents_read_before"] == 30 and second["embedded_documents"] == 4
     assert second["documents"] == 34
@@ -62,11 +59,11 @@ def test_appended_lines_are_read_alone_and_store_what_a_full_read_stores(workspa
 
 def test_a_changed_line_before_the_end_makes_the_whole_file_read(workspace, tmp_path):
     data = tmp_path / "docs.jsonl"
-    docs = rows(0, 20)
+    docs = scifact_rows(20)
     data.write_text(lines(docs))
     embed(workspace, data)
     docs[3]["text"] += " An added sentence."
-    data.write_text(lines(docs + rows(20, 2)))
+    data.write_text(lines(docs + scifact_rows(2, start=20)))
     summary = embed(workspace, data)
     assert summary["documents_read_before"] == 0 and summary["embedded_documents"] == 3
 
@@ -75,7 +72,7 @@ def test_a_document_kept_after_its_line_went_is_still_pruned_after_an_append(wor
     """The store then holds a document of the file that its lines no longer give: reading only the
     appended lines would take it for one of them, and --prune would never remove it."""
     data = tmp_path / "docs.jsonl"
-    docs = rows(0, 20)
+    docs = scifact_rows(20)
     data.write_text(lines(docs))
     embed(workspace, data, prune=True)
     removed = docs.pop(5)["_id"]
@@ -83,7 +80,7 @@ def test_a_document_kept_after_its_line_went_is_still_pruned_after_an_append(wor
     embed(workspace, data)  # without --prune: kept
     assert removed in stored(workspace)
     with data.open("a") as f:
-        f.write(lines(rows(20, 1)))
+        f.write(lines(scifact_rows(1, start=20)))
     summary = embed(workspace, data, prune=True)
     assert summary["documents_read_before"] == 0
     assert removed not in stored(workspace) and len(stored(workspace)) == 20
@@ -91,7 +88,7 @@ def test_a_document_kept_after_its_line_went_is_still_pruned_after_an_append(wor
 
 def test_an_appended_duplicate_id_is_refused(workspace, tmp_path):
     data = tmp_path / "docs.jsonl"
-    docs = rows(0, 10)
+    docs = scifact_rows(10)
     data.write_text(lines(docs))
     embed(workspace, data)
     with data.open("a") as f:
@@ -102,20 +99,20 @@ def test_an_appended_duplicate_id_is_refused(workspace, tmp_path):
 
 def test_a_last_line_without_its_ending_is_read_again(workspace, tmp_path):
     data = tmp_path / "docs.jsonl"
-    docs = rows(0, 10)
+    docs = scifact_rows(10)
     data.write_text(lines(docs).rstrip("\n"))  # a writer may still be writing that line
     embed(workspace, data)
-    data.write_text(lines(docs + rows(10, 1)))
+    data.write_text(lines(docs + scifact_rows(1, start=10)))
     summary = embed(workspace, data)
     assert summary["documents_read_before"] == 0 and summary["embedded_documents"] == 1
 
 
 def test_new_chunking_reads_every_line_again(workspace, tmp_path):
     data = tmp_path / "docs.jsonl"
-    data.write_text(lines(rows(0, 12)))
+    data.write_text(lines(scifact_rows(12)))
     embed(workspace, data, prune=True)
     with data.open("a") as f:
-        f.write(lines(rows(12, 2)))
+        f.write(lines(scifact_rows(2, start=12)))
     summary = embed(workspace, data, chunking=dict(chunk_tokens=48, overlap=8))
     assert summary["documents_read_before"] == 0 and summary["embedded_documents"] == summary["documents"] == 14
 
@@ -125,7 +122,7 @@ def test_a_document_deleted_outside_embed_makes_the_whole_file_read(workspace, t
     longer give what the store holds, so they are read again and the document comes back from its line,
     as a whole read of the file always brought it back."""
     data = tmp_path / "docs.jsonl"
-    docs = rows(0, 12)
+    docs = scifact_rows(12)
     data.write_text(lines(docs))
     embed(workspace, data, prune=True)
     embedder = read_json(workspace)["embedder"]
@@ -136,7 +133,7 @@ def test_a_document_deleted_outside_embed_makes_the_whole_file_read(workspace, t
         store.publish(replace_all=False, remove=[docs[4]["_id"]])
     assert docs[4]["_id"] not in stored(workspace)
     with data.open("a") as f:
-        f.write(lines(rows(12, 1)))
+        f.write(lines(scifact_rows(1, start=12)))
     summary = embed(workspace, data)
     assert summary["documents_read_before"] == 0 and summary["embedded_documents"] == 2
     assert docs[4]["_id"] in stored(workspace)

@@ -277,19 +277,11 @@ def test_a_usage_error_is_one_line_and_exit_2(args, message, tmp_path):
 
 def test_choices_are_the_ones_each_stage_accepts():
     import cli
-    from embed.tune import ARCHITECTURES, PAIR_KINDS, POOLING_MODES
-    from index.faiss_index import INDEX_TYPES
     from pretrain import settings
     from pretrain.config import PRESETS, SCHEDULES, STRATEGIES
     from search.engine import MODES
 
     assert get_args(cli.SearchMode) == MODES and get_args(cli.EvalMode) == (*MODES, "all")
-    assert get_args(cli.IndexType) == INDEX_TYPES
-    assert (
-        get_args(cli.Architecture) == ("auto", *ARCHITECTURES)
-        and get_args(cli.Pooling) == POOLING_MODES
-        and cli.PAIR_KINDS == PAIR_KINDS
-    )
     assert get_args(settings.Preset) == tuple(PRESETS) and get_args(settings.Strategy) == (*STRATEGIES, "auto")
     assert get_args(settings.PipelineSchedule) == SCHEDULES
 

@@ -1,5 +1,5 @@
-"""The corpus snapshot `pipeline index` writes for search (index/corpus.py, common/corpus.py): it reads back
-what the store holds, search answers from it without loading the collection, and an index from before
+"""The corpus snapshot `pipeline index` writes for search (common/snapshot/: writer.py, reader.py): it reads
+back what the store holds, search answers from it without loading the collection, and an index from before
 snapshots asks for `pipeline index`."""
 
 import json
@@ -10,13 +10,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import index.corpus
-from common.corpus import NOT_A_SLICE, Corpus
+import common.snapshot.writer
 from common.manifest import read_manifest
+from common.snapshot.reader import NOT_A_SLICE, Snapshot
+from common.snapshot.writer import write_corpus
 from common.store import ChunkRow, Store
 from common.workspace import Workspace
 from conftest import assert_corpus_matches_store, run_cli
-from index.corpus import write_corpus
 from search.engine import SearchEngine
 from search.filters import DocumentFilter, DocumentFilters
 from search.snippets import make_snippet, snippet_terms
@@ -54,12 +54,12 @@ def small_store(path) -> Store:
 
 
 @pytest.fixture
-def snapshot(tmp_path, monkeypatch) -> tuple[Corpus, Store]:
+def snapshot(tmp_path, monkeypatch) -> tuple[Snapshot, Store]:
     """The small store's snapshot, written two documents at a time (so chunks and field types span batches)."""
-    monkeypatch.setattr(index.corpus, "DOCUMENT_BATCH", 2)
+    monkeypatch.setattr(common.snapshot.writer, "DOCUMENT_BATCH", 2)
     store = small_store(tmp_path / "store.duckdb")
     directory = write_corpus(tmp_path / "index", store, store.chunk_ids(), store.generation())
-    yield Corpus(directory), store
+    yield Snapshot(directory), store
     store.close()
 
 
@@ -102,12 +102,12 @@ def test_a_snapshot_of_the_earlier_layout_is_read_and_then_written_whole(snapsho
     (earlier / "texts.bin").write_bytes(b"".join(texts))
     np.save(earlier / "text_offsets.npy", np.cumsum([0] + [len(text) for text in texts]))
     (earlier / "text_spans.npy").unlink()
-    assert_corpus_matches_store(Corpus(earlier), store)
+    assert_corpus_matches_store(Snapshot(earlier), store)
 
     read = texts_read(monkeypatch)
     change_store(store, [("b", "Bee again", "Changed text of b.", {})], remove=[])
     assert_corpus_matches_store(
-        Corpus(write_corpus(tmp_path / "index", store, store.chunk_ids(), store.generation(), earlier)), store
+        Snapshot(write_corpus(tmp_path / "index", store, store.chunk_ids(), store.generation(), earlier)), store
     )
     assert read == [None]
 
@@ -146,7 +146,7 @@ def change_store(store: Store, documents: list[tuple], remove: list[str]) -> Non
     store.publish(replace_all=False, remove=remove)
 
 
-def filter_rows(corpus: Corpus) -> tuple[dict, list[dict]]:
+def filter_rows(corpus: Snapshot) -> tuple[dict, list[dict]]:
     """The filter table's columns and types, and its rows by position (each row by column name: an update
     adds new fields' columns after the others)."""
     filters = DocumentFilters(corpus.filters_path)
@@ -168,7 +168,7 @@ def test_an_updated_snapshot_reads_only_what_changed_and_equals_one_written_whol
     holds what one written whole holds: the same documents, chunks, texts and filter rows. Its texts file is
     the last one's with the new texts appended while few enough of those are stale (and the last snapshot
     still reads its own), else a copy of the texts kept."""
-    monkeypatch.setattr(index.corpus, "STALE_TEXTS", stale_texts)
+    monkeypatch.setattr(common.snapshot.writer, "STALE_TEXTS", stale_texts)
     previous, store = snapshot
     previous_texts = [previous.text(i) for i in range(previous.n_documents)]
     change_store(
@@ -182,9 +182,9 @@ def test_an_updated_snapshot_reads_only_what_changed_and_equals_one_written_whol
     )
     read = texts_read(monkeypatch)
     previous_dir = tmp_path / "index" / Path(previous.filters_path).parent.name
-    updated = Corpus(write_corpus(tmp_path / "index", store, store.chunk_ids(), store.generation(), previous_dir))
+    updated = Snapshot(write_corpus(tmp_path / "index", store, store.chunk_ids(), store.generation(), previous_dir))
     assert read == [["b", "c", "🙂"]]
-    whole = Corpus(write_corpus(tmp_path / "whole", store, store.chunk_ids(), store.generation()))
+    whole = Snapshot(write_corpus(tmp_path / "whole", store, store.chunk_ids(), store.generation()))
     assert_corpus_matches_store(updated, store)
     assert_corpus_matches_store(whole, store)
     assert filter_rows(updated) == filter_rows(whole)
@@ -195,7 +195,7 @@ def test_an_updated_snapshot_reads_only_what_changed_and_equals_one_written_whol
     assert [updated.doc_id(i) for i in allowed] == ["c"]
     linked = (updated.directory / "texts.bin").stat().st_ino == (previous.directory / "texts.bin").stat().st_ino
     assert linked == (stale_texts == 1.0)
-    assert [Corpus(previous.directory).text(i) for i in range(previous.n_documents)] == previous_texts
+    assert [Snapshot(previous.directory).text(i) for i in range(previous.n_documents)] == previous_texts
 
 
 def test_a_snapshot_that_no_longer_matches_the_store_is_written_whole(snapshot, tmp_path, monkeypatch):
@@ -206,7 +206,7 @@ def test_a_snapshot_that_no_longer_matches_the_store_is_written_whole(snapshot, 
     store.con.execute("UPDATE chunks SET chunk_id = chunk_id + 100")
     read = texts_read(monkeypatch)
     previous_dir = tmp_path / "index" / Path(previous.filters_path).parent.name
-    corpus = Corpus(write_corpus(tmp_path / "index", store, ids + 100, store.generation(), previous_dir))
+    corpus = Snapshot(write_corpus(tmp_path / "index", store, ids + 100, store.generation(), previous_dir))
     assert read == [None]
     assert_corpus_matches_store(corpus, store)
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from conftest import REPO, SCIFACT, run_cli
+from conftest import REPO, run_cli, scifact_rows
 from server import running_server
 
 KEY = "documents-key-0123456789"
@@ -119,7 +119,7 @@ def test_writes_need_the_key_and_bounded_valid_bodies(client):
 def test_a_cli_embed_during_api_writes_corrupts_nothing(client, workspace, tmp_path):
     """`pipeline embed` and API writes take turns (the workspace's writer lock); afterwards every document
     of both is stored once, and after `pipeline index` the server finds them all."""
-    cli_docs = [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()[700:705]]
+    cli_docs = scifact_rows(5, start=700)
     data = tmp_path / "more.jsonl"
     data.write_text("".join(json.dumps(d) + "\n" for d in cli_docs))
     embed = subprocess.Popen(

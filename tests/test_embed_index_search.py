@@ -11,10 +11,11 @@ from common.index_files import load_index
 from common.manifest import TokenizerEntry, read_json, write_section
 from common.store import Store
 from common.workspace import Workspace
-from conftest import SCIFACT, ivfpq_with_rescoring, run_cli, scifact_slice
+from conftest import ivfpq_with_rescoring, run_cli, scifact_rows, scifact_slice
 from embed import ingest as embed_ingest
 from embed.chunking import chunk_texts, window_starts
-from embed.run import EmbedSettings, run_embed
+from embed.run import run_embed
+from embed.settings import EmbedSettings
 from index.build import refresh_indexes
 
 
@@ -50,7 +51,7 @@ def copy_workspace(src, dst):
 def test_incremental_embed_only_embeds_new_or_changed_and_prunes(trained_workspace, tmp_path):
     ws = copy_workspace(trained_workspace, tmp_path / "ws")
     data = tmp_path / "docs.jsonl"
-    rows = [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()[:6]]
+    rows = scifact_rows(6)
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     settings = EmbedSettings(chunk_tokens=64, overlap=8)
     first = run_embed(ws, [data], None, settings)
@@ -209,8 +210,11 @@ def test_index_failure_leaves_the_previous_index(trained_workspace, tmp_path, mo
 
 
 def test_unknown_index_type_and_index_before_embed(tmp_path):
-    with pytest.raises(PipelineError, match="unknown index type 'annoy'"):
-        refresh_indexes(Workspace(tmp_path), "annoy")
+    from common.options import OptionError
+    from index.settings import IndexSettings
+
+    with pytest.raises(OptionError, match="--type: unknown 'annoy'"):
+        IndexSettings(index_type="annoy")
     with pytest.raises(PipelineError, match="has no embedder: run `pipeline embed` first"):
         refresh_indexes(Workspace(tmp_path), "flat")
 
@@ -350,7 +354,7 @@ def test_a_document_tokenized_in_pieces_gets_the_chunks_and_vectors_of_one_token
 
     path = save_static_model(trained_workspace, tmp_path / "static") if embedder == "static" else None
     model = load_embedder(path or trained_workspace / "model")
-    rows = [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()[:8]]
+    rows = scifact_rows(8)
     docs = [Document(r["_id"], r["title"], "src", r["text"]) for r in rows]
 
     def chunked() -> tuple[list, list, np.ndarray]:

@@ -14,10 +14,11 @@ from tokenizers import Tokenizer
 from common.errors import PipelineError
 from common.store import Store
 from common.workspace import Workspace
-from conftest import SCIFACT
+from conftest import scifact_rows
 from embed import run as embed_run
 from embed.appended import documents_digest
-from embed.run import EmbedSettings, run_embed
+from embed.run import run_embed
+from embed.settings import EmbedSettings
 
 DOCUMENTS = 3000
 
@@ -65,7 +66,7 @@ def chunks(ws: Workspace) -> dict[str, list[tuple]]:
 @pytest.fixture()
 def source(tmp_path):
     """A directory of two JSON-lines files of SciFact documents, each with a `year`."""
-    rows = [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()[: DOCUMENTS + 40]]
+    rows = scifact_rows(DOCUMENTS + 40)
     rows = [{**row, "year": 1990 + i % 30} for i, row in enumerate(rows)]
     directory = tmp_path / "docs"
     directory.mkdir()

@@ -10,11 +10,11 @@ import pyarrow as pa
 import pytest
 
 from common.readers import read_documents
+from common.snapshot.writer import MetadataFields, write_filter_table
 from common.store import Store
 from common.workspace import Workspace
 from conftest import corpus_metadata, ivfpq_with_rescoring, run_cli
 from index.build import refresh_indexes
-from index.corpus import MetadataFields, write_filter_table
 from index.faiss_index import make_index
 from search.engine import AllowedChunks, DenseIndex, SearchEngine
 from search.filters import DocumentFilter, DocumentFilters, FilterError
@@ -257,12 +257,12 @@ def test_eval_within_a_filter(engine, corpus_file):
 def test_fields_past_the_filter_limit_are_kept_not_filterable_and_a_wider_table_is_made_anew(
     trained_workspace, tmp_path, monkeypatch
 ):
-    import index.corpus
+    import common.snapshot.writer
 
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
     # the trained workspace's index holds the corpus's 5 fields (year, journal, open_access, published, tags)
-    monkeypatch.setattr(index.corpus, "MAX_FILTER_FIELDS", 2)
+    monkeypatch.setattr(common.snapshot.writer, "MAX_FILTER_FIELDS", 2)
     note = tmp_path / "note.jsonl"
     note.write_text(json.dumps({"_id": "note", "text": "Cells divide.", "year": 2500, "extra": "kept"}) + "\n")
     run_cli("embed", "-w", str(ws), "--data", str(note))

@@ -10,8 +10,9 @@ import pytest
 
 from common.store import Store
 from common.workspace import Workspace
-from conftest import SCIFACT, assert_corpus_matches_store, run_cli
-from embed.run import EmbedSettings, run_embed
+from conftest import assert_corpus_matches_store, run_cli, scifact_rows
+from embed.run import run_embed
+from embed.settings import EmbedSettings
 from index.build import refresh_indexes
 from search.engine import SearchEngine
 from search.filters import DocumentFilter
@@ -23,10 +24,6 @@ MODES = ("dense", "lexical", "hybrid")
 def write_rows(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
-
-
-def scifact_rows(start: int, n: int) -> list[dict]:
-    return [json.loads(line) for line in (SCIFACT / "corpus.jsonl").read_text().splitlines()[start : start + n]]
 
 
 def document_ids(engine: SearchEngine) -> list[str]:
@@ -58,7 +55,7 @@ def updated(trained_workspace, tmp_path_factory):
     shutil.copytree(trained_workspace, ws.root)
     data = root / "docs.jsonl"
     rows = source_rows(ws)
-    new = scifact_rows(600, 6)
+    new = scifact_rows(6, start=600)
     titles = {r["_id"]: r["title"] for r in rows + new}
 
     # The base: the same documents from a file of the test's own (a document's source is part of what it is).
@@ -203,7 +200,7 @@ def test_an_ivf_base_takes_added_chunks_in_its_trained_lists_and_rebuilds_when_t
     ws = Workspace(tmp_path / "ws")
     shutil.copytree(updated["ws"].root, ws.root)
     assert refresh_indexes(ws, "ivfpq")["update"] == "full"
-    rows, new = updated["rows"], scifact_rows(700, 5)
+    rows, new = updated["rows"], scifact_rows(5, start=700)
     # The same file as the documents' source (the tests before this one wrote it too): 2 deleted, 5 added.
     run_embed(ws, [write_rows(updated["data"], rows[2:] + new)], None, EmbedSettings(**CHUNKING, prune=True))
     summary = refresh_indexes(ws, "ivfpq")
@@ -232,6 +229,8 @@ def test_an_ivf_base_takes_added_chunks_in_its_trained_lists_and_rebuilds_when_t
 
     monkeypatch.setattr(index_update, "DRIFT_RATIO", 0.0)  # any added vector counts as drifted
     monkeypatch.setattr(index_update, "MIN_DRIFT_VECTORS", 1)
-    run_embed(ws, [write_rows(updated["data"], rows[2:] + new + scifact_rows(720, 2))], None, EmbedSettings(**CHUNKING))
+    run_embed(
+        ws, [write_rows(updated["data"], rows[2:] + new + scifact_rows(2, start=720))], None, EmbedSettings(**CHUNKING)
+    )
     rebuilt = refresh_indexes(ws, "ivfpq")
     assert rebuilt["update"] == "full" and "far from its trained lists" in rebuilt["update_reason"]

@@ -22,8 +22,9 @@ from common.manifest import read_json
 from common.store import Store
 from common.workspace import Workspace, model_fingerprint
 from conftest import TINY_TRAINING, board, read_metrics, run_cli, scifact_slice
-from embed.run import EmbedSettings, run_embed, source_documents
-from embed.tune import TuneSettings, run_tune
+from embed.run import run_embed, source_documents
+from embed.settings import EmbedSettings, TuneSettings
+from embed.tune import run_tune
 from index.build import refresh_indexes
 from killpoint import Killer, armed_process
 from search.engine import SearchEngine
@@ -129,8 +130,8 @@ def test_killed_index_keeps_the_previous_index_in_use_and_a_rerun_cleans_up(kill
     args = ["index", "-w", str(ws), "--type", "flat", "--rebuild"]
     for point in (
         "os:replace:.index",  # the FAISS file written to its temporary name, not renamed
-        "common.lexical:np.save:chunk_ids.npy",  # in the middle of writing the BM25 index
-        "index.corpus:write_filter_table",  # in the middle of writing the corpus snapshot
+        "common.lexical.index:np.save:chunk_ids.npy",  # in the middle of writing the BM25 index
+        "common.snapshot.writer:write_filter_table",  # in the middle of writing the corpus snapshot
         "common.manifest:replace_section:index",
     ):  # both written, not recorded
         killer.run(point, 1, *args)
@@ -176,7 +177,7 @@ def test_a_full_disk_is_one_line_and_no_lie(trained_workspace, tmp_path, monkeyp
 
     import httpx
 
-    import index.corpus
+    import common.snapshot.writer
     from server import running_server
 
     ws = tmp_path / "ws"
@@ -186,7 +187,7 @@ def test_a_full_disk_is_one_line_and_no_lie(trained_workspace, tmp_path, monkeyp
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(ws / "index" / "filters.duckdb"))
 
-    monkeypatch.setattr(index.corpus, "write_filter_table", full)
+    monkeypatch.setattr(common.snapshot.writer, "write_filter_table", full)
     failed = run_cli("index", "-w", str(ws), "--rebuild", check=False)
     assert failed.returncode == 2 and "Traceback" not in failed.stderr
     assert (
@@ -243,7 +244,7 @@ def test_a_build_killed_before_its_default_mode_was_measured_is_measured_by_the_
 def test_killed_tune_keeps_the_previous_embedder_until_its_model_is_in_place(killer, trained_workspace, tmp_path):
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
-    settings = dict(steps=2, batch_size=8, hard_negatives=False)
+    settings = dict(architecture="static", steps=2, batch_size=8, hard_negatives=False)
     docs = list(source_documents(Workspace(ws), [], None))
     run_tune(Workspace(ws), docs, TuneSettings(**settings, seed=0))
     run_embed(Workspace(ws), [], None, EmbedSettings(chunk_tokens=64, overlap=8))  # with the tuned model
@@ -283,7 +284,9 @@ def test_killed_adaptation_keeps_the_previous_embedder_and_leaves_no_candidate_i
     ws = tmp_path / "ws"
     shutil.copytree(trained_workspace, ws)
     docs = list(source_documents(Workspace(ws), [], None))
-    run_tune(Workspace(ws), docs, TuneSettings(steps=2, batch_size=8, hard_negatives=False, seed=0))
+    run_tune(
+        Workspace(ws), docs, TuneSettings(architecture="static", steps=2, batch_size=8, hard_negatives=False, seed=0)
+    )
     tuned_before = model_fingerprint(ws / "tuned")
     args = [
         "tune",
@@ -323,12 +326,12 @@ def test_killed_pretrain_keeps_the_previous_model_and_resumes_to_the_same_losses
     data_before = data_files(ws)
 
     # Tokenizing, as the second shard closes: the workspace is untouched, the staged shards are carried on.
-    killer.run("pretrain.corpus:atomic_write_json:progress.json", 3, "pretrain", "-w", str(ws), *args)
+    killer.run("pretrain.prepare:atomic_write_json:progress.json", 3, "pretrain", "-w", str(ws), *args)
     assert data_files(ws) == data_before and model_fingerprint(ws / "model") == model_before
     staged = json.loads((ws / ".data-preparing" / "progress.json").read_text())
     assert len(staged["streams"]["train"]["closed"]) == 1  # the first shard was recorded, the second was not
     # Putting the new data in place: a new run has started (the old checkpoints are gone), the old model is intact.
-    carried_on = killer.run("pretrain.corpus:replace_directory", 1, "pretrain", "-w", str(ws), *args)
+    carried_on = killer.run("pretrain.prepare:replace_directory", 1, "pretrain", "-w", str(ws), *args)
     assert "carrying on the preparation staged" in carried_on
     assert not (ws / "checkpoints").exists()
     assert run_cli("pretrain", "-w", str(ws), "--resume", check=False).returncode == 2

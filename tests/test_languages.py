@@ -1,22 +1,39 @@
 """Collections that are not cased English: Japanese (no spaces), Russian one-sentence documents without
-titles, lower-case English whose titles repeat the text. Slices of the benchmark collections in
-benchmarks/collections, embedded with the shared workspace's model (its byte-level BPE reads any text)."""
+titles, lower-case English whose titles repeat the text. The first two are slices of benchmark collections
+(tests/data, with their sources and licence), embedded with the shared workspace's model (its byte-level BPE
+reads any text); the third is SciFact written the way Cranfield is."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 from common.workspace import Workspace
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, scifact_rows
 from search.engine import SearchEngine
 
-COLLECTIONS = REPO / "benchmarks" / "collections"
+TEST_DATA = REPO / "tests" / "data"
+SLICES = {"jsquad": "jsquad-60.jsonl", "xquad-ru": "xquad-ru-150.jsonl"}
 
 
 def collection_slice(name: str, n: int, path: Path) -> Path:
-    lines = (COLLECTIONS / name / "corpus.jsonl").read_text(encoding="utf-8").splitlines()[:n]
+    lines = (TEST_DATA / SLICES[name]).read_text(encoding="utf-8").splitlines()[:n]
+    assert len(lines) == n
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def lower_case_as_cranfield(rows: list[dict]) -> list[dict]:
+    """Documents as Cranfield's are: all lower-case, full stops set off by spaces, the text beginning with
+    the title."""
+
+    def lower(text: str) -> str:
+        return re.sub(r"\.(\s|$)", r" .\1", text.lower()).strip()
+
+    return [
+        {"_id": row["_id"], "title": lower(row["title"]), "text": f"{lower(row['title'])} {lower(row['text'])}"}
+        for row in rows
+    ]
 
 
 def indexed(trained_workspace: Path, tmp_path: Path, name: str, n: int, *index_args: str) -> tuple[Path, list[dict]]:
@@ -98,10 +115,13 @@ def test_tune_on_one_sentence_documents_trains_on_spans_rather_than_failing(trai
 
 def test_lower_case_titles_repeating_the_text_are_not_trained_as_their_own_answer(tmp_path):
     from common.readers import read_documents
-    from embed.tune import TuneSettings, make_pairs
+    from embed.settings import TuneSettings
+    from embed.tune import make_pairs
 
     n = 80
-    docs = list(read_documents([collection_slice("cranfield", n, tmp_path / "cran.jsonl")]))
+    data = tmp_path / "lower.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in lower_case_as_cranfield(scifact_rows(n))))
+    docs = list(read_documents([data]))
     pairs, report = make_pairs(docs, TuneSettings(steps=20, batch_size=16), [], "en")
     assert report["documents_split_into"].get("sentences", 0) > n // 2  # lower-case text has sentences too
     titled = [

@@ -1,4 +1,4 @@
-"""The BM25 index (common/lexical.py) against BM25 computed here from its definition: built from batches of
+"""The BM25 index (common/lexical/) against BM25 computed here from its definition: built from batches of
 rows in slices merged on disk, updated (a delta beside the base, deleted chunks skipped), and searched with
 pruning, which must find exactly what scoring every chunk finds."""
 
@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 import scipy.sparse
 
-from common import lexical
 from common.embedder import embedding_text
 from common.errors import PipelineError
 from common.lexical import K1, Analyzer, B, CollectionStatistics, LexicalIndex, Segment
-from conftest import SCIFACT
+from common.lexical import index as lexical_index
+from common.lexical import segment as lexical_segment
+from conftest import scifact_lines, scifact_queries
 
 ANALYZER = Analyzer("en")
 N_VALUES = (1, 7, 100, 1000)
@@ -30,16 +31,16 @@ def small_slices_and_blocks():
     """Sizes scaled down to the test's thousands of chunks: several slices to merge, several merge ranges,
     blocks of a few postings (so that search skips some)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(lexical, "TOKENIZE_BATCH", 500)
-        patch.setattr(lexical, "SLICE_TOKENS", 20_000)
-        patch.setattr(lexical, "MERGE_POSTINGS", 5_000)
-        patch.setattr(lexical, "BLOCK", 8)
+        patch.setattr(lexical_segment, "TOKENIZE_BATCH", 500)
+        patch.setattr(lexical_segment, "SLICE_TOKENS", 20_000)
+        patch.setattr(lexical_segment, "MERGE_POSTINGS", 5_000)
+        patch.setattr(lexical_segment, "BLOCK", 8)
         yield
 
 
 def scifact_chunks(first_document: int, documents: int, first_id: int) -> list[tuple[int, str, str]]:
     """(chunk_id, title, text): SciFact abstracts, each cut into two chunks."""
-    lines = (SCIFACT / "corpus.jsonl").read_text().splitlines()[first_document : first_document + documents]
+    lines = scifact_lines(documents, first_document)
     chunks = []
     for row in map(json.loads, lines):
         words = row["text"].split()
@@ -104,7 +105,7 @@ def queries(reference: ReferenceBM25, chunks: list, count: int, seed: int) -> li
     """SciFact's queries, and queries of the collection's commonest words (one to five, some repeated):
     the ones whose postings are longest, which pruning is for."""
     rng = random.Random(seed)
-    scifact = [json.loads(line)["text"] for line in (SCIFACT / "queries.jsonl").read_text().splitlines()]
+    scifact = scifact_queries()
     common = reference.common_words(chunks, 40)
     made = [" ".join(rng.choices(common[: rng.choice([3, 10, 40])], k=rng.randint(1, 5))) for _ in range(count)]
     return rng.sample(scifact, count) + made + [common[0], f"{common[0]} {common[0]} {common[1]}", "zzzqqq xyzzy"]
@@ -144,7 +145,7 @@ def updated(built, base_chunks, tmp_path_factory) -> tuple[Path, list]:
 
 def test_a_build_in_slices_ranks_exactly_as_bm25_defines_it(built, base_chunks):
     tokens = sum(map(len, ANALYZER.tokenize([embedding_text(t, x) for _, t, x in base_chunks])))
-    assert tokens > 5 * lexical.SLICE_TOKENS  # several slices, merged
+    assert tokens > 5 * lexical_segment.SLICE_TOKENS  # several slices, merged
     index = LexicalIndex.load(built)
     reference = ReferenceBM25(base_chunks)
     assert len(index.segments) == 1 and isinstance(index.segments[0].rows.base, np.memmap)
@@ -158,7 +159,7 @@ def test_an_updated_index_ranks_its_live_chunks_as_bm25_defines_it(built, update
     index = LexicalIndex.load(directory)
     reference = ReferenceBM25(live)
     assert len(index.segments) == 2 and len(index) == len(live)
-    for name in lexical.SEGMENT_FILES:  # the base is shared with the build it came from, not copied
+    for name in lexical_segment.SEGMENT_FILES:  # the base is shared with the build it came from, not copied
         assert (directory / "segment-0" / name).samefile(built / "segment-0" / name)
     for query in queries(reference, live, 40, seed=1):
         for n in N_VALUES:
@@ -243,7 +244,7 @@ def test_an_index_in_memory_ranks_as_one_written_to_disk(built, base_chunks):
 
 
 def test_many_queries_searched_in_forked_processes_rank_as_one_at_a_time(built, base_chunks, monkeypatch):
-    monkeypatch.setattr(lexical, "QUERIES_PER_PROCESS", 8)  # forks even for a handful of queries, on 2+ cores
+    monkeypatch.setattr(lexical_index, "QUERIES_PER_PROCESS", 8)  # forks even for a handful of queries, on 2+ cores
     index, reference = LexicalIndex.load(built), ReferenceBM25(base_chunks)
     many = queries(reference, base_chunks, 40, seed=9)
     got = index.top_many(many, 12)

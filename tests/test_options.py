@@ -181,13 +181,20 @@ def numeric_options() -> set[tuple[str, str]]:
 
 
 def settings_options(name: str, param: str, annotation, group) -> set[tuple[str, str]]:
-    """A numeric option made from a settings field (pretrain/settings.py): its range and finiteness are the
+    """A numeric option made from a settings field (common/options.py): its range and finiteness are the
     field's declaration, checked when the settings are made."""
-    import dataclasses
-
+    from common.options import declared_fields
+    from embed.settings import EmbedSettings, TuneSettings
+    from index.settings import IndexSettings
     from pretrain.settings import PretrainSettings
 
-    declared = {f.name: f.metadata["option"] for f in dataclasses.fields(PretrainSettings)}
+    settings_class = {
+        "pretrain": PretrainSettings,
+        "tune": TuneSettings,
+        "embed": EmbedSettings,
+        "index": IndexSettings,
+    }[name]
+    declared = {f.name: f.metadata["option"] for f in declared_fields(settings_class)}
     kinds = {k for k in typing.get_args(annotation) if k is not type(None)} or {annotation}
     if param not in declared or not (kinds & {int, float} or declared[param].duration):
         return set()
@@ -214,12 +221,11 @@ def test_every_numeric_option_has_a_bad_value_tested():
 
 def test_the_limits_are_the_ones_each_stage_accepts():
     import cli
-    from embed.run import MIN_CHUNK_TOKENS
     from pretrain.settings import MIN_VOCAB_SIZE
     from pretrain.tokenizer import train_tokenizer
     from search.engine import MAX_K
 
-    assert cli.MAX_K == MAX_K and cli.MIN_CHUNK_TOKENS == MIN_CHUNK_TOKENS
+    assert cli.MAX_K == MAX_K
     assert train_tokenizer(["a few words"], 1).get_vocab_size() == MIN_VOCAB_SIZE  # the fewest it makes
 
 

@@ -95,7 +95,7 @@ WORDS = (
 def prepared(tmp_path_factory) -> Path:
     """A workspace holding only a tokenizer and token shards (several: every plan reads across them), copied
     into each run's workspace."""
-    from pretrain.corpus import Corpus, DataOptions, prepare_data
+    from pretrain.prepare import DataOptions, PretrainingSources, prepare_data
 
     root = tmp_path_factory.mktemp("parallel")
     corpus = root / "corpus"
@@ -106,7 +106,7 @@ def prepared(tmp_path_factory) -> Path:
             "\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) + "." for _ in range(40))
         )
     ws = Workspace(root / "prepared").create()
-    meta = prepare_data(ws, Corpus((corpus,), None), TrainConfig(**TRAIN), DataOptions(shard_tokens=2_000))
+    meta = prepare_data(ws, PretrainingSources((corpus,), None), TrainConfig(**TRAIN), DataOptions(shard_tokens=2_000))
     assert len(meta["shards"]["train"]) > 2
     return ws.root
 

@@ -11,8 +11,8 @@ import pytest
 from common.heldout import is_held_out
 from common.workspace import Workspace
 from pretrain.config import TrainConfig
-from pretrain.corpus import Corpus, DataOptions, prepare_data
 from pretrain.data import TokenWindows
+from pretrain.prepare import DataOptions, PretrainingSources, prepare_data
 from pretrain.tokenizer import load_tokenizer
 
 COMMON = "the a of model data token train loss step rank shard pipeline stage tensor batch gradient".split()
@@ -36,7 +36,7 @@ def write_corpus(directory, files=4, documents=60, seed=0):
 def prepare(tmp_path, name, corpus, vocab_size=320, **options):
     ws = Workspace(tmp_path / name)
     cfg = TrainConfig(seq_len=16, vocab_size=vocab_size)
-    meta = prepare_data(ws, Corpus((corpus,), None), cfg, DataOptions(**options))
+    meta = prepare_data(ws, PretrainingSources((corpus,), None), cfg, DataOptions(**options))
     return ws, meta
 
 
@@ -94,7 +94,7 @@ def test_a_corpus_with_too_few_held_out_documents_validates_on_its_last_tokens(t
     for doc_id in ids:
         (corpus / f"{doc_id}.txt").write_text(" ".join(COMMON * 20))
     ws = Workspace(tmp_path / "ws")
-    meta = prepare_data(ws, Corpus((corpus,), None), TrainConfig(seq_len=16, vocab_size=320), DataOptions())
+    meta = prepare_data(ws, PretrainingSources((corpus,), None), TrainConfig(seq_len=16, vocab_size=320), DataOptions())
     assert meta["documents"]["val"] == 0 and meta["val_tokens"] >= 17 and "last" in meta["validation"]
     assert TokenWindows.open(ws.data_dir, "val", 16).batch([0])[0].shape == (1, 16)
 

@@ -16,7 +16,8 @@ pytest.importorskip("ray", reason="the ray extra is not installed")
 def test_ray_embedded_vectors_equal_single_process_ones(trained_workspace, tmp_path, corpus_file):
     data = tmp_path / "docs.jsonl"
     data.write_text("\n".join(corpus_file.read_text().splitlines()[:30]) + "\n")
-    from embed.run import EmbedSettings, run_embed
+    from embed.run import run_embed
+    from embed.settings import EmbedSettings
 
     stores = {}
     single, ray = Workspace(tmp_path / "single").create(), Workspace(tmp_path / "ray").create()
@@ -126,14 +127,16 @@ def test_tokenizing_on_ray_gives_the_token_stream_of_one_machine(tmp_path, ray_c
     from test_pretrain_data import write_corpus
 
     from pretrain.config import TrainConfig
-    from pretrain.corpus import Corpus, DataOptions, prepare_data
+    from pretrain.prepare import DataOptions, PretrainingSources, prepare_data
 
     corpus = write_corpus(tmp_path / "corpus", files=3, documents=50)
     metas, streams = {}, {}
     for name, on_ray in (("local", None), ("ray", ray_cluster)):
         ws = Workspace(tmp_path / name)
         cfg = TrainConfig(seq_len=16, vocab_size=320)
-        metas[name] = prepare_data(ws, Corpus((corpus,), None), cfg, DataOptions(shard_tokens=2_000, ray=on_ray))
+        metas[name] = prepare_data(
+            ws, PretrainingSources((corpus,), None), cfg, DataOptions(shard_tokens=2_000, ray=on_ray)
+        )
         streams[name] = {
             split: np.concatenate([np.fromfile(ws.data_dir / s["file"], dtype="uint16") for s in shards])
             for split, shards in metas[name]["shards"].items()

@@ -56,15 +56,34 @@ def shown_commands() -> list[tuple[str, list[str]]]:
 
 def parse_only() -> typer.core.TyperGroup:
     """The CLI as `pipeline` runs it, with every command's body (and the root's) replaced by nothing: parsing,
-    choices, ranges and the options' own callbacks still run, so an unknown command, an unknown option, a
-    missing argument or a value out of range fails as it would for the user, and nothing is computed."""
+    choices, ranges and the options' own callbacks still run, and a command whose options are a settings
+    dataclass's has its settings made (where their ranges are checked), so an unknown command, an unknown
+    option, a missing argument or a value out of range fails as it would for the user, and nothing is
+    computed."""
     from cli import app
 
     group = typer.main.get_command(app)  # a new click object: the app itself is left as it is
     group.callback = None
-    for command in group.commands.values():
-        command.callback = lambda **params: None
+    for registered in app.registered_commands:
+        name = registered.name or registered.callback.__name__
+        group.commands[name].callback = settings_check(getattr(registered.callback, "settings_class", None))
     return group
+
+
+def settings_check(settings_class):
+    """A command body that only makes the command's settings (if it has a settings class), as cli.options_of
+    does before running the command."""
+    from cli import make_settings
+    from common.options import OptionError
+
+    def check(**values) -> None:
+        if settings_class is not None:
+            try:
+                make_settings(settings_class, values)
+            except OptionError as e:
+                raise usage_error()(str(e)) from None
+
+    return check
 
 
 def check_command(args: list[str]) -> None:
@@ -106,12 +125,15 @@ def test_each_command_line_shown_is_one_the_cli_accepts(where, args):
         "pipeline search",
         "pipeline search q -k 0",
         "pipeline tune --time-budget soon",
+        "pipeline pretrain --lr nan",
+        "pipeline index --shards 0",
         "pipeline eval --queries q.jsonl",
     ],
 )
 def test_the_check_refuses_what_the_cli_refuses(line):
     """The check can fail: a made-up option or command, a bad choice, a missing argument or required option, a
-    number out of range and a malformed duration are all refused."""
+    number out of range (of a Typer option and of a settings field) and a malformed duration are all
+    refused."""
     (args,) = pipeline_commands(line)
     with pytest.raises(usage_error()):
         check_command(args)

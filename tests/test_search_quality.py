@@ -440,6 +440,6 @@ def test_a_large_collection_is_measured_on_a_sample_of_its_documents(trained_wor
     ws = Workspace(trained_workspace)
     model = load_embedder(read_manifest(ws).embedder.model_dir(ws))
     result = calibrate.measure_modes(ws, model)
-    assert result["collection_documents"] == 60 and result["documents_measured"] > 0
-    assert all(0.0 <= v <= 1.0 for v in result["ndcg@10"].values())
+    assert result.collection_documents == 60 and result.documents_measured > 0
+    assert all(0.0 <= v <= 1.0 for v in result.ndcg.values()) and all(v >= 0.0 for v in result.ndcg_se.values())
     assert calibrate.measure_modes(ws, model) == result  # the same sample, the same measurement

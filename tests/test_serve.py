@@ -514,7 +514,8 @@ def test_web_page_searches_in_a_real_browser(server, tmp_path):
 def test_changed_documents_keep_the_loaded_index_serving_and_health_says_so(client, workspace, tmp_path):
     from common.workspace import Workspace
     from conftest import scifact_slice
-    from embed.run import EmbedSettings, run_embed
+    from embed.run import run_embed
+    from embed.settings import EmbedSettings
 
     before = client.get("/search", params={"q": "cancer", "k": 5, "mode": "lexical"}).json()["results"]
     assert client.get("/health").json()["consistent"] is True

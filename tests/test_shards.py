@@ -4,7 +4,6 @@ order, with the same scores, chunks and snippets, filtered or not."""
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import numpy as np
@@ -12,13 +11,13 @@ import pytest
 
 from common.manifest import read_manifest
 from common.workspace import Workspace
-from conftest import SCIFACT, run_cli_process
+from conftest import run_cli_process, scifact_queries
 from index.build import refresh_indexes
 from index.shards import shard_of
 from search.engine import SearchEngine
 from search.filters import DocumentFilter
 
-QUERIES = [json.loads(line)["text"] for line in (SCIFACT / "queries.jsonl").read_text().splitlines()[:40]] + [
+QUERIES = scifact_queries(40) + [
     "cells in tumour growth and immune response",
     "the the of",  # stop words only: nothing to find lexically
 ]

@@ -3,6 +3,7 @@
 import collections
 import json
 import random
+import re
 import shutil
 
 import numpy as np
@@ -16,10 +17,10 @@ from common.readers import Document, read_documents
 from common.workspace import Workspace
 from conftest import run_cli, scifact_slice
 from embed.run import source_documents
+from embed.settings import TuneSettings
 from embed.tune import (
     MAX_PAIR_REPEATS,
     DistinctDocumentsBatchSampler,
-    TuneSettings,
     batch_keys,
     document_text,
     hard_negatives,
@@ -105,7 +106,7 @@ def test_no_pair_is_repeated_more_than_a_few_times_and_a_poor_corpus_gives_fewer
     assert report["distinct_pairs"] == len({(a, p) for a, p, _ in pairs}) and report["pairs"]["title"] > 0
     # Nothing of the kinds asked for: dropout pairs, said so, rather than a failure
     untitled = [Document(str(i), "", "s", f"tiny text {i}") for i in range(30)]
-    pairs, report = make_pairs(untitled, TuneSettings(steps=10, batch_size=8, pair_kinds=("title", "ict")), [])
+    pairs, report = make_pairs(untitled, TuneSettings(steps=10, batch_size=8, pairs_from="title,ict"), [])
     assert pairs and report["fallback"] and set(report["pairs"]) == {"dropout"}
 
 
@@ -286,10 +287,14 @@ def test_static_tune_from_the_pretrained_token_embeddings_finds_documents_by_tit
     status = json.loads(run_cli("status", "-w", str(tmp_path / "static"), "--json").stdout)["parts"]
     assert status["tuned"]["state"] == "ok" and status["tuned"]["detail"].startswith("static embedder, 150 steps")
     assert status["index"]["detail"].endswith("BM25 lexical index (en)")  # the language detected
-    # pipeline index chose the default mode on held-out pairs of the corpus, for this model
-    assert status["search"]["state"] == "ok" and status["search"]["detail"].endswith(
-        "(chosen on held-out corpus pairs)"
-    )
+    # pipeline index chose the default mode on held-out pairs of the corpus, for this model, and status says
+    # what it measured: each mode's nDCG@10 with its standard error, and the kind of pairs
+    search = status["search"]["detail"]
+    assert status["search"]["state"] == "ok" and re.search(
+        r"\(chosen on \d+ held-out corpus pairs \(\d+ \w+.*\), nDCG@10 lexical 0\.\d{3} ± 0\.\d{3}, "
+        r"dense 0\.\d{3} ± 0\.\d{3}, hybrid 0\.\d{3} ± 0\.\d{3}\)$",
+        search,
+    ), search
     modules = json.loads((tmp_path / "static" / "tuned" / "modules.json").read_text())
     assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["StaticEmbedding"]
     # The untuned transformer's mean-pooled states rarely put a document first for its own title; the tuned
@@ -336,7 +341,7 @@ def test_a_corpus_of_three_documents_tunes_with_in_batch_negatives(trained_works
 
 
 def test_tune_bad_options_are_one_line(trained_workspace, tmp_path):
-    # choices are checked by the CLI, each stage's own check stays for callers in Python
+    # checked once, when the settings are made (embed/settings.py), for the CLI and Python callers alike
     for args, message in [
         (
             ["--pooling", "max"],
@@ -348,8 +353,8 @@ def test_tune_bad_options_are_one_line(trained_workspace, tmp_path):
         ),
         (
             ["--architecture", "static", "--pooling", "lasttoken"],
-            "error: --pooling lasttoken: a static embedding is the mean of its token vectors; "
-            "pooling modes apply to --architecture transformer",
+            "error: --pooling: lasttoken is for --architecture transformer: a static embedding is the mean of its "
+            "token vectors; see `pipeline tune --help`",
         ),
         (
             ["--pairs-from", "title,magic"],
@@ -430,7 +435,7 @@ def test_tuning_stops_where_its_time_budget_ends_when_steps_take_longer_than_pla
     docs = list(source_documents(Workspace(ws), [], None))
     # a plan that asks for every step the pairs allow (as a probe that said steps cost nothing would)
     monkeypatch.setattr(embed.tune, "planned_steps", lambda settings, *args: settings.steps)
-    settings = TuneSettings(architecture="static", steps=100_000, batch_size=8, time_budget_s=2.0, seed=0)
-    summary = run_tune(Workspace(ws), docs, settings, record=False)
+    settings = TuneSettings(architecture="static", steps=100_000, batch_size=8, seed=0)
+    summary = run_tune(Workspace(ws), docs, settings, record=False, budget_s=2.0)
     assert summary["planned_steps"] > summary["steps"] >= 1
     assert summary["final_loss"] is not None and (ws / summary["path"] / "modules.json").exists()

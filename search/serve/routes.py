@@ -203,7 +203,7 @@ def write(generation: Generation, upserts: list[Document], deletes: list[str]):
 
 
 @data.post("/documents", summary="Add or replace documents", response_model=WriteResponse, responses=WRITE_ERRORS)
-def upsert_documents(body: UpsertRequest, generation: Served):
+def post_documents(body: UpsertRequest, generation: Served):
     """Embedded with the workspace's model, stored in one publish of the store, added to both indexes:
     searchable when this returns. Documents identical to their stored version are left alone."""
     ids = [d.id for d in body.documents]

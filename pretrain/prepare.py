@@ -76,7 +76,7 @@ class DataOptions:
 
 
 @dataclass(frozen=True)
-class Corpus:
+class PretrainingSources:
     """The documents pretraining reads: the --data paths, or the built-in corpus when none are given."""
 
     paths: tuple[Path, ...]
@@ -101,7 +101,7 @@ class Corpus:
 # ---------------------------------------------------------------- the whole preparation
 
 
-def prepare_data(ws: Workspace, corpus: Corpus, cfg: TrainConfig, options: DataOptions) -> dict:
+def prepare_data(ws: Workspace, corpus: PretrainingSources, cfg: TrainConfig, options: DataOptions) -> dict:
     """Train the tokenizer and write the token shards; returns data/meta.json's contents. cfg.vocab_size 0
     sizes the vocabulary to the corpus (and sets it). A staged preparation of the same inputs and settings
     is carried on; nothing in the workspace changes until everything is ready."""
@@ -141,7 +141,7 @@ def prepare_data(ws: Workspace, corpus: Corpus, cfg: TrainConfig, options: DataO
     return meta
 
 
-def stage_data(corpus: Corpus, staging: Path, cfg: TrainConfig, options: DataOptions) -> dict:
+def stage_data(corpus: PretrainingSources, staging: Path, cfg: TrainConfig, options: DataOptions) -> dict:
     """The tokenizer and the shards in `staging`, carried on from where a run of the same key stopped."""
     files = corpus.files()
     key = {
@@ -189,7 +189,7 @@ def stage_data(corpus: Corpus, staging: Path, cfg: TrainConfig, options: DataOpt
     return meta
 
 
-def append_data(ws: Workspace, corpus: Corpus, options: DataOptions) -> int:
+def append_data(ws: Workspace, corpus: PretrainingSources, options: DataOptions) -> int:
     """Continued pretraining: tokenize the documents of input files not tokenized before (by path, size
     and modification time) with the workspace's tokenizer into new shards after the existing ones, which
     stay as they are; returns the training tokens added. Staged and carried on after a kill as a first
@@ -205,7 +205,7 @@ def append_data(ws: Workspace, corpus: Corpus, options: DataOptions) -> int:
     if not new_files:
         info("no new documents: every input file was tokenized before")
         return 0
-    corpus = Corpus(corpus.paths, corpus.text_field, frozenset(f[0] for f in files if tuple(f) in done))
+    corpus = PretrainingSources(corpus.paths, corpus.text_field, frozenset(f[0] for f in files if tuple(f) in done))
     staging = ws.root / STAGING
     key = {
         "append_to": [meta["train_tokens"], meta["val_tokens"]],
@@ -282,7 +282,9 @@ def val_percent(cfg: TrainConfig) -> int:
 # ---------------------------------------------------------------- pass 1: the tokenizer's sample
 
 
-def sample_corpus(corpus: Corpus, sample_bytes: float, corpus_bytes: int, seed: int) -> tuple[list[str], dict]:
+def sample_corpus(
+    corpus: PretrainingSources, sample_bytes: float, corpus_bytes: int, seed: int
+) -> tuple[list[str], dict]:
     """The training texts of a seeded sample of about `sample_bytes` (every document with the same chance:
     sample_bytes over the input files' size, all of them for a smaller corpus), and what was read."""
     rate = min(1.0, sample_bytes / max(1, corpus_bytes))
@@ -322,7 +324,9 @@ def sample_corpus(corpus: Corpus, sample_bytes: float, corpus_bytes: int, seed: 
 # ---------------------------------------------------------------- pass 2: tokenized on every core into shards
 
 
-def tokenize_to_shards(corpus: Corpus, staging: Path, progress: dict, workers: int, shard_tokens: int) -> dict:
+def tokenize_to_shards(
+    corpus: PretrainingSources, staging: Path, progress: dict, workers: int, shard_tokens: int
+) -> dict:
     """Tokenize every document into the staged shards, carrying on from `progress` (written to
     staging/progress.json as each training shard closes); returns the shards' counts."""
     tokenizer_path = staging / "tokenizer" / "tokenizer.json"
@@ -361,7 +365,7 @@ def tokenize_to_shards(corpus: Corpus, staging: Path, progress: dict, workers: i
     return shard_counts({split: stream.finish() for split, stream in streams.items()}, vocab_size, shard_tokens)
 
 
-def tokenize_on_ray(corpus: Corpus, staging: Path, progress: dict, address: str, shard_tokens: int) -> dict:
+def tokenize_on_ray(corpus: PretrainingSources, staging: Path, progress: dict, address: str, shard_tokens: int) -> dict:
     """Pass 2 on a Ray cluster: a Ray Data task per input file (pretrain/tokenize_worker.py tokenize_file)
     writes that file's shards into the staging directory, which every node must see (the workspace on shared
     storage, as Ray Train needs it too); the shards are listed in input-file order whatever order the tasks

@@ -1,4 +1,4 @@
-"""Writing the corpus snapshot (its files: common/corpus.py): what search shows of the documents and chunks,
+"""Writing the corpus snapshot (its files: common/snapshot/reader.py): what search shows of the documents and chunks,
 and the filter table, written by every full build and every update (an update changes the live chunks) into
 a new directory under index/ that the manifest's "index" section then names (index/files.py `record`).
 
@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 from numpy.lib.format import open_memmap
 
 from common.console import warn
-from common.corpus import (
+from common.snapshot.reader import (
     CHUNK_DOCS,
     CHUNK_IDS,
     CHUNK_SPANS,
@@ -60,13 +60,13 @@ from common.corpus import (
     TEXT_DICTIONARY,
     TEXT_SPANS,
     TEXTS,
-    Corpus,
+    Snapshot,
     compress_text,
     compressor,
     read_arrow,
 )
 from common.store import Store, short_hash
-from index.files import write_directory
+from common.workspace import write_directory
 
 DOCUMENT_BATCH = 20_000  # documents read from the store at once, with their chunks: ~50 MB of 1 KB texts
 FILTER_MEMORY = "1GB"  # DuckDB's while it merges filter tables (it spills beyond)
@@ -237,7 +237,7 @@ def update_documents_and_chunks(
     appended or copied compressed (write_texts), and the filter table's rows merged by DuckDB. Returns what
     the metadata fields hold, or None when the previous snapshot does not match the store (a chunk of an
     unchanged document is gone): the caller then writes the snapshot whole."""
-    old = Corpus(previous)
+    old = Snapshot(previous)
     source, changed_ids = store.documents_since(
         read_arrow(previous / DOCUMENTS).column("doc_id"), np.load(previous / DOCUMENT_HASHES, mmap_mode="r"), doc_ids
     )
@@ -256,7 +256,7 @@ def update_documents_and_chunks(
     dictionary = (previous / TEXT_DICTIONARY).read_bytes()
     fields = write_documents_and_chunks(changed, store, added, changed_ids, dictionary)
     (changed / META).write_text(json.dumps({"generation": None}) + "\n")
-    new = Corpus(changed)
+    new = Snapshot(changed)
 
     merge_documents(directory, old, new, source)
     merge_chunks(directory, old, new, live, old_kept, new_position_of_old, np.flatnonzero(~from_old))
@@ -275,7 +275,7 @@ def update_documents_and_chunks(
     return old_fields
 
 
-def merge_documents(directory: Path, old: Corpus, new: Corpus, source: np.ndarray) -> None:
+def merge_documents(directory: Path, old: Snapshot, new: Snapshot, source: np.ndarray) -> None:
     """The files by document position (documents.arrow, texts.bin, text_spans.npy, document_chunks.npy,
     document_hashes.npy) of the documents at `source` (>= 0) of the `old` snapshot and, where source is -1,
     the next of the `new` one."""
@@ -319,7 +319,7 @@ def take_ascending(table: pa.Table, rows: np.ndarray) -> pa.Table:
     return table.slice(first, int(rows[-1]) + 1 - first if len(rows) else 0).take(rows - first)
 
 
-def write_texts(directory: Path, old: Corpus, new: Corpus, source: np.ndarray) -> None:
+def write_texts(directory: Path, old: Snapshot, new: Snapshot, source: np.ndarray) -> None:
     """texts.bin and text_spans.npy of the merged snapshot (merge_documents). While the texts of documents
     deleted or changed since are at most STALE_TEXTS of what the old file holds, it is the old file itself,
     linked and with the new texts appended (the old snapshot reads only its own spans, and a file linked
@@ -380,8 +380,8 @@ def copy_range(source, target, start: int, end: int) -> None:
 
 def merge_chunks(
     directory: Path,
-    old: Corpus,
-    new: Corpus,
+    old: Snapshot,
+    new: Snapshot,
     live: np.ndarray,
     old_kept: np.ndarray,
     new_position_of_old: np.ndarray,

@@ -1,5 +1,5 @@
 """The corpus snapshot: the documents and chunks as search shows them, written by `pipeline index` beside the
-index files (index/corpus.py) and read here by search, memory-mapped.
+index files (common/snapshot/writer.py) and read here by search, memory-mapped.
 
 Search used to load the whole store into Python lists when it started: 43 s and 11.7 GB for a one-off search
 over 1M documents, and out of reach of a 24 GB machine at 10M. The snapshot is laid out so that a search
@@ -22,7 +22,7 @@ into memory when it is opened; the operating system pages in what is used.
     text_dictionary.bin         the preset dictionary every text is compressed with
     filters.duckdb              the documents' fields typed for filters (search/filters.py)
     document_hashes.npy         uint64 [documents]: 64 bits of each document's content hash, so that the
-                                next snapshot copies what did not change (index/corpus.py)
+                                next snapshot copies what did not change (common/snapshot/writer.py)
 
 The Arrow files are uncompressed IPC files: memory-mapped, a column is read in place. A document's position
 is found from its id by binary search over doc_id (DuckDB sorts text by its UTF-8 bytes, which is the order
@@ -100,7 +100,7 @@ def map_for_random_reads(path: Path) -> pa.Buffer:
     return pa.py_buffer(mapped)
 
 
-class Corpus:
+class Snapshot:
     """A corpus snapshot opened for search: arrays by chunk position and by document position, memory-mapped,
     and each document's fields and text read when asked for."""
 
