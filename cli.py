@@ -114,7 +114,7 @@ app = typer.Typer(
     cls=Commands, help=__doc__, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_show_locals=False
 )
 
-# Choices, as each stage spells them (tests/test_cli.py checks they agree); the CLI doesn't import the
+# Choices, as each stage spells them (tests/workflows/test_cli.py checks they agree); the CLI doesn't import the
 # stages to read them, so that `pipeline --help` and light commands start fast.
 SearchMode = Literal["dense", "lexical", "hybrid"]
 EvalMode = Literal["dense", "lexical", "hybrid", "all"]

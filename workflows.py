@@ -12,7 +12,7 @@ them the same way:
     workflows.embed(ws, [Path("docs")])
     workflows.index(ws)                                                                # then the default mode measured
 
-Stages never import each other (tests/test_layout.py); this module is where they meet:
+Stages never import each other (tests/workflows/test_layout.py); this module is where they meet:
 
     pretrain     pretrain/ trains and exports the model, then embed/ adapts it to retrieval (the embedder
                  kept by measurement, embed/choose.py), unless adapt=False

@@ -32,8 +32,9 @@ def connect(address: str, num_cpus: int | None = None, log_to_driver: bool = Tru
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}}
     try:
-        if address == "local":
+        if address == "local":  # a new instance on this machine, even where another one runs (ray's "local")
             ray.init(
+                address="local",
                 num_cpus=num_cpus or os.cpu_count(),
                 include_dashboard=False,
                 log_to_driver=log_to_driver,

@@ -176,6 +176,14 @@ def trained_workspace(tmp_path_factory, corpus_file) -> Path:
     return ws
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """The Ray tests share one local cluster (ray_cluster): with the suite spread over processes (pytest-xdist,
+    scripts/test.sh), they all run in one of them, so one cluster is started, not one per process."""
+    for item in items:
+        if item.get_closest_marker("ray"):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> str:
     """One Ray cluster for every Ray test (starting one costs seconds): a head and two more nodes, one CPU each,
@@ -291,3 +299,46 @@ def assert_corpus_matches_store(corpus, store) -> None:
     for _, doc_id, _, _ in chunks:
         per_document[doc_id] += 1
     assert corpus.document_chunks.tolist() == list(per_document.values())
+
+
+# ---- helpers several test modules share
+
+COMMON_WORDS = "the a of model data token train loss step rank shard pipeline stage tensor batch gradient".split()
+RARE_WORDS = ["zorblax", "quuxvane", "flimbrot", "gravnik"]  # only in the last file
+
+
+def write_word_corpus(directory, files=4, documents=60, seed=0):
+    """JSON-lines files of documents of common words; the last file's documents are mostly four rare words."""
+    rng = random.Random(seed)
+    directory.mkdir()
+    for f in range(files):
+        words = RARE_WORDS if f == files - 1 else COMMON_WORDS
+        with (directory / f"part-{f}.jsonl").open("w") as out:
+            for d in range(documents):
+                text = " ".join(rng.choice(words) for _ in range(rng.randint(40, 120)))
+                doc_id = f"doc-{f}-{d}" if seed == 0 else f"doc-s{seed}-{f}-{d}"  # ids unique across corpora
+                out.write(json.dumps({"id": doc_id, "title": f"Title {f} {d}", "text": text}) + "\n")
+    return directory
+
+
+def save_static_model(trained_workspace: Path, directory: Path, dim: int = 16) -> Path:
+    """A static embedder with the workspace's tokenizer (random vectors), saved by sentence-transformers."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(trained_workspace / "model" / "tokenizer.json"))
+    SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_dim=dim)]).save(str(directory))
+    return directory
+
+
+def shard_queries_and_filters() -> tuple[list[str], list]:
+    """The queries and filters the sharded searches are compared on (a whole index against its shards)."""
+    from search.filters import DocumentFilter
+
+    queries = scifact_queries(40) + [
+        "cells in tumour growth and immune response",
+        "the the of",  # stop words only: nothing to find lexically
+    ]
+    filters = [None, DocumentFilter.of({"year": {"lt": 1930}}), DocumentFilter.of({"journal": {"eq": "Cell"}})]
+    return queries, filters

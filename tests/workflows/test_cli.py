@@ -67,7 +67,10 @@ def test_search_prints_titles_and_text_verbatim_never_as_markup(trained_workspac
     data.write_text(json.dumps({"_id": "odd", "title": title, "text": text}) + "\n")
     run_cli("embed", "-w", str(ws), "--data", str(data), "--chunk-tokens", "64", "--overlap", "8")
     run_cli("index", "-w", str(ws))
-    monkeypatch.setenv("COLUMNS", "300")  # wide enough that no cell wraps
+    from common import console
+
+    # wide enough that no cell wraps (the console reads COLUMNS when it is made, and the test processes differ)
+    monkeypatch.setattr(console.out, "_width", 300)
     table = run_cli(
         "search", "-w", str(ws), "[bold]vitamin[/bold] density", "--title", "oops", "--mode", "lexical"
     ).stdout

@@ -11,7 +11,7 @@ from common.index_files import load_index
 from common.manifest import TokenizerEntry, read_json, write_section
 from common.store import Store
 from common.workspace import Workspace
-from conftest import ivfpq_with_rescoring, run_cli, scifact_rows, scifact_slice
+from conftest import ivfpq_with_rescoring, run_cli, save_static_model, scifact_rows, scifact_slice
 from embed import ingest as embed_ingest
 from embed.chunking import chunk_texts, window_starts
 from embed.run import run_embed
@@ -275,17 +275,6 @@ def test_a_static_embedder_reports_progress_per_tokenizer_batch_with_the_same_ve
     vectors = encode(model, texts, on_batch=seen.append)
     assert seen == [STATIC_BATCH_TEXTS, STATIC_BATCH_TEXTS + 10]
     np.testing.assert_allclose(vectors, encode(model, texts), atol=1e-6)
-
-
-def save_static_model(trained_workspace: Path, directory: Path, dim: int = 16) -> Path:
-    """A static embedder with the workspace's tokenizer (random vectors), saved by sentence-transformers."""
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(trained_workspace / "model" / "tokenizer.json"))
-    SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_dim=dim)]).save(str(directory))
-    return directory
 
 
 def test_a_static_embedder_loads_without_sentence_transformers_and_encodes_as_it_does(trained_workspace, tmp_path):

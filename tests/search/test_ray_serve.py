@@ -18,7 +18,9 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed")
 
-from test_shards import FILTERS, QUERIES  # noqa: E402
+from conftest import shard_queries_and_filters  # noqa: E402
+
+QUERIES, FILTERS = shard_queries_and_filters()
 
 from common.manifest import read_manifest  # noqa: E402
 from common.workspace import Workspace  # noqa: E402

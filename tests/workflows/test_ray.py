@@ -124,12 +124,11 @@ def test_ray_training_matches_torchrun_and_survives_a_killed_worker(tmp_path, co
 def test_tokenizing_on_ray_gives_the_token_stream_of_one_machine(tmp_path, ray_cluster):
     """Ray Data tasks, one per input file, each writing that file's shards: listed in file order, the same
     tokens as a preparation on one machine, shard by shard within each file."""
-    from test_pretrain_data import write_corpus
-
+    from conftest import write_word_corpus
     from pretrain.config import TrainConfig
     from pretrain.prepare import DataOptions, PretrainingSources, prepare_data
 
-    corpus = write_corpus(tmp_path / "corpus", files=3, documents=50)
+    corpus = write_word_corpus(tmp_path / "corpus", files=3, documents=50)
     metas, streams = {}, {}
     for name, on_ray in (("local", None), ("ray", ray_cluster)):
         ws = Workspace(tmp_path / name)

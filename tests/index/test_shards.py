@@ -11,17 +11,12 @@ import pytest
 
 from common.manifest import read_manifest
 from common.workspace import Workspace
-from conftest import run_cli_process, scifact_queries
+from conftest import run_cli_process, shard_queries_and_filters
 from index.build import refresh_indexes
 from index.shards import shard_of
 from search.engine import SearchEngine
-from search.filters import DocumentFilter
 
-QUERIES = scifact_queries(40) + [
-    "cells in tumour growth and immune response",
-    "the the of",  # stop words only: nothing to find lexically
-]
-FILTERS = [None, DocumentFilter.of({"year": {"lt": 1930}}), DocumentFilter.of({"journal": {"eq": "Cell"}})]
+SHARD_QUERIES, SHARD_FILTERS = shard_queries_and_filters()
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +41,9 @@ def test_shards_answer_as_the_whole_index(whole, trained_workspace, tmp_path, sh
     for local in engine.shards:  # each document in the shard its id says, with all its chunks
         corpus = local.shard.corpus
         assert {shard_of(corpus.doc_id(i), shards) for i in range(corpus.n_documents)} == {local.shard.number}
-    for filters in FILTERS:
+    for filters in SHARD_FILTERS:
         for mode in ("dense", "lexical", "hybrid"):
-            for query in QUERIES:
+            for query in SHARD_QUERIES:
                 want = whole.search(query, 10, mode, filters, dense_weight=0.4)
                 got = engine.search(query, 10, mode, filters, dense_weight=0.4)
                 where = (query, mode, filters)
@@ -89,7 +84,7 @@ def test_shards_built_as_ray_tasks_are_the_shards_built_here(whole, trained_work
     owners = [shard_of(corpus.doc_id(i), 3) for i in range(corpus.n_documents)]
     assert [shard["documents"] for shard in entry.shards] == [owners.count(n) for n in range(3)]
     engine = SearchEngine(ws)
-    for query in QUERIES[:10]:
+    for query in SHARD_QUERIES[:10]:
         want = whole.search(query, 10, "hybrid", dense_weight=0.4)
         assert [h.doc_id for h in engine.search(query, 10, "hybrid", dense_weight=0.4)] == [h.doc_id for h in want]
 
@@ -128,7 +123,7 @@ def test_document_writes_update_only_their_shards_and_answer_as_a_full_build(who
     assert read_manifest(rebuilt).index.update == "full"
     engine, full = SearchEngine(ws), SearchEngine(rebuilt)
     for mode in ("dense", "lexical", "hybrid"):
-        for query in [*QUERIES[:10], "quokka survey island"]:
+        for query in [*SHARD_QUERIES[:10], "quokka survey island"]:
             want = full.search(query, 10, mode, dense_weight=0.4)
             got = engine.search(query, 10, mode, dense_weight=0.4)
             assert [h.doc_id for h in got] == [h.doc_id for h in want], (query, mode)

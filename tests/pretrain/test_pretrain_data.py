@@ -1,36 +1,19 @@
 """The pretraining corpus at scale, in miniature: a seeded tokenizer sample drawn across the corpus, token
 shards written by worker processes (the same whatever their number), validation by held-out documents,
-training windows read across shards. Killing and carrying on a preparation: tests/test_kill_points.py."""
+training windows read across shards. Killing and carrying on a preparation: tests/workflows/test_kill_points.py."""
 
 import json
-import random
 
 import numpy as np
 import pytest
 
 from common.heldout import is_held_out
 from common.workspace import Workspace
+from conftest import COMMON_WORDS, RARE_WORDS, write_word_corpus
 from pretrain.config import TrainConfig
 from pretrain.data import TokenWindows
 from pretrain.prepare import DataOptions, PretrainingSources, prepare_data
 from pretrain.tokenizer import load_tokenizer
-
-COMMON = "the a of model data token train loss step rank shard pipeline stage tensor batch gradient".split()
-RARE = ["zorblax", "quuxvane", "flimbrot", "gravnik"]  # only in the last file
-
-
-def write_corpus(directory, files=4, documents=60, seed=0):
-    """JSON-lines files of documents of common words; the last file's documents are mostly four rare words."""
-    rng = random.Random(seed)
-    directory.mkdir()
-    for f in range(files):
-        words = RARE if f == files - 1 else COMMON
-        with (directory / f"part-{f}.jsonl").open("w") as out:
-            for d in range(documents):
-                text = " ".join(rng.choice(words) for _ in range(rng.randint(40, 120)))
-                doc_id = f"doc-{f}-{d}" if seed == 0 else f"doc-s{seed}-{f}-{d}"  # ids unique across corpora
-                out.write(json.dumps({"id": doc_id, "title": f"Title {f} {d}", "text": text}) + "\n")
-    return directory
 
 
 def prepare(tmp_path, name, corpus, vocab_size=320, **options):
@@ -45,7 +28,7 @@ def shard_bytes(ws):
 
 
 def test_shards_are_the_same_whatever_the_number_of_workers_and_validation_is_the_held_out_documents(tmp_path):
-    corpus = write_corpus(tmp_path / "corpus")
+    corpus = write_word_corpus(tmp_path / "corpus")
     one, meta = prepare(tmp_path, "one", corpus, shard_tokens=3_000, workers=1)
     two, _ = prepare(tmp_path, "two", corpus, shard_tokens=3_000, workers=2)
     assert shard_bytes(one) == shard_bytes(two)
@@ -68,7 +51,7 @@ def test_shards_are_the_same_whatever_the_number_of_workers_and_validation_is_th
 
 
 def test_the_tokenizer_is_trained_on_a_seeded_sample_drawn_across_the_whole_corpus(tmp_path):
-    corpus = write_corpus(tmp_path / "corpus", files=5, documents=100)
+    corpus = write_word_corpus(tmp_path / "corpus", files=5, documents=100)
     corpus_mb = sum(f.stat().st_size for f in corpus.iterdir()) / 1e6
     ws, meta = prepare(tmp_path, "sampled", corpus, 512, tokenizer_sample_mb=corpus_mb / 5, seed=3)
     sample = meta["tokenizer_sample"]
@@ -76,7 +59,7 @@ def test_the_tokenizer_is_trained_on_a_seeded_sample_drawn_across_the_whole_corp
     assert "of 500 documents" in sample["sample"]
     # The rare words live only in the last file, yet the sample saw them: each is one or two tokens.
     tokenizer = load_tokenizer(ws.tokenizer_dir)
-    assert all(len(tokenizer.encode(" " + word).ids) <= 2 for word in RARE)
+    assert all(len(tokenizer.encode(" " + word).ids) <= 2 for word in RARE_WORDS)
     again, meta_again = prepare(tmp_path, "again", corpus, 512, tokenizer_sample_mb=corpus_mb / 5, seed=3)
     assert meta_again["tokenizer_sample"] == sample and shard_bytes(again) == shard_bytes(ws)
     _, other_seed = prepare(tmp_path, "other", corpus, tokenizer_sample_mb=corpus_mb / 5, seed=4)
@@ -92,7 +75,7 @@ def test_a_corpus_with_too_few_held_out_documents_validates_on_its_last_tokens(t
     corpus.mkdir()
     ids = [f"d{i}" for i in range(200) if not is_held_out(f"d{i}")][:3]  # none of them held out
     for doc_id in ids:
-        (corpus / f"{doc_id}.txt").write_text(" ".join(COMMON * 20))
+        (corpus / f"{doc_id}.txt").write_text(" ".join(COMMON_WORDS * 20))
     ws = Workspace(tmp_path / "ws")
     meta = prepare_data(ws, PretrainingSources((corpus,), None), TrainConfig(seq_len=16, vocab_size=320), DataOptions())
     assert meta["documents"]["val"] == 0 and meta["val_tokens"] >= 17 and "last" in meta["validation"]
@@ -132,14 +115,16 @@ def test_structured_files_are_read_in_slices(tmp_path, monkeypatch, rows):
 def test_continued_pretraining_tokenizes_only_the_new_files_into_new_shards(tmp_path):
     from conftest import TINY_TRAINING, read_metrics, run_cli
 
-    corpus = write_corpus(tmp_path / "corpus", files=2, documents=80)
+    corpus = write_word_corpus(tmp_path / "corpus", files=2, documents=80)
     ws = tmp_path / "ws"
     args = ["--shard-tokens", "4000"]
     run_cli("pretrain", "-w", str(ws), "--data", str(corpus), *TINY_TRAINING, *args, "--max-steps", "4", "--no-adapt")
     before = shard_bytes(Workspace(ws))
     meta_before = json.loads((ws / "data" / "meta.json").read_text())
 
-    write_corpus(tmp_path / "more", files=1, documents=80, seed=9).joinpath("part-0.jsonl").rename(corpus / "new.jsonl")
+    write_word_corpus(tmp_path / "more", files=1, documents=80, seed=9).joinpath("part-0.jsonl").rename(
+        corpus / "new.jsonl"
+    )
     result = run_cli("pretrain", "-w", str(ws), "--data", str(corpus), "--resume", "--no-adapt", *args)
     meta = json.loads((ws / "data" / "meta.json").read_text())
     after = shard_bytes(Workspace(ws))

@@ -138,3 +138,29 @@ def test_no_module_imports_jax_or_tensorflow(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines()[-1] == "[]"
+
+
+def test_every_package_is_installed():
+    """pyproject.toml lists the packages an install carries: every folder of the stages and common/ that is a
+    package (has an __init__.py) is among them, so an installed (not editable) copy imports what the tree does."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(init.parent.relative_to(REPO).parts)
+        for root in (*STAGES, "common")
+        for init in (REPO / root).rglob("__init__.py")
+    }
+    assert found <= listed, found - listed
+
+
+def test_tests_share_helpers_through_conftest_only():
+    """A test module imports no other test module (nor benchmarks/): what several share is in conftest.py."""
+    offenders = []
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            offenders += [f"{path.relative_to(REPO)}: {n}" for n in names if n.startswith(("test_", "benchmarks"))]
+    assert not offenders, offenders

@@ -35,7 +35,7 @@ from pretrain.launch import RunSpec, launch
 
 pytestmark = pytest.mark.multiprocess
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STEPS = 5
 TRAIN = dict(
     max_steps=STEPS,

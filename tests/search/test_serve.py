@@ -304,9 +304,8 @@ def test_a_static_embedders_searches_answer_concurrently_as_the_engine_does(trai
     """A static model's searches run on the server's event loop (search/serve/batcher.py): many at once, in every
     mode, each answered exactly as the engine answers it in process; a served transformer (the other
     tests) goes through the thread pool, and so do a static model's searches once timed costly."""
-    from test_embed_index_search import save_static_model
-
     from common.workspace import Workspace
+    from conftest import save_static_model
     from search.engine import SearchEngine
 
     ws = tmp_path / "ws"
