@@ -155,7 +155,8 @@ def adapt(
     report = {
         name: {
             "held_out_ndcg@10": float(gains[name].mean()) if len(gains[name]) else None,
-            "held_out_standard_error": standard_error(gains[name]),
+            # none from fewer than two pairs (recorded as unknown, not as 0)
+            "held_out_standard_error": standard_error(gains[name]) if len(gains[name]) > 1 else None,
             "held_out_pairs": len(gains[name]),
             "seconds": summary["seconds"],
             "steps": summary["steps"],
@@ -182,7 +183,7 @@ def adapt(
     }
     record_tuned(ws, summary)
     measured = ", ".join(
-        f"{name} {report[name]['held_out_ndcg@10'] or 0:.3f} ± {report[name]['held_out_standard_error']:.3f}"
+        f"{name} {report[name]['held_out_ndcg@10'] or 0:.3f} ± {report[name]['held_out_standard_error'] or 0:.3f}"
         for name in candidates
     )
     info(

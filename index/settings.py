@@ -52,7 +52,6 @@ class IndexSettings:
 
     def __post_init__(self):
         check_declared(self)
-        self.language = self.language.lower()
         if self.ray is not None and self.shards is None:
             raise OptionError("--ray", "it builds shards: give --shards N too")
 
