@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -122,6 +124,32 @@ def failure_summary(failures: dict) -> str:
     return cause + (f" ({others} other rank{'s' if others > 1 else ''} failed after it)" if others else "")
 
 
+def whole_file_error_handler():
+    """torchelastic's error handler, writing the error file whole or not at all.
+
+    When one rank dies the agent SIGTERMs the others, which may be writing the exception they just
+    raised (the collective failed). Torch writes that file in place, so a rank stopped mid-write left
+    truncated JSON, and the agent itself crashed parsing it (JSONDecodeError) instead of reporting
+    the failure. A rank stopped before its rename leaves no file: the agent then reports the signal.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    from common.workspace import atomic_write_json
+
+    class WholeFileErrorHandler(ErrorHandler):
+        def record_exception(self, e: BaseException) -> None:
+            file = self._get_error_file_path()
+            if not file:
+                return
+            message = {
+                "message": f"{type(e).__name__}: {e}",
+                "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time()))},
+            }
+            atomic_write_json(Path(file), {"message": message})
+
+    return WholeFileErrorHandler()
+
+
 def worker(spec_json: str) -> None:
     import torch.distributed as dist
 
@@ -148,4 +176,5 @@ def worker(spec_json: str) -> None:
 if __name__ == "__main__":
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    record(worker)(sys.argv[1])  # record: the exception reaches the agent, and so the parent's message
+    # record: the exception reaches the agent, and so the parent's message
+    record(worker, whole_file_error_handler())(sys.argv[1])

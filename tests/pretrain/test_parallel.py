@@ -351,7 +351,7 @@ def failing(self, *args, **kwargs):
     return original(self, *args, **kwargs)
 
 parallel.ParallelModel.forward_backward = failing
-record(launch.worker)(sys.argv[1])
+record(launch.worker, launch.whole_file_error_handler())(sys.argv[1])
 """
 
 
@@ -387,6 +387,35 @@ def test_a_failing_rank_ends_the_job_with_one_clear_error(prepared, tmp_path, fa
     assert (
         "timeout" not in message.lower() and "timed out" not in message.lower()
     )  # ended by the failure, not the 600 s timeout
+
+
+def test_a_rank_stopped_while_recording_its_error_leaves_no_file_the_agent_cannot_parse(tmp_path, monkeypatch):
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from pretrain.launch import failure_summary, whole_file_error_handler
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    handler = whole_file_error_handler()
+    try:
+        raise RuntimeError("peer closed the connection")
+    except RuntimeError as e:
+        handler.record_exception(e)
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(error_file))
+    assert failure_summary({0: failure}) == "rank 0 raised RuntimeError: peer closed the connection"
+
+    # The agent's SIGTERM arriving before the rename (here: the rename fails) leaves no partial file.
+    def stopped_by_a_signal(*_):
+        raise KeyboardInterrupt
+
+    error_file.unlink()
+    monkeypatch.setattr(os, "replace", stopped_by_a_signal)
+    with pytest.raises(KeyboardInterrupt):
+        try:
+            raise RuntimeError("peer closed the connection")
+        except RuntimeError as e:
+            handler.record_exception(e)
+    assert list(tmp_path.iterdir()) == []
 
 
 def children(pid: int) -> list[int]:
