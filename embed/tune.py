@@ -11,14 +11,10 @@ in one of two shapes:
     transformer  the whole GPT-2 with a pooling layer (mean, SGPT's position-weighted mean, or the
                  last token). Far more compute per step.
 
-On SciFact (benchmarks/bench_search_quality.py, 300 test queries) the static shape is the better
-embedder for models pretrained on a CPU: dense nDCG@10 0.593 with 1,024 dimensions after 500 steps of
-1,024 pairs with hard negatives (~14 minutes on 2 cores), while the transformer after 200 steps of 64
-pairs (8 minutes) reached only 0.088 (train queries); static is the default. Its quality comes from the
-tuning pairs, not from pretraining: from a randomly initialised model it scored 0.590, and on the train
-queries a table of random columns only did as well as one holding the pretrained embeddings. The
-transformer is where pretraining shows (0.006 from random weights after the same 200 steps), and it
-needs a GPU's compute.
+For models pretrained on a CPU the static shape is the better embedder, and the default: its quality comes
+from the tuning pairs rather than from pretraining (a random table does as well), while the transformer is
+where pretraining shows and needs a GPU's compute. The measurements:
+benchmarks/results/2026-11-28-search-quality-cpu.md.
 
 The pairs come from the user's own, unlabelled corpus:
 
@@ -33,9 +29,8 @@ common/heldout.py give no pairs: `pipeline index` measures the search modes on t
 sentence-transformers' SentenceTransformerTrainer with MultipleNegativesRankingLoss: every other
 positive in the batch is a negative, and so is each pair's BM25-mined hard negative
 (CachedMultipleNegativesRankingLoss with --mini-batch for large batches on little memory). A batch holds
-each document once (DistinctDocumentsBatchSampler): SciFact's train queries, dense nDCG@10, 500 steps:
-0.570 with random batches of 128, 0.587 of 512, 0.576 of 1,024 (more of a pair's own documents among the
-negatives), and with each document once 0.594 of 512, 0.605 of 1,024. The tuned model is saved as a
+each document once (DistinctDocumentsBatchSampler): random batches put more of a pair's own documents among
+its negatives, and measured worse at every batch size (the same report). The tuned model is saved as a
 sentence-transformers directory in the workspace (tuned/) and recorded in the manifest; embed uses it by
 default afterwards.
 """
@@ -388,12 +383,11 @@ def run_tune(
 
     import torch
     from datasets import Dataset
-    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers import SentenceTransformerTrainer
     from sentence_transformers.sentence_transformer.losses import (
         CachedMultipleNegativesRankingLoss,
         MultipleNegativesRankingLoss,
     )
-    from transformers import TrainerCallback
     from transformers.integrations import TensorBoardCallback
 
     started = time.perf_counter()  # what a time budget counts from
@@ -426,62 +420,17 @@ def run_tune(
         )
         probed, probe_negatives = plan.pop("mined")
         settings = replace(settings, steps=plan["steps"])
-    pairs, report = make_pairs(training_docs, settings, labelled, language)
-    # a round is one pair a document: on a large corpus more than a few steps use, and every pair kept is mined
-    pairs = pairs[: max(2 * settings.batch_size, math.ceil(settings.steps * settings.batch_size * PAIR_SLACK))]
-    if report["fallback"]:
-        warn(report["fallback"])
-    # Only documents that gave pairs fill batches (with their hard negatives): in a corpus of short documents
-    # those may be far fewer than the documents.
-    sources = len({source for _, _, source in pairs if source is not None}) + len(set(labelled))
-    if settings.batch_size > max(2, sources // DOCUMENTS_PER_BATCH_PAIR):
-        info(
-            f"batches of {max(2, sources // DOCUMENTS_PER_BATCH_PAIR)} pairs instead of {settings.batch_size}: "
-            f"{sources:,} documents gave pairs, and a batch holds each document once"
-        )
-        settings = replace(settings, batch_size=max(2, sources // DOCUMENTS_PER_BATCH_PAIR))
-    split = report["documents_split_into"]
-    info(
-        f"{len(pairs):,} training pairs ({report['distinct_pairs']:,} distinct, "
-        f"none more than {MAX_PAIR_REPEATS} times) "
-        f"from {len(training_docs):,} documents ({len(docs) - len(training_docs):,} held out to measure search on): "
-        + ", ".join(f"{n:,} {kind}" for kind, n in report["pairs"].items())
-        + f"; language {language}, {split.get('sentences', 0):,} documents cut into sentences "
-        f"and {split.get('spans', 0):,} into spans; {report['titles_used']:,} titles used"
-    )
-
+    pairs, report, settings = training_pairs(training_docs, len(docs), settings, labelled, language)
     pairs_s = time.perf_counter() - started
     mine = time.perf_counter()
-    if mining and lexical is None:
-        lexical = documents_index(training_docs, language)
     columns = {"anchor": [a for a, _, _ in pairs], "positive": [p for _, p, _ in pairs]}
     negatives = None
     if mining:
-        # the same seed makes the same first round of pairs: their negatives, mined while planning, are kept
-        kept = min(len(pairs), len(probed))
-        negatives = probe_negatives[:kept] if pairs[:kept] == probed[:kept] else []
-        negatives += hard_negatives(training_docs, pairs[len(negatives) :], settings, language, lexical)
-        mine_s = time.perf_counter() - mine
+        negatives = mined_negatives(training_docs, pairs, settings, language, lexical, (probed, probe_negatives))
         texts = [document_text(d, settings.max_chars) for d in training_docs]  # once per document, not per pair
         columns["negative"] = [texts[j] for j in negatives]
-        info(f"mined a BM25 hard negative for each of {len(pairs):,} pairs in {mine_s:.0f}s")
-    sampler = DistinctDocumentsBatchSampler(batch_keys(pairs, negatives), settings.batch_size, settings.seed)
-    if len(sampler) == 0 and negatives is not None:  # a handful of documents: their hard negatives leave no batch
-        info("no batch holds each document once with hard negatives among so few documents: in-batch negatives only")
-        columns.pop("negative")
-        negatives = None
-        sampler = DistinctDocumentsBatchSampler(batch_keys(pairs, negatives), settings.batch_size, settings.seed)
-    if len(sampler) == 0:
-        raise PipelineError(
-            f"{len(training_docs)} document(s) give no batch of two pairs from different documents: "
-            "tuning needs at least 2 documents with text"
-        )
-    if len(sampler) < settings.steps:  # each pair at most once more in training: fewer steps, not repeated pairs
-        info(
-            f"{len(sampler)} steps instead of {settings.steps}: the corpus gives {len(pairs):,} pairs, "
-            f"{len(sampler)} batches of {settings.batch_size}"
-        )
-        settings = replace(settings, steps=max(1, len(sampler)))
+    mine_s = time.perf_counter() - mine
+    sampler, columns, settings = batches(pairs, columns, negatives, settings, len(training_docs))
     tokenizing = time.perf_counter()
     preprocess = training_preprocess(model, settings, ())  # each column's texts tokenized as it is positioned
     columns = {name: preprocess.positions(texts) for name, texts in columns.items()}  # batched from their tokens
@@ -501,59 +450,14 @@ def run_tune(
     clock = StepClock(device)
     # the plan's steps are a prediction: training also stops where the budget (less saving) ends
     deadline = started + budget_s * (1 - SAVE_SHARE) if budget_s else math.inf
-    stopped_at_deadline = []
-
-    class Progress(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kwargs):
-            clock.begin()
-
-        def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            clock.before_optimizer()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            clock.end()
-            if time.perf_counter() > deadline and state.global_step < state.max_steps:
-                control.should_training_stop = control.should_log = True
-                stopped_at_deadline.append(state.global_step)
-            if state.global_step == state.max_steps:  # the last step's loss is logged too (planned steps are any)
-                control.should_log = True
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "loss" in logs:
-                elapsed = time.perf_counter() - start
-                eta = elapsed / max(state.global_step, 1) * (state.max_steps - state.global_step)
-                info(
-                    f"tune step {state.global_step}/{state.max_steps}  loss {logs['loss']:.4f}  "
-                    f"lr {logs.get('learning_rate', 0):.2e}  {elapsed:.0f}s  eta {eta:.0f}s"
-                )
-
-    args = SentenceTransformerTrainingArguments(
-        output_dir=str(scratch),
-        max_steps=settings.steps,
-        per_device_train_batch_size=settings.batch_size,
-        learning_rate=settings.learning_rate,
-        warmup_steps=max(1, settings.steps // 10),
-        lr_scheduler_type="linear",
-        weight_decay=0.01,
-        batch_sampler=lambda dataset, batch_size, seed, **_: sampler,
-        logging_steps=min(settings.log_every, settings.steps),
-        logging_nan_inf_filter=False,  # its check reads the loss back every step, idling the GPU while it batches
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=settings.seed,
-        data_seed=settings.seed,
-        dataloader_drop_last=True,
-        use_cpu=device == "cpu",
-        bf16=device == "cuda" and settings.architecture == "transformer" and torch.cuda.is_bf16_supported(),
-    )
+    progress = tune_progress(clock, start, deadline)
     trainer = SentenceTransformerTrainer(
         model=model,
-        args=args,
+        args=training_arguments(settings, scratch, sampler, device),
         train_dataset=dataset,
         loss=loss,
         data_collator=preprocess.collator(),
-        callbacks=[Progress(), TensorBoardCallback(board.writer)],
+        callbacks=[progress, TensorBoardCallback(board.writer)],
     )
     trainer.remove_callback(
         next(c for c in trainer.callback_handler.callbacks if type(c).__name__ == "PrinterCallback")
@@ -562,9 +466,9 @@ def run_tune(
         result = trainer.train()
         seconds = time.perf_counter() - start
         step_profile = clock.profile()
-        if stopped_at_deadline:
+        if progress.stopped_at:
             warn(
-                f"tuning stopped after {stopped_at_deadline[0]} of {settings.steps} planned steps: the time budget "
+                f"tuning stopped after {progress.stopped_at[0]} of {settings.steps} planned steps: the time budget "
                 f"of {budget_s:.0f}s ran out (steps took longer than the probe said)"
             )
         if step_profile:
@@ -594,7 +498,7 @@ def run_tune(
         "dimensions": settings.dimensions if settings.architecture == "static" else None,
         "pairs": report,
         "hard_negatives": "negative" in columns,
-        "steps": stopped_at_deadline[0] if stopped_at_deadline else settings.steps,
+        "steps": progress.stopped_at[0] if progress.stopped_at else settings.steps,
         "planned_steps": settings.steps,
         "batch_size": settings.batch_size,
         "loss": "cached_mnrl" if settings.mini_batch else "mnrl",
@@ -607,7 +511,7 @@ def run_tune(
         "step_profile": step_profile,
         "phases_s": {
             "pairs": pairs_s,
-            "mining": mine_s if mining else 0.0,
+            "mining": mine_s,
             "tokenizing": tokenize_s,
             "training": seconds,
             "total": time.perf_counter() - started,
@@ -626,6 +530,141 @@ def run_tune(
         + ("; `pipeline embed` now uses it" if record else "")
     )
     return summary
+
+
+def training_pairs(
+    training_docs: list[Document], documents: int, settings: TuneSettings, labelled: list, language: str
+) -> tuple[list, dict, TuneSettings]:
+    """The pairs the planned steps use (make_pairs, then cut to them), what they are, and the settings with the
+    batch size shrunk when fewer documents gave pairs than a batch needs; says what was made."""
+    pairs, report = make_pairs(training_docs, settings, labelled, language)
+    # a round is one pair a document: on a large corpus more than a few steps use, and every pair kept is mined
+    pairs = pairs[: max(2 * settings.batch_size, math.ceil(settings.steps * settings.batch_size * PAIR_SLACK))]
+    if report["fallback"]:
+        warn(report["fallback"])
+    # Only documents that gave pairs fill batches (with their hard negatives): in a corpus of short documents
+    # those may be far fewer than the documents.
+    sources = len({source for _, _, source in pairs if source is not None}) + len(set(labelled))
+    if settings.batch_size > max(2, sources // DOCUMENTS_PER_BATCH_PAIR):
+        info(
+            f"batches of {max(2, sources // DOCUMENTS_PER_BATCH_PAIR)} pairs instead of {settings.batch_size}: "
+            f"{sources:,} documents gave pairs, and a batch holds each document once"
+        )
+        settings = replace(settings, batch_size=max(2, sources // DOCUMENTS_PER_BATCH_PAIR))
+    split = report["documents_split_into"]
+    info(
+        f"{len(pairs):,} training pairs ({report['distinct_pairs']:,} distinct, "
+        f"none more than {MAX_PAIR_REPEATS} times) "
+        f"from {len(training_docs):,} documents ({documents - len(training_docs):,} held out to measure search on): "
+        + ", ".join(f"{n:,} {kind}" for kind, n in report["pairs"].items())
+        + f"; language {language}, {split.get('sentences', 0):,} documents cut into sentences "
+        f"and {split.get('spans', 0):,} into spans; {report['titles_used']:,} titles used"
+    )
+    return pairs, report, settings
+
+
+def mined_negatives(
+    training_docs: list[Document], pairs: list, settings: TuneSettings, language: str, lexical, probe: tuple
+) -> list[int]:
+    """A BM25 hard negative (a document's position) for each pair; `probe` is the pairs planning mined first
+    and their negatives, kept when they are these pairs' first (the same seed makes the same first round),
+    `lexical` planning's index, or None."""
+    started = time.perf_counter()
+    probed, probe_negatives = probe
+    kept = min(len(pairs), len(probed))
+    negatives = probe_negatives[:kept] if pairs[:kept] == probed[:kept] else []
+    if lexical is None:  # not made while planning (no budget)
+        lexical = documents_index(training_docs, language)
+    negatives += hard_negatives(training_docs, pairs[len(negatives) :], settings, language, lexical)
+    info(f"mined a BM25 hard negative for each of {len(pairs):,} pairs in {time.perf_counter() - started:.0f}s")
+    return negatives
+
+
+def batches(
+    pairs: list, columns: dict, negatives: list[int] | None, settings: TuneSettings, documents: int
+) -> tuple[DistinctDocumentsBatchSampler, dict, TuneSettings]:
+    """The batch sampler, the columns it draws from (without the hard negatives when they leave no batch), and
+    the settings with fewer steps when the pairs give fewer batches than planned."""
+    sampler = DistinctDocumentsBatchSampler(batch_keys(pairs, negatives), settings.batch_size, settings.seed)
+    if len(sampler) == 0 and negatives is not None:  # a handful of documents: their hard negatives leave no batch
+        info("no batch holds each document once with hard negatives among so few documents: in-batch negatives only")
+        columns = {name: texts for name, texts in columns.items() if name != "negative"}
+        sampler = DistinctDocumentsBatchSampler(batch_keys(pairs, None), settings.batch_size, settings.seed)
+    if len(sampler) == 0:
+        raise PipelineError(
+            f"{documents} document(s) give no batch of two pairs from different documents: "
+            "tuning needs at least 2 documents with text"
+        )
+    if len(sampler) < settings.steps:  # each pair at most once more in training: fewer steps, not repeated pairs
+        info(
+            f"{len(sampler)} steps instead of {settings.steps}: the corpus gives {len(pairs):,} pairs, "
+            f"{len(sampler)} batches of {settings.batch_size}"
+        )
+        settings = replace(settings, steps=max(1, len(sampler)))
+    return sampler, columns, settings
+
+
+def tune_progress(clock: StepClock, start: float, deadline: float):
+    """The trainer's callback that times each step, logs step, loss, learning rate and ETA, and stops training
+    at `deadline` (the steps it stopped after: `.stopped_at`)."""
+    from transformers import TrainerCallback
+
+    class Progress(TrainerCallback):
+        def __init__(self):
+            self.stopped_at: list[int] = []
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            clock.begin()
+
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            clock.before_optimizer()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            clock.end()
+            if time.perf_counter() > deadline and state.global_step < state.max_steps:
+                control.should_training_stop = control.should_log = True
+                self.stopped_at.append(state.global_step)
+            if state.global_step == state.max_steps:  # the last step's loss is logged too (planned steps are any)
+                control.should_log = True
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                elapsed = time.perf_counter() - start
+                eta = elapsed / max(state.global_step, 1) * (state.max_steps - state.global_step)
+                info(
+                    f"tune step {state.global_step}/{state.max_steps}  loss {logs['loss']:.4f}  "
+                    f"lr {logs.get('learning_rate', 0):.2e}  {elapsed:.0f}s  eta {eta:.0f}s"
+                )
+
+    return Progress()
+
+
+def training_arguments(settings: TuneSettings, scratch: Path, sampler, device: str):
+    """sentence-transformers' trainer arguments for these settings: linear warm-up and decay, our batch sampler,
+    no checkpoints and no reports of its own (the Board and the progress callback report)."""
+    import torch
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    return SentenceTransformerTrainingArguments(
+        output_dir=str(scratch),
+        max_steps=settings.steps,
+        per_device_train_batch_size=settings.batch_size,
+        learning_rate=settings.learning_rate,
+        warmup_steps=max(1, settings.steps // 10),
+        lr_scheduler_type="linear",
+        weight_decay=0.01,
+        batch_sampler=lambda dataset, batch_size, seed, **_: sampler,
+        logging_steps=min(settings.log_every, settings.steps),
+        logging_nan_inf_filter=False,  # its check reads the loss back every step, idling the GPU while it batches
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=settings.seed,
+        data_seed=settings.seed,
+        dataloader_drop_last=True,
+        use_cpu=device == "cpu",
+        bf16=device == "cuda" and settings.architecture == "transformer" and torch.cuda.is_bf16_supported(),
+    )
 
 
 def budget_plan(
