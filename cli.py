@@ -16,11 +16,10 @@ import dataclasses
 import functools
 import inspect
 import json
-import math
 import typing
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Optional
 
 import typer
 from typer._click.exceptions import BadParameter, NoArgsIsHelpError, UsageError  # typer>=0.29 vendors click
@@ -28,13 +27,13 @@ from typer.core import TyperGroup
 
 import workflows
 from common.console import err, out, quiet_libraries, visible, visible_json
-from common.durations import parse_duration
 from common.errors import PipelineError, disk_full_error, out_of_memory_error
 from common.options import OptionError, declared_fields
 from common.workspace import WORKSPACE_ENV, Workspace
 from embed.settings import EmbedSettings, TuneSettings
 from index.settings import IndexSettings
-from pretrain.settings import MAX_PORT, Preset, PretrainSettings
+from pretrain.settings import PlanSettings, PretrainSettings
+from search.settings import EvalSettings, SearchSettings, ServeSettings
 
 
 class OneLineUsageError(UsageError):
@@ -65,37 +64,16 @@ def one_line_usage_errors():
 
 def number_message(e: BadParameter) -> str | None:
     """What is wrong with a number typer refused, in our words, or None if it was not a number: typer checks
-    a number's type and its min=/max= with pydantic, whose message does not show the value ("Input should be
-    greater than or equal to 1"), and calls NaN out of range rather than not a number."""
+    a number's type with pydantic, whose message does not show the value."""
     errors = getattr(e.__cause__, "errors", None)  # the pydantic ValidationError typer raised this from
     if not callable(errors) or not errors():
         return None
     kind, value = errors()[0]["type"], errors()[0].get("input")
-    if kind in ("greater_than_equal", "less_than_equal"):
-        try:
-            if not math.isfinite(float(value)):
-                return f"{value} is not a finite number"
-        except (TypeError, ValueError):
-            pass
-        return (
-            f"{value} is not in the range {number_range(getattr(e.param, 'min', None), getattr(e.param, 'max', None))}"
-        )
     if kind in ("int_parsing", "int_from_float", "int_type"):
         return f"'{value}' is not a whole number"
     if kind in ("float_parsing", "float_type"):
         return f"'{value}' is not a number"
     return None
-
-
-def number_range(low, high) -> str:
-    """A range as typer's --help shows it: x>=1, 0<=x<=1."""
-    return (
-        f"{low}<=x<={high}"
-        if low is not None and high is not None
-        else f"x>={low}"
-        if low is not None
-        else f"x<={high}"
-    )
 
 
 class Commands(TyperGroup):
@@ -114,11 +92,6 @@ app = typer.Typer(
     cls=Commands, help=__doc__, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_show_locals=False
 )
 
-# Choices, as each stage spells them (tests/workflows/test_cli.py checks they agree); the CLI doesn't import the
-# stages to read them, so that `pipeline --help` and light commands start fast.
-SearchMode = Literal["dense", "lexical", "hybrid"]
-EvalMode = Literal["dense", "lexical", "hybrid", "all"]
-
 
 def command_workspace(ctx: typer.Context, param: typer.CallbackParam, value: Path) -> Path:
     """A command's --workspace: given to the command, else given before it (`pipeline -w DIR search ...`),
@@ -127,36 +100,6 @@ def command_workspace(ctx: typer.Context, param: typer.CallbackParam, value: Pat
     given_before = ctx.find_root().params.get("workspace")
     if given_before is not None and (source is None or source.name != "COMMANDLINE"):
         return given_before
-    return value
-
-
-# Numbers: each option's range where it is declared, checked before the command runs: typer's min=/max=
-# (inclusive; shown in --help), and these callbacks for what they don't cover. NaN and infinity are floats
-# too ("--lr nan" reached the optimizer); every float option has a callback that refuses them.
-MAX_K = 1000  # search/engine.py's MAX_K
-
-
-def finite(value: float | None) -> float | None:
-    """A float option's callback: a finite number (typer's range passes infinity when there is no max)."""
-    if value is not None and not math.isfinite(value):
-        raise typer.BadParameter(f"{value} is not a finite number")
-    return value
-
-
-def positive(value: float | None) -> float | None:
-    """A float option's callback: finite and more than 0 (typer's min= includes its bound, and 0 is no rate
-    or timeout); its help says [x>0]."""
-    if finite(value) is not None and not value > 0:
-        raise typer.BadParameter(f"{value:g} is not in the range x>0")
-    return value
-
-
-def duration(value: str) -> str:
-    """A duration option's callback (--time-budget): 90s, 15m, 1.5h or seconds, more than 0s; kept as given."""
-    try:
-        parse_duration(value)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
     return value
 
 
@@ -185,38 +128,6 @@ TextFieldOption = Annotated[
     typer.Option(metavar="FIELD", help="Field holding the text in structured files (auto-detected by default)."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
-ModeOption = Annotated[
-    Optional[SearchMode],
-    typer.Option(
-        help=(
-            "Retriever (default: the mode `pipeline index` or `pipeline eval --set-default` measured best, "
-            "else lexical)."
-        )
-    ),
-]
-WhereOption = Annotated[
-    Optional[str],
-    typer.Option(
-        metavar="CONDITION",
-        help=(
-            "Only documents for which this condition holds, over their metadata fields (the columns of the "
-            "input files), doc_id, title and source, e.g. \"year >= 2015 AND journal = 'Nature'\": comparisons, "
-            "AND/OR/NOT, IN, BETWEEN, LIKE, and text, list and date functions; not SQL statements."
-        ),
-    ),
-]
-DenseWeightOption = Annotated[
-    Optional[float],
-    typer.Option(
-        min=0,
-        max=1,
-        callback=finite,
-        help=(
-            "Hybrid only: weight of the dense ranking in the fusion (lexical gets 1 - it) "
-            "[default: the workspace's, set by eval --set-default, else 0.5]."
-        ),
-    ),
-]
 
 
 def show_version(value: bool) -> None:
@@ -266,16 +177,18 @@ def options_of(settings_class):
         for f in declared_fields(settings_class):
             declared = f.metadata["option"]
             has_factory = f.default_factory is not dataclasses.MISSING
+            required = not has_factory and f.default is dataclasses.MISSING
             annotation = Optional[hints[f.name]] if has_factory else hints[f.name]
             help_text = (
                 f"{declared.help.rstrip('.')} [{declared.range_text()}]." if declared.range_text() else declared.help
             )
             default = typer.Option(
-                None if has_factory else f.default,
+                ... if required else None if has_factory else f.default,
                 *declared.flags,
                 help=help_text,
                 metavar=declared.metavar,
-                show_default=not has_factory,
+                envvar=declared.envvar,
+                show_default=not has_factory and not required,
                 autocompletion=declared.complete if declared.listing else None,
             )
             parameters.append(
@@ -442,27 +355,11 @@ def index(settings: IndexSettings, workspace: WorkspaceOption = Path("workspace"
 
 @app.command(short_help="ranked documents for a query: dense, lexical or hybrid")
 @user_errors
+@options_of(SearchSettings)
 def search(
     query: Annotated[str, typer.Argument(metavar="QUERY", help="What to look for.")],
+    settings: SearchSettings,
     workspace: WorkspaceOption = Path("workspace"),
-    k: Annotated[int, typer.Option("-k", min=1, max=MAX_K, help="Number of documents to return.")] = 10,
-    mode: ModeOption = None,
-    dense_weight: DenseWeightOption = None,
-    where: WhereOption = None,
-    source: Annotated[
-        Optional[str],
-        typer.Option(
-            metavar="GLOB",
-            help=(
-                "Only documents whose source file matches this glob, absolute or relative to the current directory, "
-                "e.g. 'docs/*.md'."
-            ),
-        ),
-    ] = None,
-    title: Annotated[
-        Optional[str],
-        typer.Option(metavar="TEXT", help="Only documents whose title contains this text (case-insensitive)."),
-    ] = None,
     json_output: Annotated[
         bool,
         typer.Option(
@@ -488,9 +385,7 @@ def search(
     from rich.table import Table
     from rich.text import Text
 
-    hits = workflows.search(
-        Workspace(workspace), query, k, mode, command_line_filter(where, source, title), dense_weight
-    )
+    hits = workflows.search(Workspace(workspace), query, settings)
     if json_output:
         for hit in hits:
             print(visible_json(json.dumps(hit.to_dict(), ensure_ascii=False)))
@@ -518,42 +413,11 @@ def search(
     out.print(table)
 
 
-def command_line_filter(where: str | None, source: str | None = None, title: str | None = None):
-    """--where, --source and --title as one filter (all must hold), or None."""
-    from search.filters import DocumentFilter
-
-    structured = {
-        **({"source": {"glob": source}} if source else {}),
-        **({"title": {"contains": title}} if title else {}),
-    }
-    return DocumentFilter.of(structured, where)
-
-
 @app.command(name="eval", short_help="nDCG@10, Recall@100, MRR@10 on judged (BEIR-format) queries")
 @user_errors
+@options_of(EvalSettings)
 def eval_command(
-    queries: Annotated[Path, typer.Option(help='BEIR queries.jsonl: {"_id": ..., "text": ...} per line.')],
-    qrels: Annotated[Path, typer.Option(help="BEIR qrels .tsv: query-id, corpus-id, score (header line optional).")],
-    workspace: WorkspaceOption = Path("workspace"),
-    mode: Annotated[
-        Optional[EvalMode], typer.Option(help="Retriever, or all of them (default: the search default).")
-    ] = None,
-    k: Annotated[
-        int, typer.Option("-k", min=1, max=MAX_K, help="Documents retrieved per query (Recall@100 needs 100).")
-    ] = 100,
-    dense_weight: DenseWeightOption = None,
-    where: WhereOption = None,
-    set_default: Annotated[
-        bool,
-        typer.Option(
-            "--set-default",
-            help=(
-                "With --mode all: make the best mode (by nDCG@10), and the --dense-weight used, "
-                "this workspace's default for search and serve."
-            ),
-        ),
-    ] = False,
-    json_output: JsonOption = False,
+    settings: EvalSettings, workspace: WorkspaceOption = Path("workspace"), json_output: JsonOption = False
 ):
     """Retrieval quality on judged queries: nDCG@10, Recall@100 and MRR@10 (pytrec_eval).
 
@@ -565,9 +429,7 @@ def eval_command(
         pipeline eval --queries q.jsonl --qrels qrels.tsv --mode all --set-default
         pipeline eval --queries q.jsonl --qrels qrels.tsv --where "year >= 2015"   # on a part of the collection
     """
-    reports = workflows.evaluate(
-        Workspace(workspace), queries, qrels, mode, k, dense_weight, command_line_filter(where), set_default
-    )
+    reports = workflows.evaluate(Workspace(workspace), settings)
     if json_output:
         out.print_json(json.dumps(reports if len(reports) > 1 else reports[0]))
         return
@@ -620,31 +482,8 @@ def tune(
 
 @app.command(short_help="HTTP API and web page for search and document writes")
 @user_errors
-def serve(
-    workspace: WorkspaceOption = Path("workspace"),
-    host: Annotated[
-        str, typer.Option(help="Address to listen on (loopback by default; 0.0.0.0 exposes it to the network).")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=MAX_PORT, help="TCP port.")] = 8000,
-    api_key: Annotated[
-        Optional[str],
-        typer.Option(
-            envvar="PIPELINE_API_KEY",
-            help="Require this key (X-API-Key header or ?api_key=) on the data routes: /search, /documents, /fields, "
-            "/runs.json. /health, /openapi.json and the pages (/, /runs, /docs; they ask for the key) stay open.",
-        ),
-    ] = None,
-    ray: Annotated[
-        Optional[str],
-        typer.Option(
-            help="Serve on a Ray cluster with Ray Serve, a deployment per shard: local, auto, or the head's address "
-            "(the workspace on storage every node reads; needs the ray extra)."
-        ),
-    ] = None,
-    replicas: Annotated[
-        int, typer.Option(min=1, max=64, help="With --ray: replicas of each shard (Ray Serve restarts one that dies).")
-    ] = 1,
-):
+@options_of(ServeSettings)
+def serve(settings: ServeSettings, workspace: WorkspaceOption = Path("workspace")):
     """Serve search over HTTP: a web page at /, the JSON API (/search, /documents, /health), docs at /docs.
 
     The model and indexes load once; a rebuilt index (`pipeline index`) is picked up without a restart.
@@ -659,9 +498,7 @@ def serve(
         pipeline serve --port 9000 --api-key s3cret      # curl -H 'X-API-Key: s3cret' 'localhost:9000/search?q=x'
         pipeline serve --ray auto --replicas 2           # every shard twice, on the Ray cluster
     """
-    if ray is None and replicas != 1:
-        raise PipelineError("--replicas is for --ray: give --ray ADDRESS too")
-    workflows.serve(Workspace(workspace), host, port, api_key, ray, replicas)
+    workflows.serve(Workspace(workspace), settings)
 
 
 @app.command(short_help="what the workspace holds, and whether it is consistent")
@@ -693,37 +530,8 @@ def status(workspace: WorkspaceOption = Path("workspace"), json_output: JsonOpti
 
 @app.command(short_help="rank parallel training plans by predicted step time and memory")
 @user_errors
-def plan(
-    workspace: WorkspaceOption = Path("workspace"),
-    preset: Annotated[
-        Preset, typer.Option(help="Model shape: tiny, small (124M), medium (355M), large (774M).")
-    ] = "small",
-    model_config: Annotated[
-        Optional[Path],
-        typer.Option(help="JSON model shape instead of --preset (our fields, or a Hugging Face GPT-2 config.json)."),
-    ] = None,
-    seq_len: Annotated[Optional[int], typer.Option(min=1, help="Tokens per sequence (default: the preset's).")] = None,
-    global_batch: Annotated[
-        Optional[int], typer.Option(min=1, help="Sequences per optimizer step (default: the preset's).")
-    ] = None,
-    vocab_size: Annotated[Optional[int], typer.Option(min=1, help="Vocabulary size (default: the preset's).")] = None,
-    cluster: Annotated[
-        Optional[Path], typer.Option(help="Cluster TOML file for what-if planning (default: measure this machine).")
-    ] = None,
-    nproc: Annotated[
-        Optional[int],
-        typer.Option(min=1, help="Processes (default: all devices of --cluster, or this machine's GPUs, 1 on CPU)."),
-    ] = None,
-    dp: Annotated[Optional[int], typer.Option(min=1, help="Only plans with this data-parallel degree.")] = None,
-    tp: Annotated[Optional[int], typer.Option(min=1, help="Only plans with this tensor-parallel degree.")] = None,
-    pp: Annotated[Optional[int], typer.Option(min=1, help="Only plans with this pipeline degree.")] = None,
-    bf16: Annotated[bool, typer.Option("--bf16", help="Plan for bf16 autocast (2-byte activations).")] = False,
-    top: Annotated[int, typer.Option(min=1, help="Rows of the table.")] = 15,
-    remeasure: Annotated[
-        bool, typer.Option(help="Measure this machine again instead of using the cached measurement.")
-    ] = False,
-    json_output: JsonOption = False,
-):
+@options_of(PlanSettings)
+def plan(settings: PlanSettings, workspace: WorkspaceOption = Path("workspace"), json_output: JsonOption = False):
     """Rank every parallel plan by predicted step time, from measured (or described) hardware and network.
 
     Enumerates data/tensor/pipeline degrees, DDP or FSDP, pipeline schedules, microbatches, stages per rank
@@ -739,21 +547,19 @@ def plan(
     """
     from rich.table import Table
 
-    from pretrain.planner.auto import workload_from_args
     from pretrain.planner.rank import table_rows, why
 
-    work = workload_from_args(preset, model_config, seq_len, global_batch, vocab_size, bf16)
-    result = workflows.plan(Workspace(workspace), work, cluster, nproc, dp, tp, pp, remeasure)
+    result = workflows.plan(Workspace(workspace), settings)
     if json_output:
         out.print_json(json.dumps(result.to_dict()))
         return
     table = Table(
         title=f"{len(result.ranked)} plans fit on {result.cluster.describe()} ({len(result.rejected)} do not); "
-        f"global batch {work.global_batch} × {work.seq_len} tokens"
+        f"global batch {result.work.global_batch} × {result.work.seq_len} tokens"
     )
     for column in ("#", "plan", "step ms", "tokens/s", "MiB/device", "main costs"):
         table.add_column(column, justify="right" if column in ("#", "step ms", "tokens/s", "MiB/device") else "left")
-    for row in table_rows(result, top):
+    for row in table_rows(result, settings.top):
         table.add_row(*row)
     out.print(table)
     out.print(f"best: {result.ranked[0].label}: {why(result.ranked[0], result)}")

@@ -20,10 +20,15 @@ Stages never import each other (tests/workflows/test_layout.py); this module is 
     embed        embed/: new and changed documents into the store (embed/ingest.py upsert_documents)
     index        index/ brings the indexes up to the store (refresh_indexes); after a full build search/
                  measures the default mode on held-out corpus pairs (search/calibrate.py)
+    search       search/: one query's ranked documents
     evaluate     search/: judged queries; with set_default the best mode becomes the default
     serve        search/serve/, its document API writing through write_documents: embed/'s upsert, then
                  index/'s refresh, the same two functions `pipeline embed` and `pipeline index` use
     status       what the workspace holds, and whether its parts belong together (the manifest's checks)
+    plan         pretrain/planner/: parallel plans ranked by predicted step time
+
+Each command's settings are one dataclass (PretrainSettings, TuneSettings, EmbedSettings, IndexSettings,
+SearchSettings, EvalSettings, ServeSettings, PlanSettings), the same one the CLI makes from its options.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from common.console import info, quiet_libraries, warn
 from common.errors import PipelineError, StoredNotIndexed, UnknownDocument, disk_full_error
 from common.manifest import read_manifest, require
 from common.workspace import Workspace, file_sha256, model_fingerprint
+from pretrain.settings import PlanSettings
+from search.settings import EvalSettings, SearchSettings, ServeSettings
 
 if TYPE_CHECKING:  # the documents' type only: the readers import DuckDB, which light commands do without
     from common.readers import Document
@@ -191,34 +198,32 @@ def index(ws: Workspace, settings=None) -> dict:
     return summary
 
 
-def search(ws: Workspace, query: str, k: int = 10, mode: str | None = None, where=None, dense_weight=None) -> list:
-    """`pipeline search`: the ranked hits (search/engine.py Hit) for one query; `where`: a DocumentFilter."""
+def search(ws: Workspace, query: str, settings: SearchSettings | None = None) -> list:
+    """`pipeline search`: the ranked hits (search/engine.py Hit) for one query."""
     from search.engine import SearchEngine, short_text
 
+    settings = settings or SearchSettings()
     engine = SearchEngine(ws, load_model=False)  # the query model loads only if a dense search asks for it
-    return engine.search_many([query], k, mode, where, dense_weight, names=[f'"{short_text(query, 40)}"'])[0]
+    name = f'"{short_text(query, 40)}"'
+    return engine.search_many(
+        [query], settings.k, settings.mode, settings.document_filter(), settings.dense_weight, names=[name]
+    )[0]
 
 
-def plan(ws: Workspace, workload, cluster_file: Path | None, nproc, dp, tp, pp, remeasure: bool = False):
-    """`pipeline plan`: every parallel plan for `workload` ranked (pretrain/planner), on the cluster a TOML file
-    describes or, without one, on this machine as measured (the measurement cached in the workspace)."""
-    from pretrain.planner.auto import get_cluster, plan_for
+def plan(ws: Workspace, settings: PlanSettings | None = None):
+    """`pipeline plan`: every parallel plan for the settings' model and batch ranked (pretrain/planner), on the
+    cluster a TOML file describes or, without one, on this machine as measured (the measurement cached in the
+    workspace)."""
+    from pretrain.planner.auto import get_cluster, plan_for, workload_from_args
 
-    if cluster_file is None:
+    s = settings or PlanSettings()
+    work = workload_from_args(s.preset, s.model_config, s.seq_len, s.global_batch, s.vocab_size, s.bf16)
+    if s.cluster is None:
         ws.create()
-    return plan_for(workload, get_cluster(ws, cluster_file, nproc, remeasure), nproc, dp, tp, pp)
+    return plan_for(work, get_cluster(ws, s.cluster, s.nproc, s.remeasure), s.nproc, s.dp, s.tp, s.pp)
 
 
-def evaluate(
-    ws: Workspace,
-    queries: Path,
-    qrels: Path,
-    mode: str | None = None,
-    k: int = 100,
-    dense_weight: float | None = None,
-    filters=None,
-    set_default: bool = False,
-) -> list[dict]:
+def evaluate(ws: Workspace, settings: EvalSettings) -> list[dict]:
     """`pipeline eval`: nDCG@10, Recall@100 and MRR@10 per mode (mode "all": every mode the index has); with
     set_default the best by nDCG@10, with the dense weight used, becomes the workspace's default mode."""
     from search.calibrate import record_default_mode
@@ -226,23 +231,20 @@ def evaluate(
     from search.evaluate import evaluate as evaluate_queries
     from search.evaluate import modes_to_run, read_qrels, read_queries
 
-    if set_default and mode != "all":
-        raise PipelineError("--set-default needs --mode all: the default is the best of the measured modes")
-    if set_default and filters is not None:
-        raise PipelineError("--set-default measures the whole collection: leave out --where")
-    judged, texts = read_qrels(qrels), read_queries(queries)
+    s = settings
+    judged, texts = read_qrels(s.qrels), read_queries(s.queries)
     engine = SearchEngine(ws, load_model=False)
-    modes = modes_to_run(engine, mode) if mode else [None]
-    reports = [evaluate_queries(engine, texts, judged, m, k, dense_weight, filters) for m in modes]
-    if set_default:
+    modes = modes_to_run(engine, s.mode) if s.mode else [None]
+    reports = [evaluate_queries(engine, texts, judged, m, s.k, s.dense_weight, s.document_filter()) for m in modes]
+    if s.set_default:
         best = max(reports, key=lambda r: r["ndcg@10"])
         record_default_mode(
             ws,
             best["mode"],
-            engine.resolve_dense_weight(dense_weight),
+            engine.resolve_dense_weight(s.dense_weight),
             engine.index_entry.embedder_fingerprint,
             "judged queries",
-            {"ndcg@10": {r["mode"]: r["ndcg@10"] for r in reports}, "queries": str(queries), "qrels": str(qrels)},
+            {"ndcg@10": {r["mode"]: r["ndcg@10"] for r in reports}, "queries": str(s.queries), "qrels": str(s.qrels)},
         )
         info(f"default mode for this workspace: {best['mode']} (nDCG@10 {best['ndcg@10']:.4f})")
     return reports
@@ -292,21 +294,15 @@ def write_documents(ws: Workspace, engine, upserts: list[Document], deletes: lis
     }
 
 
-def serve(
-    ws: Workspace,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    api_key: str | None = None,
-    ray: str | None = None,
-    replicas: int = 1,
-) -> None:
+def serve(ws: Workspace, settings: ServeSettings | None = None) -> None:
     """`pipeline serve`: the HTTP API and page; the document API writes through write_documents. With `ray`,
     on that Ray cluster, each shard a Ray Serve deployment of `replicas` replicas."""
+    s = settings or ServeSettings()
     finish_interrupted_write(ws)
-    if ray is None:
+    if s.ray is None:
         from search.serve import run_server
 
-        run_server(ws, host, port, api_key, write_documents)
+        run_server(ws, s.host, s.port, s.api_key, write_documents)
         return
     from common.ray_cluster import INSTALL_HINT
 
@@ -315,7 +311,7 @@ def serve(
     except ImportError:  # Ray, or its Serve part, is not installed
         raise PipelineError(INSTALL_HINT) from None
 
-    serve_on_ray(ws, ray, host, port, api_key, write_documents, replicas)
+    serve_on_ray(ws, s.ray, s.host, s.port, s.api_key, write_documents, s.replicas)
 
 
 def finish_interrupted_write(ws: Workspace) -> None:

@@ -23,7 +23,7 @@ from benchmarks_common import SCIFACT, pipeline, pretrained_workspace, write_res
 def measure(kind: str, ids: np.ndarray, vectors: np.ndarray, queries: np.ndarray) -> dict:
     import faiss
 
-    from index.faiss_index import exact_neighbours, make_index, recall_at_10
+    from common.dense.index_types import exact_neighbours, make_index, recall_at_10
 
     start = time.perf_counter()
     index = make_index(kind, vectors, ids)

@@ -165,10 +165,10 @@ class IndexEntry(Section):
     deleted_in_base: int = 0
     analyzer: dict[str, Any] | None = None  # None: an index from before languages (English)
     update: str = "full"
-    lists_path: str | None = None  # the base's IVF lists, when on disk (index/ivf.py)
+    lists_path: str | None = None  # the base's IVF lists, when on disk (common/dense/ivf.py)
     rescore_path: str | None = None  # the int8 vectors an IVF base re-scores its candidates from
     trained_path: str | None = None  # an IVF base's empty trained index, which an update's delta is filled with
-    centroid_distance: float | None = None  # how well an IVF base's lists fit its vectors (index/ivf.py)
+    centroid_distance: float | None = None  # how well an IVF base's lists fit its vectors (common/dense/ivf.py)
     delta_rescore_path: str | None = None  # the int8 vectors of an IVF delta
     search_setting: dict[str, int] | None = None  # the base's tuned search widths (efSearch, nprobe, rescore)
     recall_at_10: float | None = None  # the base's, against exact search; None for exact search

@@ -18,6 +18,7 @@ from common.durations import parse_duration
 from common.errors import PipelineError
 
 SEED_MAX = 2**32 - 1  # numpy's (transformers seeds it), the narrowest of the seeded generators
+MAX_PORT = 65535
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class Declared:
     duration: bool = False
     metavar: str | None = None
     listing: tuple[str, ...] = ()
+    envvar: str | None = None
 
     def range_text(self) -> str | None:
         """The range as --help shows it: x>=1, 0<=x<=1, x>0."""
@@ -83,9 +85,12 @@ def number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
 
 
-def option(default: Any = None, help: str = "", *, factory=None, **declared) -> Any:
-    """A settings field that is also an option (Declared's arguments)."""
+def option(default: Any = None, help: str = "", *, factory=None, required: bool = False, **declared) -> Any:
+    """A settings field that is also an option (Declared's arguments); a `required` one has no default (it comes
+    before the fields that have one)."""
     metadata = {"option": Declared(help, **declared)}
+    if required:
+        return field(metadata=metadata)
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)

@@ -6,7 +6,7 @@ exceed it (rounding changes a vector's direction slightly, never its length).
 
 The embedders' vectors are L2-normalised floats; 1,024 of them are 4 KB a chunk as float32, 41 GB at
 ten million chunks. Scaled to int8 by their own largest component they are 1 KB and a float: the store
-keeps them so (common/store.py), and the index keeps a copy to re-score its candidates exactly
+keeps them so (common/store/), and the index keeps a copy to re-score its candidates exactly
 (index/, search/). Each vector carries its own scale, so nothing is trained: a vector written today
 and one written a year later are coded alike, and updates never re-code the store.
 

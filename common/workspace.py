@@ -9,7 +9,7 @@ Layout (all paths relative to the workspace root):
     model/               the exported Hugging Face + sentence-transformers model
     metrics.jsonl        one JSON object per logged training step / validation
     tensorboard/         TensorBoard event files, one directory per run (pretrain/, tune-static/, ...)
-    pipeline.duckdb      documents, chunks and vectors (common/store.py)
+    pipeline.duckdb      documents, chunks and vectors (common/store/)
     index/               the FAISS index (faiss-<build>.index), the BM25 index (lexical-<id>/) and the corpus
                          snapshot search reads (corpus-<id>/: common/snapshot/reader.py)
 """

@@ -77,7 +77,7 @@ def store_wanted_documents(
 ) -> EmbedderEntry:
     """Store the documents the store's run wants (Store.want_documents, want_read_documents) and delete
     `remove` (with remove_unread, every stored document the run did not read too), in one publish: what
-    search sees changes at once (common/store.py). documents_at(positions): the wanted documents at these
+    search sees changes at once (common/store/). documents_at(positions): the wanted documents at these
     positions (ascending) with their content hashes; the stored ones wanted again are read from the store.
     `replace_all`: these documents are the whole store (a new model or chunking embeds everything again).
     Documents an interrupted run of the same embedder staged already are not embedded again. Each group of

@@ -5,7 +5,7 @@ then every document is, the stored ones from their stored text. The source is re
 neither pass: once to list every document's id and hash in the store, where DuckDB finds what changed,
 then again for the documents to embed (embed/survey.py). Documents are staged in groups, each group in one
 transaction, so an interrupted run resumes where it stopped; search sees the run's documents once they
-are all written, in one transaction (common/store.py).
+are all written, in one transaction (common/store/).
 """
 
 from __future__ import annotations

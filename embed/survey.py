@@ -1,6 +1,6 @@
 """What `pipeline embed` reads of its source, in two passes, neither of which holds the corpus.
 
-`survey` reads every document once, hashes it and lists it in the store (a temporary table, common/store.py
+`survey` reads every document once, hashes it and lists it in the store (a temporary table, common/store/
 `source_read`: position, id, content hash; and the files skipped as unreadable in `source_skipped`, whose
 stored documents `--prune` keeps), so that which documents are new, changed or gone, and whether an
 id repeats, are questions DuckDB answers within its memory limit. `documents_at` reads the source again

@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from common.console import info
+from common.dense.reader import base_segment_dir
 from common.errors import PipelineError
-from common.index_files import base_segment_dir
 from common.language import LanguageMix
 from common.lexical import (
     LANGUAGE_SAMPLE_CHUNKS,

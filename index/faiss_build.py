@@ -1,4 +1,4 @@
-"""A FAISS index built over stored vectors and tuned: the type chosen, trained and filled (index/ivf.py for the
+"""A FAISS index built over stored vectors and tuned: the type chosen, trained and filled (common/dense/ivf.py for the
 IVF family, in slices), its search widths tuned for the recall target on queries made from the collection's
 own documents, and its files written: for `pipeline index`'s full build (index/build.py) and for each shard of a
 sharded one (index/shards.py)."""
@@ -13,12 +13,8 @@ import faiss
 import numpy as np
 
 from common.console import info, warn
-from common.embedder import encode, load_embedder
-from common.errors import PipelineError
-from common.manifest import read_manifest
-from common.store import Store
-from common.workspace import Workspace
-from index.faiss_index import (
+from common.dense.files import new_index_path, write_faiss
+from common.dense.index_types import (
     TARGET_RECALL,
     choose_type,
     exact_neighbours,
@@ -27,8 +23,12 @@ from index.faiss_index import (
     recall_sample,
     tune_search,
 )
-from index.files import new_index_path, write_faiss
-from index.ivf import build_ivf, new_staging, remove_staging
+from common.dense.ivf import build_ivf, new_staging, remove_staging
+from common.embedder import encode, load_embedder
+from common.errors import PipelineError
+from common.manifest import read_manifest
+from common.store import Store
+from common.workspace import Workspace
 
 
 @dataclass
@@ -79,7 +79,7 @@ def recall_record(recall: float | None, search_setting: dict | None) -> dict:
 
 
 def tuning_queries(ws: Workspace, store: Store, n: int) -> np.ndarray | None:
-    """The queries an approximate index is tuned with (index/faiss_index.py QUERY_WORDS): spans of
+    """The queries an approximate index is tuned with (common/dense/index_types.py QUERY_WORDS): spans of
     recall_sample(n) stored documents (a seeded sample) embedded by the workspace's embedder as search embeds
     a query; None (stored vectors as queries) when no document has text."""
     spans = query_spans([text or "" for _, _, text in store.document_texts(recall_sample(n))])

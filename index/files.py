@@ -4,7 +4,7 @@ Each run writes new files and a new lexical directory under new names; the manif
 written last (`record`, its one writer), names them and the store generation they were built from, so a
 reader that follows the manifest always sees a matching set, and a crash mid-build leaves the previous
 index in use. Older files are removed after the manifest moved on. Search reads these files through
-common/index_files.py.
+common/dense/.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ import shutil
 import uuid
 from pathlib import Path
 
-import faiss
 import numpy as np
 
 from common.manifest import EmbedderEntry, IndexEntry, write_section
-from common.workspace import Workspace, atomic_write_bytes
+from common.workspace import Workspace
 
 
 def record(ws: Workspace, summary: dict, embedder: EmbedderEntry, live: np.ndarray, generation: int) -> dict:
@@ -44,18 +43,6 @@ def record(ws: Workspace, summary: dict, embedder: EmbedderEntry, live: np.ndarr
 def shard_dir(index_path: Path, number: int) -> Path:
     """Where shard `number` of a sharded index (its directory: index_path) keeps its files."""
     return index_path / str(number)
-
-
-def new_index_path(index_dir: Path, prefix: str) -> Path:
-    """A name no index file has had: the manifest then names it, so a reader never sees a half-written index."""
-    return index_dir / f"{prefix}-{uuid.uuid4().hex[:12]}.index"
-
-
-def write_faiss(index: faiss.Index, index_dir: Path, prefix: str, path: Path | None = None) -> Path:
-    """Write under a new name (`path`, else one new_index_path makes) and return it."""
-    path = path or new_index_path(index_dir, prefix)
-    atomic_write_bytes(path, faiss.serialize_index(index).tobytes())
-    return path
 
 
 def remove_other_files(index_dir: Path, keep: set[str]) -> None:

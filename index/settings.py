@@ -11,7 +11,7 @@ from typing import Literal, Optional
 
 from common.options import OptionError, check_declared, option
 
-IndexType = Literal["auto", "flat", "hnsw", "ivf", "ivfpq"]  # ivf, ivfpq: index/ivf.py
+IndexType = Literal["auto", "flat", "hnsw", "ivf", "ivfpq"]  # ivf, ivfpq: common/dense/ivf.py
 
 
 @dataclass

@@ -32,8 +32,10 @@ import faiss
 import numpy as np
 
 from common.console import info
+from common.dense.index_types import choose_type
+from common.dense.ivf import codes_bytes, train_ivf
+from common.dense.reader import base_segment_dir
 from common.errors import PipelineError
-from common.index_files import base_segment_dir
 from common.lexical import Analyzer, LexicalIndex, Segment
 from common.manifest import IndexEntry
 from common.snapshot.reader import Snapshot
@@ -41,9 +43,7 @@ from common.snapshot.writer import write_corpus
 from common.store import Store, short_hash
 from common.workspace import Workspace, write_directory
 from index.faiss_build import ShardBuild, build_and_tune, recall_record, tuning_queries
-from index.faiss_index import choose_type
 from index.files import shard_dir
-from index.ivf import codes_bytes, train_ivf
 from index.update import Drifted, chunks_to_index, deleted_since, update, update_summary
 
 

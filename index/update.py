@@ -30,14 +30,14 @@ import faiss
 import numpy as np
 
 from common.console import info
-from common.index_files import base_segment_dir
+from common.dense.files import new_index_path, write_faiss
+from common.dense.index_types import choose_type, make_index, recall_sample
+from common.dense.ivf import build_ivf, new_staging, remove_staging
+from common.dense.reader import base_segment_dir
 from common.lexical import Analyzer, LexicalIndex, Segment
 from common.manifest import EmbedderEntry, IndexEntry
 from common.store import Store
 from common.workspace import Workspace, write_directory
-from index.faiss_index import choose_type, make_index, recall_sample
-from index.files import new_index_path, write_faiss
-from index.ivf import build_ivf, new_staging, remove_staging
 
 DRIFT_RATIO = 1.2  # added vectors this much further from an IVF base's centroids than its own: build in full
 MIN_DRIFT_VECTORS = 100  # fewer added vectors say too little about drift

@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from common.durations import parse_duration
-from common.options import SEED_MAX, check_declared, option
+from common.options import MAX_PORT, SEED_MAX, check_declared, option
 
 Preset = Literal["tiny", "small", "medium", "large"]
 Strategy = Literal["single", "ddp", "fsdp", "tp", "pp", "hybrid", "auto"]
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zero-bubble", "zbv"]
 
 MIN_VOCAB_SIZE = 257  # the byte-level tokenizer's 256 bytes and its end-of-text token (pretrain/tokenizer.py)
-MAX_PORT = 65535
 
 
 @dataclass
@@ -174,3 +173,29 @@ class PretrainSettings:
                 self.batch_size,
             )
         )
+
+
+@dataclass
+class PlanSettings:
+    """Everything `pipeline plan` can be told: the model and batch to plan for, and the cluster."""
+
+    preset: Preset = option("small", "Model shape: tiny, small (124M), medium (355M), large (774M).")
+    model_config: Optional[Path] = option(
+        None, "JSON model shape instead of --preset (our fields, or a Hugging Face GPT-2 config.json)."
+    )
+    seq_len: Optional[int] = option(None, "Tokens per sequence (default: the preset's).", min=1)
+    global_batch: Optional[int] = option(None, "Sequences per optimizer step (default: the preset's).", min=1)
+    vocab_size: Optional[int] = option(None, "Vocabulary size (default: the preset's).", min=1)
+    cluster: Optional[Path] = option(None, "Cluster TOML file for what-if planning (default: measure this machine).")
+    nproc: Optional[int] = option(
+        None, "Processes (default: all devices of --cluster, or this machine's GPUs, 1 on CPU).", min=1
+    )
+    dp: Optional[int] = option(None, "Only plans with this data-parallel degree.", min=1)
+    tp: Optional[int] = option(None, "Only plans with this tensor-parallel degree.", min=1)
+    pp: Optional[int] = option(None, "Only plans with this pipeline degree.", min=1)
+    bf16: bool = option(False, "Plan for bf16 autocast (2-byte activations).", flags=("--bf16",))
+    top: int = option(15, "Rows of the table.", min=1)
+    remeasure: bool = option(False, "Measure this machine again instead of using the cached measurement.")
+
+    def __post_init__(self):
+        check_declared(self)

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.console import info
+from common.dense.reader import base_segment_dir
 from common.embedder import embedding_text, encode
 from common.heldout import held_out_pairs, standard_error
-from common.index_files import base_segment_dir
 from common.lexical import Analyzer, LexicalIndex, Segment
 from common.manifest import SearchEntry, read_manifest, require, write_section
 from common.store import Store

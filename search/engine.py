@@ -50,18 +50,18 @@ import faiss
 import numpy as np
 
 from common.console import warn
+from common.dense.reader import candidates_to_rescore, load_index, read_rescore, rescored
 from common.embedder import encode, is_static, load_embedder, text_tokenizer, token_limit, truncate_to_model
 from common.errors import PipelineError
-from common.index_files import candidates_to_rescore, load_index, read_rescore, rescored
 from common.lexical import Analyzer, CollectionStatistics, LexicalIndex
 from common.manifest import IndexEntry, SearchEntry, read_manifest
 from common.snapshot.reader import Snapshot
 from common.store import Store
 from common.workspace import Workspace, model_fingerprint
 from search.filters import DocumentFilter, DocumentFilters
+from search.settings import MAX_K, MODES
 from search.snippets import make_snippet, snippet_terms
 
-MODES = ("dense", "lexical", "hybrid")
 # Which mode ranks best depends on the collection and the model: `pipeline index` measures it on held-out
 # pairs of the corpus (search/calibrate.py) and `pipeline eval --mode all --set-default` on judged queries;
 # either records the winner (and the hybrid's dense weight) for the workspace. Unmeasured: lexical.
@@ -74,7 +74,6 @@ FETCH_MARGIN = 1.5  # chunks fetched first per document wanted, over the collect
 # CPU a query) exact BM25 took 29 ms on average, 115 at p99; with 1M postings walked 21 / 57, the same chunks;
 # 500k 17 / 53 and 98% of them, 200k 16 / 47 and 95%. Lexical mode stays exact; below ~1M chunks it never binds.
 HYBRID_WALK_BUDGET = 1_000_000
-MAX_K = 1000
 
 
 @dataclass
@@ -162,7 +161,7 @@ class DenseIndex:
         self, index: faiss.Index, chunk_ids: np.ndarray, rescore_rows: np.ndarray | None = None, rescore: int = 1
     ):
         """chunk_ids: the live chunks' ids by position (ascending). rescore_rows: an IVF index's rescoring rows
-        by slot (common/index_files.py); its best candidates_to_rescore(rescore, n) candidates are then scored
+        by slot (common/dense/reader.py); its best candidates_to_rescore(rescore, n) candidates are then scored
         exactly from them."""
         ids = faiss.vector_to_array(faiss.downcast_index(index).id_map)
         at = np.minimum(np.searchsorted(chunk_ids, ids), max(len(chunk_ids) - 1, 0))
@@ -291,7 +290,7 @@ class IndexShard:
         self.corpus = Snapshot(root / entry.corpus_path)
         if self.corpus.generation != entry.store_generation:  # the manifest names them together
             raise PipelineError("the corpus snapshot does not match the index: run `pipeline index`")
-        # An IVF base and its delta re-score their candidates from int8 copies of the vectors (index/ivf.py).
+        # An IVF base and its delta re-score their candidates from int8 copies of the vectors (common/dense/ivf.py).
         rescore = int((entry.search_setting or {}).get("rescore", 1))
         self.dense = []
         for path, rescore_path in zip(entry.files, [entry.rescore_path, entry.delta_rescore_path]):

@@ -18,8 +18,9 @@ import pytrec_eval
 from common.console import info
 from common.errors import PipelineError
 from common.readers import read_json_lines
-from search.engine import MODES, SearchEngine
+from search.engine import SearchEngine
 from search.filters import DocumentFilter
+from search.settings import MODES
 
 
 def read_queries(path: Path) -> dict[str, str]:

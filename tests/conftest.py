@@ -254,11 +254,11 @@ def one_compute_thread():
 
 
 def ivfpq_with_rescoring(vectors: np.ndarray, ids: np.ndarray, lists: int, directory: Path) -> tuple:
-    """An IDMap-wrapped IVF-PQ fast-scan index whose labels are slots, as index/ivf.py builds it, and its
+    """An IDMap-wrapped IVF-PQ fast-scan index whose labels are slots, as common/dense/ivf.py builds it, and its
     rescoring rows, written to `directory`/rescore.npy and memory-mapped."""
     import faiss
 
-    from common.index_files import read_rescore, rescore_dtype
+    from common.dense.reader import read_rescore, rescore_dtype
     from common.vectors import quantize
 
     ivf = faiss.index_factory(vectors.shape[1], f"IVF{lists},PQ8x4fs", faiss.METRIC_INNER_PRODUCT)

@@ -1,5 +1,5 @@
 """Indexes for collections of millions, exercised small: int8 vectors in the store, IVF indexes trained on a
-sample and filled in slices (index/ivf.py), their lists on disk under a small memory budget, IVF-PQ
+sample and filled in slices (common/dense/ivf.py), their lists on disk under a small memory budget, IVF-PQ
 candidates re-scored from the int8 copy, recall reported when tuning cannot reach its target."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import shutil
 import numpy as np
 import pytest
 
+from common.dense.index_types import make_index
 from common.store import Store
 from common.vectors import dequantize, quantize
 from common.workspace import Workspace
 from conftest import run_cli
 from index import ivf
 from index.build import refresh_indexes
-from index.faiss_index import make_index
 from search.engine import DenseIndex, SearchEngine
 
 
@@ -93,7 +93,7 @@ def test_recall_below_target_is_reported(trained_workspace, tmp_path):
 def test_tuning_queries_are_spans_of_the_documents_words():
     """Tuning's queries: QUERY_WORDS consecutive words of each text, the text whole when shorter, a text
     without spaces cut by characters, no empty query."""
-    from index.faiss_index import QUERY_WORDS, query_spans
+    from common.dense.index_types import QUERY_WORDS, query_spans
 
     long_text = " ".join(f"w{i}" for i in range(100))
     chinese = "这是一个没有空格的很长的句子" * 10

@@ -9,13 +9,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from common.dense.index_types import make_index
 from common.readers import read_documents
 from common.snapshot.writer import MetadataFields, write_filter_table
 from common.store import Store
 from common.workspace import Workspace
 from conftest import corpus_metadata, ivfpq_with_rescoring, run_cli
 from index.build import refresh_indexes
-from index.faiss_index import make_index
 from search.engine import AllowedChunks, DenseIndex, SearchEngine
 from search.filters import DocumentFilter, DocumentFilters, FilterError
 from search.snippets import make_snippet, snippet_terms

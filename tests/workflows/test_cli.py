@@ -279,12 +279,9 @@ def test_a_usage_error_is_one_line_and_exit_2(args, message, tmp_path):
 
 
 def test_choices_are_the_ones_each_stage_accepts():
-    import cli
     from pretrain import settings
     from pretrain.config import PRESETS, SCHEDULES, STRATEGIES
-    from search.engine import MODES
 
-    assert get_args(cli.SearchMode) == MODES and get_args(cli.EvalMode) == (*MODES, "all")
     assert get_args(settings.Preset) == tuple(PRESETS) and get_args(settings.Strategy) == (*STRATEGIES, "auto")
     assert get_args(settings.PipelineSchedule) == SCHEDULES
 

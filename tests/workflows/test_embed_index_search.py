@@ -6,8 +6,8 @@ import faiss
 import numpy as np
 import pytest
 
+from common.dense.reader import load_index
 from common.errors import PipelineError
-from common.index_files import load_index
 from common.manifest import TokenizerEntry, read_json, write_section
 from common.store import Store
 from common.workspace import Workspace
@@ -177,7 +177,7 @@ def test_each_index_type_finds_stored_vectors(trained_workspace, tmp_path):
 
 @pytest.mark.parametrize("held", ["one chunk twice, another not", "one chunk missing"])
 def test_an_index_that_does_not_hold_every_stored_chunk_once_is_refused(trained_workspace, tmp_path, held):
-    from index.faiss_index import make_index
+    from common.dense.index_types import make_index
     from search.engine import SearchEngine
 
     ws = copy_workspace(trained_workspace, tmp_path / "ws")
@@ -455,7 +455,8 @@ def test_an_approximate_index_is_searched_wide_enough_to_find_the_target_recall(
     """Started at width 1 (far below the target on random vectors), the build's tuning widens the search
     (IVF-PQ: its probes and its re-scored candidates) until recall@10 on held-out neighbours reaches
     TARGET_RECALL, and the index file keeps the width."""
-    from index.faiss_index import (
+    from common.dense.files import write_faiss
+    from common.dense.index_types import (
         TARGET_RECALL,
         exact_neighbours,
         make_index,
@@ -463,7 +464,6 @@ def test_an_approximate_index_is_searched_wide_enough_to_find_the_target_recall(
         rescored_search,
         tune_search,
     )
-    from index.files import write_faiss
 
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((3000, 32)).astype(np.float32)
@@ -493,9 +493,9 @@ def test_hnsw_over_wide_vectors_builds_its_graph_on_their_principal_components_a
     """Vectors wider than GRAPH_DIMENSIONS: the graph comes from their leading principal components, but
     the index holds the full vectors (float16), finds each stored vector as its own nearest neighbour,
     reaches the recall target once tuned, and survives writing and reading."""
-    from common.index_files import load_index
-    from index.faiss_index import GRAPH_DIMENSIONS, TARGET_RECALL, exact_neighbours, make_index, tune_search
-    from index.files import write_faiss
+    from common.dense.files import write_faiss
+    from common.dense.index_types import GRAPH_DIMENSIONS, TARGET_RECALL, exact_neighbours, make_index, tune_search
+    from common.dense.reader import load_index
 
     rng = np.random.default_rng(0)
     dim = 2 * GRAPH_DIMENSIONS + 64

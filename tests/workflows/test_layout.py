@@ -91,15 +91,15 @@ def test_each_manifest_section_has_one_writer():
 
 
 def test_search_reads_index_files_only_through_common():
-    """index/ writes the index files; search/ reads them through common/index_files.py, and index/ does
+    """index/ writes the index files; search/ reads them through common/dense/reader.py, and index/ does
     not read search/ (the one allowed direction, through common/)."""
     assert not any("index" in names for names in imported_packages("search").values())
     readers = {
         module
         for module, names in imported_packages("search").items()
-        if "common" in names and "common.index_files" in (REPO / module).read_text()
+        if "common" in names and "common.dense.reader" in (REPO / module).read_text()
     }
-    assert readers, "search/ reads the index files through common/index_files.py"
+    assert readers, "search/ reads the index files through common/dense/reader.py"
 
 
 HEAVY_FRAMEWORKS = ("jax", "tensorflow")  # each preallocates a GPU's memory when imported with one

@@ -34,7 +34,7 @@ DEEP_RESCORE = 10  # candidates re-scored per result past the 10th (candidates_t
 
 def load_index(path: Path) -> faiss.Index:
     """A FAISS index file as search and the server use it: an IVF index's lists memory-mapped (read from
-    disk as searches touch them, whether they were written in the file or beside it: index/ivf.py), any
+    disk as searches touch them, whether they were written in the file or beside it: common/dense/ivf.py), any
     other index read whole. Sets FAISS's process-wide switch to matrix products for FLAT_BLAS_MIN_QUERIES
     queries or more of its dimension."""
     try:

@@ -10,7 +10,7 @@ lists of the `nprobe` centroids nearest the query. Here:
   FAISS's fast-scan kernels.
 - `ivf`: int8 scalar codes trained per dimension (1 KB a vector).
 
-Either way the best `rescore` x k candidates (past the 10th result, 10 a result: common/index_files.py
+Either way the best `rescore` x k candidates (past the 10th result, 10 a result: common/dense/reader.py
 candidates_to_rescore) are then scored exactly from an int8 copy of the store's
 vectors (common/vectors.py) that `pipeline index` writes beside the index (the rescoring file, read
 memory-mapped), as Qdrant and LanceDB re-score quantized search: what search returns is ranked by the
@@ -38,11 +38,11 @@ import numpy as np
 from faiss.contrib.ondisk import merge_ondisk
 
 from common.console import info, quiet_stdout
+from common.dense.index_types import ExactNeighbours
+from common.dense.reader import read_rescore, rescore_dtype
 from common.durations import format_eta
-from common.index_files import read_rescore, rescore_dtype
 from common.store import Store
 from common.vectors import dequantize
-from index.faiss_index import ExactNeighbours
 
 SLICE_BYTES = 256 * 2**20  # float32 vectors read from the store and added at once
 TRAINING_POINTS_PER_LIST = 40  # k-means wants >= 39 points a centroid (FAISS warns below)

@@ -2,7 +2,7 @@
 searches (its width tuned to a recall target on a sample of its own vectors).
 
 Vectors are L2-normalised, so every index uses inner product (= cosine similarity); chunk ids are kept
-through IndexIDMap2 (IndexIDMap for IVF: index/ivf.py).
+through IndexIDMap2 (IndexIDMap for IVF: common/dense/ivf.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import faiss
 import numpy as np
 
-from common.index_files import candidates_to_rescore, rescored
+from common.dense.reader import candidates_to_rescore, rescored
 
 EXACT_LIMIT = 50_000  # below this many vectors exact search is fast enough and has perfect recall
 
@@ -47,7 +47,9 @@ QUERY_WORDS = 12
 RECALL_SAMPLE = 1000
 
 
-HNSW_LIMIT = 500_000  # from here IVF-PQ with rescoring (index/ivf.py): an HNSW graph's memory and build grow with n
+HNSW_LIMIT = (
+    500_000  # from here IVF-PQ with rescoring (common/dense/ivf.py): an HNSW graph's memory and build grow with n
+)
 
 
 def choose_type(n: int) -> tuple[str, str]:
@@ -62,7 +64,7 @@ def choose_type(n: int) -> tuple[str, str]:
 
 
 def make_index(kind: str, vectors: np.ndarray, ids: np.ndarray) -> faiss.Index:
-    """A flat or HNSW FAISS index over the vectors, found by `ids` (IVF indexes are built in slices: index/ivf.py)."""
+    """A flat or HNSW FAISS index over the vectors, found by `ids` (IVF indexes are built in slices: ivf.py)."""
     dim = vectors.shape[1]
     spec = {"flat": "IDMap2,Flat", "hnsw": f"IDMap2,HNSW{HNSW_LINKS},SQfp16"}[kind]
     index = faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
