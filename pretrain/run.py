@@ -1,6 +1,8 @@
 """`pipeline pretrain`: from documents to a trained, exported model.
 
-run_pretrain() checks the settings once, before anything is written, then
+run_pretrain() resolves the settings once, before anything is written (`resolve`: how they combine is checked,
+then they become a PretrainJob: the sources, data options, training config, plan, runtime options and the
+processes' placement), then
 
     a new run    prepares the data (tokenizer and token shards, pretrain/prepare.py), sizes the model to the
                  time budget unless a shape or step count was given (pretrain/sizing.py), takes the plan
@@ -18,7 +20,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from common.board import require_wandb
@@ -35,15 +37,71 @@ from pretrain.sizing import size_to_budget
 AUTOTUNE_STEPS = 4  # steps of each plan --autotune measures (the first warms up)
 
 
-def run_pretrain(ws: Workspace, s: PretrainSettings, budget_s: float | None = None) -> dict:
-    """Run `pipeline pretrain`'s pretraining in `budget_s` seconds (default: all of --time-budget); returns
-    the model's summary."""
+@dataclass
+class Placement:
+    """Where the job's processes run: nproc on each of nnodes nodes (torchrun's), or workers on a Ray cluster."""
+
+    nproc: int
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    ray: str | None = None
+    max_failures: int = 0  # Ray: worker failures recovered
+
+    @property
+    def world(self) -> int:
+        return self.nproc * self.nnodes
+
+    def launch_args(self) -> dict:
+        """launch()'s arguments for this placement (torchrun on this node)."""
+        return dict(
+            nproc=self.nproc,
+            nnodes=self.nnodes,
+            node_rank=self.node_rank,
+            master_addr=self.master_addr,
+            master_port=self.master_port,
+        )
+
+
+@dataclass
+class PretrainJob:
+    """The settings resolved once, at the start, into the typed parts pretraining runs with (as torchtitan
+    turns its job config into parallel dims, model args and a training spec): nothing after `resolve` reads
+    PretrainSettings."""
+
+    budget_s: float
+    sources: PretrainingSources
+    data: DataOptions
+    config: TrainConfig  # the preset's, or the checkpoint's when resuming; sizing may replace its shape
+    plan: ParallelConfig | None  # None: the planner chooses (--strategy auto)
+    autotune: int | None  # with the planner: measure this many of its top plans
+    cluster: Path | None  # with the planner: a cluster file instead of measuring this machine
+    options: RuntimeOptions
+    placement: Placement
+    resume_from: Path | None
+    continue_with_data: bool  # --resume --data: the new documents in new shards first
+    steps_given: bool  # --max-steps (or --tokens): a continued run does not add steps for new tokens
+    sized: bool  # no shape or length given: model and tokens sized to the budget
+    vocab_size: int  # the vocabulary asked for; 0: sized to the corpus
+
+
+def resolve(ws: Workspace, s: PretrainSettings, budget_s: float | None = None) -> PretrainJob:
+    """Check how the settings combine (check_settings) and resolve them into a PretrainJob; `budget_s`:
+    pretraining's share of the time budget (default: all of it)."""
     checked_budget_s = check_settings(s)
-    budget_s = checked_budget_s if budget_s is None else budget_s
-    nproc = s.nproc if s.nproc is not None else default_workers(s.ray)
+    placement = Placement(
+        nproc=s.nproc if s.nproc is not None else default_workers(s.ray),
+        nnodes=s.nnodes,
+        node_rank=s.node_rank,
+        master_addr=s.master_addr,
+        master_port=s.master_port,
+        ray=s.ray,
+        max_failures=s.max_failures,
+    )
     plan = ParallelConfig.resolve(
         None if s.auto else s.strategy,
-        nproc * s.nnodes,
+        placement.world,
         dp=s.dp,
         dp_replicate=s.dp_replicate,
         dp_shard=s.dp_shard,
@@ -54,49 +112,71 @@ def run_pretrain(ws: Workspace, s: PretrainSettings, budget_s: float | None = No
         stages_per_rank=s.stages_per_rank or 0,
         pp_split=parse_split(s.pp_split),
     )
-    options = runtime_options(s)
     resume_from = latest_checkpoint(ws) if s.resume else None
-    cfg = resumed_config(resume_from, s) if resume_from else new_train_config(s)
-    if resume_from is not None and s.data:  # continued pretraining: the new documents in new shards
-        added = append_data(ws, corpus_of(s), data_options(s))
+    return PretrainJob(
+        budget_s=checked_budget_s if budget_s is None else budget_s,
+        sources=PretrainingSources(tuple(s.data), s.text_field),
+        data=DataOptions(
+            tokenizer_sample_mb=s.tokenizer_sample_mb,
+            shard_tokens=s.shard_tokens,
+            workers=s.tokenize_workers or 0,
+            seed=s.seed,
+            ray=s.ray,
+        ),
+        config=resumed_config(resume_from, s) if resume_from else new_train_config(s),
+        plan=None if s.auto else plan,
+        autotune=s.autotune,
+        cluster=s.cluster,
+        options=runtime_options(s),
+        placement=placement,
+        resume_from=resume_from,
+        continue_with_data=resume_from is not None and bool(s.data),
+        steps_given=s.max_steps is not None,
+        sized=resume_from is None and not s.shape_given,
+        vocab_size=s.vocab_size or 0,
+    )
+
+
+def run_pretrain(ws: Workspace, s: PretrainSettings, budget_s: float | None = None) -> dict:
+    """Run `pipeline pretrain`'s pretraining in `budget_s` seconds (default: all of --time-budget); returns
+    the model's summary."""
+    job = resolve(ws, s, budget_s)
+    cfg, plan = job.config, job.plan
+    if job.continue_with_data:  # continued pretraining: the new documents in new shards
+        added = append_data(ws, job.sources, job.data)
         if added:  # the best validation so far was on the old data: the continued run keeps its own
             shutil.rmtree(ws.checkpoints_dir / BEST_DIR, ignore_errors=True)
-        if s.max_steps is None and added:  # as many more steps as the new tokens fill
+        if not job.steps_given and added:  # as many more steps as the new tokens fill
             more = math.ceil(added / (cfg.batch_size * cfg.seq_len))
             info(f"training {more:,} more steps ({cfg.max_steps:,} -> {cfg.max_steps + more:,}) for the new tokens")
             cfg.max_steps += more
-    if not s.auto:
+    if plan is not None:
         plan.validate(cfg.model, cfg)  # the plan the user gave, before anything is written
-    job = dict(
-        nproc=nproc, nnodes=s.nnodes, node_rank=s.node_rank, master_addr=s.master_addr, master_port=s.master_port
-    )
 
     sizing = None  # what sizing measured and ranked, kept in the run's log
-    if resume_from is None and not s.shape_given:  # sized to the data, this machine and the time budget
+    if job.sized:  # sized to the data, this machine and the time budget
         started = time.monotonic()
-        cfg.preset, cfg.vocab_size = "sized", s.vocab_size or 0  # 0: sized to the corpus
-        meta = prepare_data(ws, corpus_of(s), cfg, data_options(s))
-        cfg, report, sizing = size_to_budget(
-            cfg,
-            meta["train_tokens"],
-            budget_s - (time.monotonic() - started),
-            nproc * s.nnodes,
-            None if s.auto else plan,
-        )  # only shapes the plan accepts
-        for line in report:
+        cfg.preset, cfg.vocab_size = "sized", job.vocab_size
+        meta = prepare_data(ws, job.sources, cfg, job.data)
+        left_s = job.budget_s - (time.monotonic() - started)
+        cfg, report, sizing = size_to_budget(cfg, meta["train_tokens"], left_s, job.placement.world, plan)
+        for line in report:  # only shapes the plan accepts
             info(line)
-    if s.auto:  # the planner's plans are ones training accepts (the same check)
+    elif job.resume_from is None:  # a shape or length given
+        meta = prepare_data(ws, job.sources, cfg, job.data)  # once, in this process: workers only train
+        cfg.model = replace(cfg.model, vocab_size=meta["vocab_size"])
+    if plan is None:  # the planner's plans are ones training accepts (the same check)
         from pretrain.planner.auto import apply_estimate, autotune_plan, choose_plan
 
-        result, best = choose_plan(ws, cfg, nproc, s.nnodes, s.cluster, options.bf16)
+        result, best = choose_plan(ws, cfg, job.placement.nproc, job.placement.nnodes, job.cluster, job.options.bf16)
         plan, cfg = apply_estimate(cfg, best)
-    if resume_from is None and s.shape_given:
-        meta = prepare_data(ws, corpus_of(s), cfg, data_options(s))  # once, in this process: workers only train
-        cfg.model = model_config_for(cfg.preset, meta["vocab_size"], cfg.seq_len, **shape_overrides(s))
-    if s.auto and s.autotune and resume_from is None:
-        plan, cfg = apply_estimate(cfg, autotune_plan(ws, cfg, options, result, s.autotune, AUTOTUNE_STEPS, job))
+        if job.autotune and job.resume_from is None:
+            measured = autotune_plan(
+                ws, cfg, job.options, result, job.autotune, AUTOTUNE_STEPS, job.placement.launch_args()
+            )
+            plan, cfg = apply_estimate(cfg, measured)
 
-    return train_job(ws, cfg, plan, options, resume_from, s, job, sizing)
+    return train_job(ws, cfg, plan, job, sizing)
 
 
 # ---------------------------------------------------------------- settings, checked once
@@ -159,20 +239,6 @@ def runtime_options(s: PretrainSettings) -> RuntimeOptions:
     )
 
 
-def corpus_of(s: PretrainSettings) -> PretrainingSources:
-    return PretrainingSources(tuple(s.data), s.text_field)
-
-
-def data_options(s: PretrainSettings) -> DataOptions:
-    return DataOptions(
-        tokenizer_sample_mb=s.tokenizer_sample_mb,
-        shard_tokens=s.shard_tokens,
-        workers=s.tokenize_workers or 0,
-        seed=s.seed,
-        ray=s.ray,
-    )
-
-
 def shape_overrides(s: PretrainSettings) -> dict:
     return {k: v for k, v in dict(n_layer=s.n_layer, n_head=s.n_head, n_embd=s.n_embd).items() if v is not None}
 
@@ -228,14 +294,7 @@ def resumed_config(checkpoint: Path, s: PretrainSettings) -> TrainConfig:
 
 
 def train_job(
-    ws: Workspace,
-    cfg: TrainConfig,
-    plan: ParallelConfig,
-    options: RuntimeOptions,
-    resume_from: Path | None,
-    s: PretrainSettings,
-    job: dict,
-    sizing: dict | None = None,
+    ws: Workspace, cfg: TrainConfig, plan: ParallelConfig, job: PretrainJob, sizing: dict | None = None
 ) -> dict:
     """Train in this process when the job is one process, else under torchrun on this node, or on Ray;
     returns the model's summary (empty on nodes other than the first). What was predicted before the run
@@ -245,12 +304,15 @@ def train_job(
     from pretrain.planner.auto import predict_run
     from pretrain.train import train
 
+    options, resume_from, placement = job.options, job.resume_from, job.placement
     prediction = {**(predict_run(ws, cfg, plan, options.bf16) or {}), **({"sizing": sizing} if sizing else {})} or None
-    if s.ray is not None:
+    if placement.ray is not None:
         from pretrain.ray_train import run_on_ray
 
-        return run_on_ray(ws, cfg, plan, options, resume_from, s.ray, s.max_failures, prediction=prediction)
-    if job["nproc"] * job["nnodes"] == 1:
+        return run_on_ray(
+            ws, cfg, plan, options, resume_from, placement.ray, placement.max_failures, prediction=prediction
+        )
+    if placement.world == 1:
         return train(ws, cfg, resume_from=resume_from, plan=plan, options=options, prediction=prediction)
     spec = RunSpec(
         str(ws.root.resolve()),
@@ -260,6 +322,6 @@ def train_job(
         prediction=prediction,
         options=options.to_dict(),
     )
-    launch([spec], **job)
-    model = read_manifest(ws).model if job["node_rank"] == 0 else None
+    launch([spec], **placement.launch_args())
+    model = read_manifest(ws).model if placement.node_rank == 0 else None
     return model.to_json() if model else {}
