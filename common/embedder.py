@@ -74,9 +74,10 @@ class StaticEmbedder:
             load_file(str(directory / "model.safetensors"))["embedding.weight"], dtype=np.float32
         )
         self.token_ids = TokenIds(self.tokenizer)
-        # How texts' token vectors are averaged: numpy, one text at a time (1.9M tokens/s here), or torch's
-        # embedding_bag (5.7M tokens/s on 2 cores) which costs ~2 s to import: worth it for a large embed
-        # only, which sets this (embed/run.py). A search or a 1% update stays without torch.
+        # How texts' token vectors are averaged: numpy, one text at a time, or torch's embedding_bag (several
+        # times as fast on 2 cores), whose import takes seconds: worth it for a large embed only, which sets
+        # this (embed/run.py). A search or a 1% update stays without torch
+        # (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md).
         self.mean_with_torch = False
 
     def get_embedding_dimension(self) -> int:
@@ -163,14 +164,15 @@ TOKENIZER_CHECK_TEXTS = [
 
 def fast_byte_level_bpe(spec: dict, tokenizer):
     """A tiktoken encoder with the same vocabulary and merges as a GPT-2-style byte-level BPE tokenizer
-    (ours is one; `spec`: its tokenizer.json): the same tokens at 2-3x the speed of the tokenizers library
-    here, which is what bounds `pipeline embed` with a static model. tiktoken merges by rank, where the
-    library follows its list of merges; token ids stand in for ranks, which follows that list when a
-    trained BPE numbers each merge's token in merge order (checked here). The two agreed on every text
-    tried (20,000 SciFact-derived documents, the tests' texts), which is evidence, not proof, hence the
-    checks: the tokenizer's shape, then its tokens on TOKENIZER_CHECK_TEXTS. None when any check fails:
-    the library is used then. Documents and queries both go through here, so a query is tokenized as the
-    documents were."""
+    (ours is one; `spec`: its tokenizer.json): the same tokens, faster than the tokenizers library, which is
+    what bounds `pipeline embed` with a static model
+    (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md).
+    tiktoken merges by rank, where the library follows its list of merges; token ids stand in for ranks,
+    which follows that list when a trained BPE numbers each merge's token in merge order (checked here).
+    The two agreed on every text tried (20,000 SciFact-derived documents, the tests' texts), which is
+    evidence, not proof, hence the checks: the tokenizer's shape, then its tokens on TOKENIZER_CHECK_TEXTS.
+    None when any check fails: the library is used then. Documents and queries both go through here, so a
+    query is tokenized as the documents were."""
     import tiktoken
 
     model = spec.get("model") or {}
@@ -264,8 +266,8 @@ def encode(model, texts: list[str], batch_size: int = 64, on_batch: Callable[[in
     on_batch(number of texts encoded so far) is called after each batch: a transformer's texts are encoded
     one batch at a time, longest first (the batches sentence-transformers makes itself), a static model's
     STATIC_BATCH_TEXTS at a time. A static model's texts are tokenized and averaged here, not by
-    sentence-transformers' per-call machinery (what its `encode(normalize_embeddings=True)` gives: one
-    query cost 0.5-0.7 ms instead of 2.3-3.3 ms side by side on a loaded 2-core machine)."""
+    sentence-transformers' per-call machinery (what its `encode(normalize_embeddings=True)` gives, at a
+    fraction of its cost a query; measured: benchmarks/results/2026-11-28-design-measurements-cpu.md)."""
     if is_static(model):
         return embed_token_ids(model, model.token_ids(texts), on_batch=on_batch)
     if on_batch is not None and len(texts) > batch_size:
@@ -288,7 +290,8 @@ def encode(model, texts: list[str], batch_size: int = 64, on_batch: Callable[[in
 
 
 STATIC_BATCH_TEXTS = 1024  # texts averaged per call of a static model (a progress step)
-# below this many tokens a static model averages with numpy even after importing torch (0.02 ms a query, not 0.2)
+# below this many tokens a static model averages with numpy even after importing torch, whose call costs more
+# than a small batch's mean (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md)
 SMALL_BATCH_TOKENS = 4096
 
 

@@ -10,11 +10,10 @@ keeps them so (common/store/), and the index keeps a copy to re-score its candid
 (index/, search/). Each vector carries its own scale, so nothing is trained: a vector written today
 and one written a year later are coded alike, and updates never re-code the store.
 
-Measured on SciFact with the static embedder (`pipeline eval`, nDCG@10, test queries): float32 dense
-0.6029, these codes 0.6013 (train queries 0.5934 / 0.5931); the default hybrid 0.6973 either way. A
-scalar quantizer trained per dimension was closer (0.6028) but needs training on the collection; float16
-(2 KB) was equal; the vectors' first 512 or 256 dimensions lost 0.026 / 0.089 (the embedder was not
-trained for truncation).
+On SciFact with the static embedder (`pipeline eval`, nDCG@10) these codes ranked nearly as well as float32
+dense, and the default hybrid alike. A scalar quantizer trained per dimension was closer but needs training
+on the collection; float16 (2 KB) was equal; keeping only the vectors' first dimensions lost clearly (the
+embedder was not trained for truncation). Measured: benchmarks/results/2026-11-28-design-measurements-cpu.md.
 """
 
 from __future__ import annotations
@@ -46,9 +45,10 @@ def scores(query: np.ndarray, codes: np.ndarray, scales: np.ndarray, rows: np.nd
     return _scores(np.asarray(query, dtype=np.float32), codes, scales, rows)
 
 
-# fastmath: the sum of a row's products may be reordered, so it runs in SIMD lanes (4x a strict order); the
-# interpreter lock is released, so searches re-score side by side. 4,300 rows of 1,024-d a query: numpy's
-# gather, conversion and product 6 ms; this 0.7 ms.
+# fastmath: the sum of a row's products may be reordered, so it runs in SIMD lanes (faster than a strict
+# order); the interpreter lock is released, so searches re-score side by side. Many times faster than numpy's
+# gather, conversion and product of a query's candidate rows (measured:
+# benchmarks/results/2026-11-28-design-measurements-cpu.md).
 @numba.njit(cache=True, nogil=True, fastmath=True)
 def _scores(query, codes, scales, rows):
     dim = query.shape[0]

@@ -36,7 +36,8 @@ from pretrain.mesh import Parallel, gather_floats
 
 def peak_memory_mb(device: torch.device) -> float:
     """Peak memory of this process since reset_peak_memory: allocated GPU memory on CUDA, resident
-    set size on CPU (which includes the Python and PyTorch runtime, some 300-400 MB)."""
+    set size on CPU (which includes the Python and PyTorch runtime; measured:
+    benchmarks/results/2026-11-28-design-measurements-cpu.md)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -56,8 +56,9 @@ MAX_EPOCHS = 4.0  # passes over the corpus a sized run makes at most (--max-step
 LAW_GAIN = 0.01  # nats a larger shape must be predicted to gain over the best smaller one to be chosen
 MIN_STEPS = 100  # a shape that can't take this many steps in the budget is too big for it
 # The share of the budget left after sizing that goes to training steps: the loop's validation, logging,
-# checkpoints and export take the rest (on SciFact and 2 CPU cores the loop's steps, validation included,
-# took 1.4x the best bare step timed here, and pretraining overran a 12-minute budget by half without it).
+# checkpoints and export take the rest (the loop's steps, validation included, took longer than the best bare
+# step timed here, and pretraining overran its budget without this share; measured:
+# benchmarks/results/2026-11-28-design-measurements-cpu.md).
 STEP_SHARE = 0.8
 
 

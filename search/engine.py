@@ -6,19 +6,20 @@ score(d) = w * z_dense(d) + (1 - w) * z_lexical(d), where z is a score standardi
 top documents for the query (mean 0, deviation 1), and a document missing from one list gets that list's
 lowest score. Unlike reciprocal rank fusion, this keeps how far apart the scores are, so a retriever
 that is confident about one document outweighs one that barely prefers another: on SciFact's train
-queries, with the static embedder, it lifted hybrid above BM25 (0.704 vs 0.696 nDCG@10) where RRF fell
-below it (0.693); Bruch et al. (2023) found the same across BEIR.
+queries, with the static embedder, it lifted hybrid above BM25 (nDCG@10) where RRF fell below it
+(measured: benchmarks/results/2026-11-28-design-measurements-cpu.md); Bruch et al. (2023) found the same across
+BEIR.
 
 The engine loads the indexes and the model once, and opens the corpus snapshot `pipeline index` wrote beside
 them (common/snapshot/reader.py): arrays by chunk position (chunk-id order) and by document position (doc-id order),
 memory-mapped, and each document's fields and compressed text. Nothing of the collection is read into memory
 at load: a hit's document is an array lookup, and only the hits' texts and metadata are read, when they are
-shown (a one-off search over 1M documents used to load the whole store first: 43 s and 11.7 GB). The store
-itself is only asked its generation: an index, and the snapshot written with it, answer only for the store
-generation they were built from. A request does no SQL unless it filters. An updated index is a base and a
-delta (index/build.py): both FAISS indexes are searched and their hits merged by score, the base's deleted
-chunks never among them; BM25 reads both segments. `search` can be called from several threads (FAISS and
-BM25 searches only read).
+shown (a one-off search over 1M documents used to load the whole store first, slowly and into much memory:
+benchmarks/results/2026-11-28-design-measurements-cpu.md). The store itself is only asked its generation: an
+index, and the snapshot written with it, answer only for the store generation they were built from. A request
+does no SQL unless it filters. An updated index is a base and a delta (index/build.py): both FAISS indexes are
+searched and their hits merged by score, the base's deleted chunks never among them; BM25 reads both segments.
+`search` can be called from several threads (FAISS and BM25 searches only read).
 
 A sharded index (index/shards.py) is searched shard by shard through the Shard interface (which a shard in
 another process answers too): the query embedded once, BM25 scored with the collection's statistics summed over
@@ -70,9 +71,10 @@ DEFAULT_DENSE_WEIGHT = 0.5
 FUSION_DEPTH = 100  # documents taken from each retriever before fusing
 FETCH_MARGIN = 1.5  # chunks fetched first per document wanted, over the collection's chunks per document
 # Hybrid's BM25 walks at most this many postings in full; its commonest terms are then only looked up for the
-# chunks the others hold (common/lexical/). At 10M topical chunks (200 SciFact train queries, 152 chunks each,
-# CPU a query) exact BM25 took 29 ms on average, 115 at p99; with 1M postings walked 21 / 57, the same chunks;
-# 500k 17 / 53 and 98% of them, 200k 16 / 47 and 95%. Lexical mode stays exact; below ~1M chunks it never binds.
+# chunks the others hold (common/lexical/). At 10M topical chunks this budget cut exact BM25's time a query,
+# most at the tail (p99), and still found the same chunks, where smaller budgets lost some of them (measured:
+# benchmarks/results/2026-11-28-design-measurements-cpu.md). Lexical mode stays exact; below ~1M chunks it
+# never binds.
 HYBRID_WALK_BUDGET = 1_000_000
 
 
@@ -298,7 +300,8 @@ class IndexShard:
             rows = read_rescore(root / rescore_path, index.d) if rescore_path else None
             self.dense.append(DenseIndex(index, self.corpus.chunk_ids, rows, rescore))
         # Every stored chunk held once: as many held as stored, and every position among them. (np.unique of
-        # the positions took 9.7 s of a 15.7 s load at ten million chunks.)
+        # the positions took most of a load at ten million chunks:
+        # benchmarks/results/2026-11-28-design-measurements-cpu.md.)
         held = np.concatenate([part.live_positions for part in self.dense])
         covered = np.zeros(len(self.corpus.chunk_ids), bool)
         covered[held] = True

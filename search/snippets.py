@@ -74,8 +74,9 @@ _WORD_REST = re.compile(r"\w*")
 
 def _candidate_words(text: str, prefixes: tuple[str, ...]) -> list[tuple[int, int, str]]:
     """(start, end, the word lower-cased) of each word of `text` that starts with one of the prefixes, in
-    any case, in text order. str.find over the lower-cased text: 4x faster than one case-insensitive
-    regex of the prefixes (the largest part of a search's snippets)."""
+    any case, in text order. str.find over the lower-cased text: faster than one case-insensitive regex of
+    the prefixes (the largest part of a search's snippets; measured:
+    benchmarks/results/2026-11-28-design-measurements-cpu.md)."""
     lowered = text.lower()
     if len(lowered) != len(text):  # a few characters lower-case to two: search the text itself
         pattern = re.compile(r"\b(?:" + "|".join(map(re.escape, prefixes)) + r")\w*", re.IGNORECASE)

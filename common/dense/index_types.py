@@ -31,17 +31,16 @@ TARGET_RECALL = 0.95
 
 MAX_EF_SEARCH = 1024  # HNSW: beyond this a search costs more than the graph saves
 RESCORE_FACTOR = 10  # IVF-PQ: candidates re-scored per result wanted, to start with
-# Ten million topical chunks (IVF3169,PQ128x4fs), recall@10 of 200 tuning spans at nprobe 64 / 128 / 256:
-# 80x 0.958 / 0.957 / 0.960, 160x 0.979 / 0.980 / 0.984, 320x 0.987 / 0.987 / 0.992: past a few dozen probes
-# the codes' ranking, not the lists searched, loses the neighbours, and with 80 the most the tuning could
-# reach, it stopped short of the target on another sample (0.9475).
+# IVF-PQ: the most candidates tuning may re-score per result. At ten million chunks, past a few dozen probes
+# the codes' ranking, not the lists searched, loses the neighbours, so only more re-scored candidates reach
+# the target, and a lower cap stopped short of it on another sample
+# (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md).
 MAX_RESCORE_FACTOR = 320
 # Tuning's queries: spans of this many words of the documents, embedded as search embeds a query. Stored
 # vectors as queries overstate a user's recall: they lie in the clusters IVF's lists were trained on, a query
-# between them. 200k topical synthetic documents, IVF-PQ (448 lists), recall@10 at nprobe 16 / 64 / 128:
-# stored vectors 0.997 / - / -; SciFact's train queries 0.887 / 0.960 / 0.978; 12-word spans 0.838 / 0.931 /
-# 0.954 (8 words: 0.825 / 0.917 / 0.936; whole sentences 0.973 at 16; means of 2-4 stored vectors 0.92-0.99
-# at 16). Spans a little harder than the claims: the width they need is enough for queries like those.
+# between them. Spans of this length came out a little harder than SciFact's claims as queries (shorter spans
+# harder still, whole sentences and stored vectors easier): the width they need is enough for queries like
+# those (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md).
 QUERY_WORDS = 12
 
 RECALL_SAMPLE = 1000
@@ -70,11 +69,11 @@ def make_index(kind: str, vectors: np.ndarray, ids: np.ndarray) -> faiss.Index:
     index = faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
     inner = faiss.downcast_index(faiss.downcast_index(index).index)
     if kind == "hnsw":
-        # The graph's build is most of `pipeline index` beyond 50,000 vectors. Measured on 100,241 vectors of
-        # 1,024-d (2 cores): efConstruction 80 over float32 vectors built in 58 s, recall@10 0.958 at
-        # efSearch 256; 40 over float16 vectors (half the memory to read per distance) in 25 s, recall
-        # 0.946 at 256 and 0.977 at 512 (the search width is then tuned: index/build.py). Float16 changes
-        # a cosine by ~1e-4, far below the differences that order search results.
+        # The graph's build is most of `pipeline index` beyond EXACT_LIMIT vectors. A lower efConstruction over
+        # float16 vectors (half the memory to read per distance) built much faster than a higher one over
+        # float32, at a little lower recall, which a wider search makes up (the search width is then tuned:
+        # index/build.py). Float16 changes a cosine far less than the differences that order search results
+        # (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md).
         inner.hnsw.efConstruction = 40
         inner.hnsw.efSearch = 64
         if not index.is_trained:
@@ -90,11 +89,10 @@ def add_with_reduced_graph(index: faiss.Index, hnsw_index: faiss.Index, vectors:
     """Fill an empty IDMap2-wrapped HNSW index whose graph is built over the vectors' first GRAPH_DIMENSIONS
     principal components, while the index keeps (and searches, and filters over) the full vectors. Which
     vectors are a node's neighbours hardly changes when distances come from the leading components, and
-    building the graph is most of the cost: on the 100,241 vectors of 1,024-d of the scale benchmark, the
-    graph over 128 components built in 7.5 s against 26.8 s over all 1,024, recall@10 (searched over the
-    full vectors) 0.912 / 0.953 / 0.984 at efSearch 256 / 512 / 1,024 against 0.926 / 0.964 / 0.985 (over
-    256 components 14.8 s and 0.928 / 0.964 / 0.986); the build's tuning then widens the search to the
-    recall target."""
+    building the graph is most of the cost: on the scale benchmark's vectors the graph over the leading
+    components built much faster than over all of them, at a little lower recall@10 (searched over the full
+    vectors) at the same efSearch; the build's tuning then widens the search to the recall target
+    (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md)."""
     rng = np.random.default_rng(0)
     pca = faiss.PCAMatrix(vectors.shape[1], GRAPH_DIMENSIONS)
     pca.train(vectors[np.sort(rng.choice(len(vectors), min(len(vectors), PCA_SAMPLE), replace=False))])
@@ -186,7 +184,8 @@ def rescored_search(index: faiss.Index, rows: np.memmap, factor: int):
     """search(queries, k) -> chunk ids of an IVF index whose best factor * k candidates are re-scored
     from the rescoring rows (what search/engine.py does per query). The candidates' rows are read from the
     file into memory (read_rows), not through its memory map: at ten million chunks the pages the map
-    brought in around them (the kernel reads ahead) grew `pipeline index` by 7.5 GB while it tuned."""
+    brought in around them (the kernel reads ahead) grew `pipeline index`'s memory while it tuned
+    (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md)."""
     ivf = faiss.downcast_index(faiss.downcast_index(index).index)
     chunk_ids = faiss.vector_to_array(faiss.downcast_index(index).id_map)
 

@@ -52,8 +52,8 @@ KMEANS_ITERATIONS = 10  # FAISS's default is 25; the centroids hardly move after
 def lists_for(n: int) -> int:
     """Inverted lists for n vectors: sqrt(n) (3,162 at ten million, ~3,000 vectors a list), and at least 39
     training points each. FAISS suggests 4-16 sqrt(n) with an HNSW quantizer; k-means over that many
-    centroids on this machine's 2 cores would take most of an hour at ten million, and fast-scan makes a
-    longer list cheap to scan."""
+    centroids on a 2-core machine would take far longer at ten million, and fast-scan makes a longer list
+    cheap to scan (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md)."""
     return max(1, min(int(math.sqrt(n)), n // TRAINING_POINTS_PER_LIST))
 
 
@@ -156,7 +156,8 @@ def build_ivf(
     fit = centroid_distance(ivf, sample)
     # Wrapped while empty (FAISS's rule); the IVF's own labels are slots, and the slots' chunk ids are set at the
     # end. IDMap, not IDMap2: IDMap2's reverse map (id -> slot, for reconstruct) is a hash table of every id, rebuilt
-    # on every load (~0.5 GB at ten million), and search never reconstructs.
+    # on every load (memory that grows with the collection), and search never reconstructs
+    # (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md).
     index = faiss.IndexIDMap(ivf)
     index.own_fields = True
     ivf.this.disown()

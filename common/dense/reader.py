@@ -25,9 +25,9 @@ def base_segment_dir(ws: Workspace, entry: IndexEntry) -> Path:
 
 # From this many queries at once a flat index's scores are one matrix product (BLAS), below it a scan of
 # the vectors per query. FAISS 1.15 switches on query floats (queries x dimension) against a process-wide
-# threshold, 128,000 by default: 125 queries of 1,024-d, so a search's batch was always scanned. Measured
-# on 5,705 vectors of 1,024-d, one thread: 1 query 0.8 ms scanned / 2.5 by BLAS, 3 queries 2.5 / 3.4,
-# 4 queries 2.7-3.2 / 2.1-2.8, 8 queries 6.0-7.1 / 2.6-3.4, 16 queries 10.5-12.5 / 3.7-4.1.
+# threshold, 128,000 by default: 125 queries of 1,024-d, so a search's batch was always scanned. On one
+# thread a scan was faster for up to three queries, BLAS from four on, and by more the more queries there
+# were (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md).
 FLAT_BLAS_MIN_QUERIES = 4
 DEEP_RESCORE = 10  # candidates re-scored per result past the 10th (candidates_to_rescore)
 
@@ -76,9 +76,9 @@ def read_rescore(path: Path, dim: int) -> np.ndarray:
 
 def candidates_to_rescore(rescore: int, n: int) -> int:
     """How many of an IVF index's candidates are re-scored for its best n: `rescore` (tuned for the top 10)
-    per result for the first 10, DEEP_RESCORE per result beyond. Hybrid search fetched 400 chunks when this was
-    measured: at 2M topical chunks with rescore 40, recall@400 0.975 in 42 ms a query for 40 each, 0.972 in 10 ms
-    for this (0.963 in 6 ms at 5 each, 0.930 at 2)."""
+    per result for the first 10, DEEP_RESCORE per result beyond. For hybrid search's deep fetch this kept nearly
+    all the recall of re-scoring `rescore` each at a fraction of the time a query, where fewer lost recall
+    (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md)."""
     return rescore * min(n, 10) + min(rescore, DEEP_RESCORE) * max(0, n - 10)
 
 

@@ -63,7 +63,8 @@ SNOWBALL = {
 LANGUAGE_CHOICES = "auto (detected), none (no stop words or stemming), or an ISO 639-1 code (en, de, ru, ja, ...)"
 
 # bm25s's (and scikit-learn's) token pattern, r"\b\w\w+\b", as it matches: each run of two or more word
-# characters (20% faster without the boundary tests)
+# characters (faster without the boundary tests; measured:
+# benchmarks/results/2026-11-28-design-measurements-cpu.md)
 _WORDS = re.compile(r"\w{2,}").findall
 
 

@@ -209,9 +209,10 @@ class LexicalIndex:
 
     def top_many(self, queries: list[str], k: int) -> list[np.ndarray]:
         """The best k chunk ids of each query, best first, in a process per core. Analysing a query is Python
-        and holds the interpreter lock, so threads queue on it (16 threads mined hard negatives at 1.3x one
-        core's speed); forked processes share the index as it is in memory. With few queries one process
-        does it; where forking is unsafe (no fork, or gRPC's threads in this process), threads."""
+        and holds the interpreter lock, so threads queue on it (many threads mined hard negatives hardly faster
+        than one core; measured: benchmarks/results/2026-11-28-design-measurements-cpu.md); forked processes share
+        the index as it is in memory. With few queries one process does it; where forking is unsafe (no fork,
+        or gRPC's threads in this process), threads."""
         processes = min(len(os.sched_getaffinity(0)), len(queries) // QUERIES_PER_PROCESS)
         # gRPC's threads (a Ray driver or worker: this process) do not survive a fork: threads then
         unsafe_to_fork = "grpc" in sys.modules or "fork" not in multiprocessing.get_all_start_methods()

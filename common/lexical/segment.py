@@ -20,8 +20,10 @@ from common.lexical.analysis import Analyzer
 from common.lexical.bm25 import average_length_of, norms_of
 
 TOKENIZE_BATCH = 10_000  # chunks tokenized at once: bounds the memory the token strings take
-SLICE_TOKENS = 8_000_000  # tokens analysed in memory before they are written as a slice (~250 MB at its peak)
-MERGE_POSTINGS = 8_000_000  # postings merged from the slices at once (~300 MB at its peak)
+# SLICE_TOKENS and MERGE_POSTINGS bound a segment build's peak memory
+# (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md).
+SLICE_TOKENS = 8_000_000  # tokens analysed in memory before they are written as a slice
+MERGE_POSTINGS = 8_000_000  # postings merged from the slices at once
 BLOCK = 128  # postings per block, the unit of score bounds a search skips by
 MAX_TF = np.iinfo(np.uint16).max
 SEGMENT_ARRAYS = (

@@ -3,7 +3,8 @@ and the filter table, written by every full build and every update (an update ch
 a new directory under index/ that the manifest's "index" section then names (index/files.py `record`).
 
 A full build reads the store in three passes, none of which sorts text (at 10M documents DuckDB's sort of the
-texts spilled 12 GB beside the store, and ran out of disk): the documents' fields in doc_id order (a document's
+texts spilled to disk beside the store until the disk ran out; measured:
+benchmarks/results/2026-11-28-design-measurements-cpu.md): the documents' fields in doc_id order (a document's
 position), the chunks with their document's position, then the texts in the store's own order, each compressed
 as it comes and recorded by its span in texts.bin; a chunk whose text is the slice of its document's text its
 offsets say is recorded as that slice, not as text. What is kept per chunk (21 bytes: its document, whether it
@@ -14,8 +15,9 @@ An update reads only the documents added or changed since the last snapshot (the
 writes them as a snapshot of their own and merges it with the last one: positions are arrays, the texts
 file is the last one's with the new texts appended (copied compressed once a quarter of it is stale:
 write_texts) and the filter rows are merged by DuckDB.
-Rewriting 2M documents whole took 146 s; an update's cost grows with what changed, plus array work and
-a rewrite of the documents' fields (1.8 GB at ten million documents).
+Rewriting every document whole is slow at millions of documents; an update's cost grows with what
+changed, plus array work and a rewrite of the documents' fields, which grow with the collection
+(measured: benchmarks/results/2026-11-28-design-measurements-cpu.md).
 
 The filter table (search/filters.py queries it) is a DuckDB file: one row per document, `position`,
 `doc_id`, `title`, `source` and one typed column per metadata field (BIGINT, DOUBLE, BOOLEAN, DATE,
@@ -68,7 +70,9 @@ from common.snapshot.reader import (
 from common.store import Store, short_hash
 from common.workspace import write_directory
 
-DOCUMENT_BATCH = 20_000  # documents read from the store at once, with their chunks: ~50 MB of 1 KB texts
+# Documents read from the store at once, with their chunks: their texts take little memory
+# (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md).
+DOCUMENT_BATCH = 20_000
 FILTER_MEMORY = "1GB"  # DuckDB's while it merges filter tables (it spills beyond)
 MAX_FILTER_FIELDS = 1000  # metadata fields that are filter-table columns (Elasticsearch's default field limit)
 STALE_TEXTS = 0.25  # an update links the texts file while at most this share of it is stale (write_texts)
@@ -313,8 +317,9 @@ def merge_documents(directory: Path, old: Snapshot, new: Snapshot, source: np.nd
 
 def take_ascending(table: pa.Table, rows: np.ndarray) -> pa.Table:
     """table.take(rows) for ascending rows, from the slice they span: a take from a whole memory-mapped table
-    of ten million documents cost 0.2 s however few rows it took (both snapshots' documents are in doc_id
-    order, so the rows merge_documents takes for a slice of positions lie together)."""
+    of ten million documents was slow however few rows it took (measured:
+    benchmarks/results/2026-11-28-design-measurements-cpu.md). Both snapshots' documents are in doc_id order, so the
+    rows merge_documents takes for a slice of positions lie together."""
     first = int(rows[0]) if len(rows) else 0
     return table.slice(first, int(rows[-1]) + 1 - first if len(rows) else 0).take(rows - first)
 
@@ -323,9 +328,10 @@ def write_texts(directory: Path, old: Snapshot, new: Snapshot, source: np.ndarra
     """texts.bin and text_spans.npy of the merged snapshot (merge_documents). While the texts of documents
     deleted or changed since are at most STALE_TEXTS of what the old file holds, it is the old file itself,
     linked and with the new texts appended (the old snapshot reads only its own spans, and a file linked
-    keeps the bytes of both): an update then writes only what it adds, where copying 4.5 GB of texts at ten
-    million documents took 55 s. Past that share, the old snapshot's kept texts are copied compressed, in the
-    order they lie in its file, a run of adjacent ones at a time, then the new file."""
+    keeps the bytes of both): an update then writes only what it adds, where copying every text at ten million
+    documents was slow (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md). Past that share, the
+    old snapshot's kept texts are copied compressed, in the order they lie in its file, a run of adjacent ones
+    at a time, then the new file."""
     from_old = source >= 0
     in_old = np.flatnonzero(from_old)
     old_spans = np.asarray(old.text_spans[source[in_old]])
@@ -447,8 +453,9 @@ def chunk_spans(
 
 def text_dictionary(texts: list[str]) -> bytes:
     """zlib's preset dictionary for the collection: DICTIONARY_BYTES of the texts of documents spread evenly over
-    `texts` (the first batch). Whole texts, as they come, compressed 1 KB documents 2.31x where their most
-    frequent words and phrases did 2.26x."""
+    `texts` (the first batch). Whole texts, as they come, compressed short documents a little better than
+    their most frequent words and phrases did
+    (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md)."""
     step = max(1, sum(len(text) for text in texts) // DICTIONARY_BYTES)
     return "".join(texts[::step]).encode()[-DICTIONARY_BYTES:]
 

@@ -41,8 +41,8 @@ class StoreConnection:
             raise PipelineError(f"{path}: cannot open the DuckDB store ({reason}); {advice}") from None
         if not read_only:
             self.con.execute(SCHEMA)
-            # The vectors' floats are noise to DuckDB's float compression (ALP, ALP-RD): on 100,241 vectors
-            # of 1,024-d it made the file larger (419 against 412 MB) and the checkpoint 0.7-1 s slower.
+            # The vectors' floats are noise to DuckDB's float compression (ALP, ALP-RD): it made the file
+            # larger and the checkpoint slower (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md).
             self.con.execute("SET disabled_compression_methods = 'alp,alprd'")
             self.con.execute(RUN_TABLES)
         self.con.execute(f"SET memory_limit = '{BULK_MEMORY_LIMIT if bulk else MEMORY_LIMIT}'")

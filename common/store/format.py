@@ -34,8 +34,9 @@ ALTER TABLE staged_documents ADD COLUMN IF NOT EXISTS metadata JSON;
 INT8, FLOAT32 = "int8", "float32"  # how a vectors table holds its vectors (older stores: float32)
 VECTOR_BATCH = 50_000  # rows of vectors read at once by iter_vector_codes: 50 MB of int8 codes at 1,024 dimensions
 # What one run of a writer works through, kept in DuckDB rather than in Python: temporary tables of its
-# connection, which DuckDB spills to disk past its memory limit. At a million documents the Python dicts and
-# lists of every id and content hash were gigabytes.
+# connection, which DuckDB spills to disk past its memory limit. The Python dicts and lists of every id and
+# content hash grew with the collection, too large at a million documents
+# (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md).
 RUN_TABLES = """
 -- every document an embed run read from its source, in reading order (embed/survey.py); `file` numbers
 -- the JSON-lines file it came from
@@ -50,12 +51,13 @@ CREATE TEMP TABLE run_documents (position BIGINT, stored_rowid BIGINT, doc_id VA
 CREATE TEMP TABLE removed_documents (doc_id VARCHAR);
 """
 # `pipeline embed` (bulk) writes gigabytes: DuckDB keeps what it writes in memory until a checkpoint moves it
-# into the file, and by default may use 80% of the machine's memory (7 GB held at a million documents). Its
-# memory is bounded here: what does not fit (rows written since the last checkpoint, a large join, the run's
-# temporary tables) spills to pipeline.duckdb.tmp beside the store. The log is checkpointed every 4 GB (not
-# every 16 MB: 40% of embed's time on 20,000 documents): a checkpoint writes the last, partly filled row
-# group of each table again, so checkpoints every 256 MB made 300,000 documents' file 2.66 GB against 1.54,
-# and took 10% more CPU. A 2 GB limit took 7% less CPU than 1 GB (peak RSS 2.35 against 1.40 GB).
+# into the file, and by default may use 80% of the machine's memory (much of it held at a million documents).
+# Its memory is bounded here: what does not fit (rows written since the last checkpoint, a large join, the
+# run's temporary tables) spills to pipeline.duckdb.tmp beside the store. The log is checkpointed every 4 GB
+# (not every 16 MB, DuckDB's default, whose checkpoints took much of embed's time): a checkpoint writes the
+# last, partly filled row group of each table again, so frequent checkpoints grew the file and cost CPU. A
+# 2 GB limit took less CPU than 1 GB, for a higher peak memory
+# (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md).
 BULK_MEMORY_LIMIT = "2GB"
 BULK_CHECKPOINT_THRESHOLD = "4GB"
 # The stored documents `embed --prune` deletes: those the run did not read, unless their file was skipped as
@@ -66,7 +68,8 @@ FETCH_ROWS = 10_000
 # DuckDB's memory for a store opened other than for bulk writes: its sorts (the chunks' texts for BM25, the
 # documents' fields for the corpus snapshot) spill to disk beside the store beyond it, and its buffer pool keeps
 # the blocks a scan read up to it. Without a limit (80% of RAM) the IVF build's one pass over 10M vectors left
-# 12 GB of them in memory; set per connection, not per query, as a RESET returns to that default.
+# most of what it read in memory (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md); set per
+# connection, not per query, as a RESET returns to that default.
 MEMORY_LIMIT = "1GB"
 # What the corpus snapshot keeps of a document's content_hash to tell whether it changed since: 64 bits of its MD5
 # (a standard function, so the same in every DuckDB version).

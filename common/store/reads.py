@@ -35,7 +35,8 @@ class CollectionReads(StoreConnection):
         cursor = self.con.cursor()  # a result of its own: another query on the store meanwhile does not end it
         try:
             # DuckDB sorts the whole result before the first row: past MEMORY_LIMIT it spills the sort to disk
-            # (beside the store) rather than hold every text (2 GB of memory at a million chunks of SciFact).
+            # (beside the store) rather than hold every text in memory
+            # (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md).
             cursor.execute(
                 f"SELECT c.chunk_id, d.title, c.text FROM chunks c JOIN documents d USING (doc_id) {only} "
                 "ORDER BY c.chunk_id",
@@ -86,7 +87,8 @@ class CollectionReads(StoreConnection):
         at a time: doc_id, title, source, metadata (JSON text), hash (SHORT_HASH of the content hash) and row (its
         rowid, which document_texts_by_row gives with each text). A document's position in this order is its position
         in the corpus snapshot. The text is left out so that DuckDB's sort holds ~100 bytes a document, not the
-        collection's text: sorting the texts spilled 12 GB beside the store at 10M documents."""
+        collection's text, whose sort spilled to disk beside the store at 10M documents
+        (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md)."""
         metadata = "metadata::VARCHAR" if self.has_metadata else "NULL::VARCHAR"
         only, parameters = self._only_documents(doc_ids)
         return self._arrow_batches(
@@ -162,8 +164,9 @@ class CollectionReads(StoreConnection):
         """(chunk ids int64, int8 codes [m, dim], scales float32 [m]) of every stored vector, or of the chunks
         `ids`, batch_rows at a time (an older store's float32 vectors coded as read; the codes and scales are
         views of the batch read, valid while it is used): in chunk_id order, or without `ordered` in the table's
-        own order, streamed without DuckDB sorting every vector first (2 GB
-        at two million chunks, more than the memory DuckDB is given while BM25 reads the texts beside it)."""
+        own order, streamed without DuckDB sorting every vector first (at millions of chunks a sort larger than
+        the memory DuckDB is given while BM25 reads the texts beside it; measured:
+        benchmarks/results/2026-11-28-design-measurements-cpu.md)."""
         dim = int(self.get_meta("dim") or 0)
         vector_format = self.vector_format("vectors")
         if not dim or vector_format is None:
@@ -179,7 +182,7 @@ class CollectionReads(StoreConnection):
                 continue
             # The ids copied (8 bytes a row), the codes and scales read in place: a view of any of the batch's
             # buffers keeps the whole batch alive, and the IVF build keeps every slice's ids (at 10M chunks, views
-            # kept 10 GB of vectors in memory).
+            # kept the vectors in memory; measured: benchmarks/results/2026-11-28-design-measurements-cpu.md).
             chunk_ids = arrow_numbers(batch.column(0), np.int64).copy()
             flat = batch.column(1).flatten()
             if vector_format == INT8:

@@ -28,8 +28,9 @@ class DocumentWrites(StoreConnection):
     def stored_documents(self, rowids: np.ndarray) -> Iterator[tuple[str, str, str, str, dict, str]]:
         """(doc_id, title, source, text, metadata, content_hash) of the stored documents at these rowids
         (ascending), to embed them again: fetched a few thousand at a time (by rowid: a lookup by doc_id
-        scans the table, 35 ms per 1,024 ids at 2M documents against 2.7 ms), through a cursor of their own
-        so that the store can be written meanwhile."""
+        scans the table, many times slower at millions of documents; measured:
+        benchmarks/results/2026-11-28-design-measurements-cpu.md), through a cursor of their own so that the store
+        can be written meanwhile."""
         reader = self.con.cursor()
         try:
             for start in range(0, len(rowids), FETCH_ROWS):
@@ -214,7 +215,8 @@ class DocumentWrites(StoreConnection):
     ) -> None:
         """Stage these documents (doc_id, title, source, text, content_hash, metadata) with their chunks and
         vectors, atomically; search sees them once `publish` runs. They must not be staged already (`stage`
-        returns those that are): nothing is deleted here, which cost 13 ms a call over 100,000 documents."""
+        returns those that are): nothing is deleted here, which cost time on every call
+        (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md)."""
         metadata = [json.dumps(d[5], ensure_ascii=False) if d[5] else None for d in docs]
         ids = np.array([c.chunk_id for c in chunks], dtype=np.int64)
         # The recorded id, not next_chunk_id(): its max() scans the chunks written since the last checkpoint,
@@ -223,7 +225,8 @@ class DocumentWrites(StoreConnection):
         self.con.execute("BEGIN TRANSACTION")
         try:
             # Each column as one list parameter, unnested: one insert per table, not one per row (executemany
-            # took 1.3 ms per document); the vectors as an Arrow table over their own memory.
+            # cost far more per document; measured: benchmarks/results/2026-11-28-design-measurements-cpu.md); the
+            # vectors as an Arrow table over their own memory.
             self.con.execute(
                 "INSERT INTO staged_documents (doc_id, title, source, text, content_hash, metadata) SELECT "
                 + ", ".join(["unnest(?::VARCHAR[])"] * 5)

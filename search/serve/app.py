@@ -31,9 +31,9 @@ log = logging.getLogger("pipeline.serve")
 async def lifespan(app: FastAPI):
     # A transformer's searches, a large collection's and the synchronous routes run in worker threads (a
     # static model's cheap searches on the event loop: SearchBatcher). Python holds one lock for its
-    # bytecode, so threads beyond the cores only take turns at it, less fairly the more there are: hybrid
-    # at 16 concurrent requests had a p99 7.3x its p50 with the default 40 threads, 1.8x with 2 (one run
-    # each on a busy 2-core machine, benchmarks/bench_serve.py). As many threads as cores still overlap
+    # bytecode, so threads beyond the cores only take turns at it, less fairly the more there are: hybrid's
+    # p99 under load was much further from its p50 with the default 40 threads than with 2 (benchmarks/bench_serve.py;
+    # measured: benchmarks/results/2026-11-28-design-measurements-cpu.md). As many threads as cores still overlap
     # FAISS's and numpy's work, which releases the lock.
     anyio.to_thread.current_default_thread_limiter().total_tokens = SEARCH_THREADS
     app.state.generation.start()
@@ -150,8 +150,8 @@ def run_server(ws: Workspace, host: str, port: int, api_key: str | None, write_d
             probe.bind((host, port))
     except OSError as e:
         raise PipelineError(f"cannot listen on {host}:{port} ({e.strerror})") from None
-    # A query is a few tokens: one thread per forward pass and per FAISS search is ~10x faster than
-    # torch's thread pool on a small, busy machine (57 ms -> 6 ms per query encode on 2 cores).
+    # A query is a few tokens: one thread per forward pass and per FAISS search is many times faster than
+    # torch's thread pool on a small, busy machine (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md).
     import faiss
     import torch
 
@@ -162,6 +162,7 @@ def run_server(ws: Workspace, host: str, port: int, api_key: str | None, write_d
         warn(f"listening on {host}: reachable from other machines" + ("" if api_key else " without an API key"))
     info(f"serving {ws.root} on http://{host}:{port}/  (API docs: /docs)")
     # The standard library's event loop, even where uvloop is installed: uvloop served a saturated server's
-    # requests out of turn (at 16 concurrent, p99 twice the median, against 1.1-1.3x with asyncio's loop,
-    # for a server spending a fixed 2 ms per request; benchmarks/bench_serve.py).
+    # requests out of turn (under load, a tail latency far from the median where asyncio's loop kept it close,
+    # for a server spending a fixed time per request; benchmarks/bench_serve.py, measured:
+    # benchmarks/results/2026-11-28-design-measurements-cpu.md).
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, loop="asyncio")

@@ -21,26 +21,26 @@ class SearchBatcher:
     """A static model's unfiltered searches, answered on the event loop, several at a time: the requests
     that arrive together (one turn of the loop) wait for one `search_many` per (k, mode, weight), whose
     one FAISS call reads the vectors once for all of them. Why on the event loop: a static model's search
-    is ~2 ms, mostly Python holding the interpreter lock, so worker threads would only take turns at it and
-    pay for the hand-offs (server CPU per hybrid request at 16 concurrent: 3.9-4.4 ms through the thread
-    pool, 3.4 ms on the loop one at a time). A batch is answered WAIT_TURNS more turns of the loop after
-    the turn its first request joined it: a request read in one turn reaches the batcher up to two turns
-    later (the app awaits its way there), so waiting gathers the requests that arrived together (at 16
-    concurrent: 3.9 requests a batch without waiting, 5.3 after one more turn, 7.5 after two or more;
-    hybrid 430-490 -> 600-660 requests/s, p99 39-49 -> 31-36 ms). An idle server waits microseconds.
-    Shards answering from other processes (Ray Serve) are awaited in a worker thread, the batch still one
-    call to each shard: a blocking wait on the event loop would stall every other request.
+    is short, mostly Python holding the interpreter lock, so worker threads would only take turns at it and
+    pay for the hand-offs (a hybrid request cost the server more CPU through the thread pool than on the
+    loop one at a time). A batch is answered WAIT_TURNS more turns of the loop after the turn its first
+    request joined it: a request read in one turn reaches the batcher up to two turns later (the app awaits
+    its way there), so waiting gathers the requests that arrived together (larger batches, and under load
+    more requests/s and a shorter tail). An idle server waits microseconds. Shards answering from other
+    processes (Ray Serve) are awaited in a worker thread, the batch still one call to each shard: a blocking
+    wait on the event loop would stall every other request.
 
-    A large collection's searches are not cheap: at ten million chunks a hybrid search is ~30 ms, mostly BM25
-    and FAISS, which let go of the interpreter lock. On the loop, a batch stops the server for its whole time
-    and the next batch waits for it, so one core idles: 2 clients got 32 requests/s, p50 / p99 58 / 130 ms; in
-    worker threads 53 requests/s, 34 / 87-101 ms (16 clients: ~57 requests/s and p99 386-417 ms either way).
-    At 200k chunks (~6 ms a search) the loop was still better under load (16 clients: 214-217 against 181-186
-    requests/s). So the batcher times each engine's searches on the loop, each kind apart (a mode, filtered or
-    not: a 10M index's dense search is ~5 ms, its hybrid ~30): past WARM_UP_BATCHES (a fresh index reads its
-    files from disk), when a search took ON_LOOP_MAX_S or more at the median of the next MEASURED_BATCHES, that
-    kind's later searches are answered in worker threads (as many at once as the server has search threads).
-    A reloaded index is a new engine, timed anew."""
+    A large collection's searches are not cheap: at ten million chunks a hybrid search is mostly BM25 and
+    FAISS, which let go of the interpreter lock. On the loop, a batch stops the server for its whole time
+    and the next batch waits for it, so one core idles: with few clients worker threads served more
+    requests/s at lower latency (with many, the two were alike), while at 200k chunks, whose searches are
+    cheaper, the loop was still better under load. So the batcher times each engine's searches on the loop,
+    each kind apart (a mode, filtered or not: a large index's dense search costs far less than its hybrid):
+    past WARM_UP_BATCHES (a fresh index reads its files from disk), when a search took ON_LOOP_MAX_S or more
+    at the median of the next MEASURED_BATCHES, that kind's later searches are answered in worker threads (as
+    many at once as the server has search threads). A reloaded index is a new engine, timed anew.
+
+    Measured: benchmarks/results/2026-11-28-design-measurements-cpu.md."""
 
     WAIT_TURNS = 2
     WARM_UP_BATCHES = 8
