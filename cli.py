@@ -168,12 +168,7 @@ def options_of(settings_class):
     def decorate(command):
         own = inspect.signature(command).parameters
         command_hints = typing.get_type_hints(command, include_extras=True)
-        parameters = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
-        parameters += [
-            p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=command_hints[p.name])
-            for p in own.values()
-            if p.name != "settings"
-        ]
+        field_parameters = []
         for f in declared_fields(settings_class):
             declared = f.metadata["option"]
             has_factory = f.default_factory is not dataclasses.MISSING
@@ -191,9 +186,16 @@ def options_of(settings_class):
                 show_default=not has_factory and not required,
                 autocompletion=declared.complete if declared.listing else None,
             )
-            parameters.append(
+            field_parameters.append(
                 inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
             )
+        # the settings' options where the command has its `settings` parameter, so --help lists them there
+        parameters = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
+        for p in own.values():
+            if p.name == "settings":
+                parameters += field_parameters
+            else:
+                parameters.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=command_hints[p.name]))
         fields = {f.name for f in declared_fields(settings_class)}
 
         @functools.wraps(command)

@@ -296,7 +296,7 @@ def write_documents(ws: Workspace, engine, upserts: list[Document], deletes: lis
 
 def serve(ws: Workspace, settings: ServeSettings | None = None) -> None:
     """`pipeline serve`: the HTTP API and page; the document API writes through write_documents. With `ray`,
-    on that Ray cluster, each shard a Ray Serve deployment of `replicas` replicas."""
+    on the Ray cluster of `settings.ray`, each shard a Ray Serve deployment of `settings.replicas` replicas."""
     s = settings or ServeSettings()
     finish_interrupted_write(ws)
     if s.ray is None:

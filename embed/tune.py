@@ -422,15 +422,15 @@ def run_tune(
         settings = replace(settings, steps=plan["steps"])
     pairs, report, settings = training_pairs(training_docs, len(docs), settings, labelled, language)
     pairs_s = time.perf_counter() - started
-    mine = time.perf_counter()
     columns = {"anchor": [a for a, _, _ in pairs], "positive": [p for _, p, _ in pairs]}
-    negatives = None
+    negatives, mine_s = None, 0.0
     if mining:
+        mine = time.perf_counter()
         negatives = mined_negatives(training_docs, pairs, settings, language, lexical, (probed, probe_negatives))
+        mine_s = time.perf_counter() - mine
         texts = [document_text(d, settings.max_chars) for d in training_docs]  # once per document, not per pair
         columns["negative"] = [texts[j] for j in negatives]
-    mine_s = time.perf_counter() - mine
-    sampler, columns, settings = batches(pairs, columns, negatives, settings, len(training_docs))
+    sampler, columns, settings = batch_sampler(pairs, columns, negatives, settings, len(training_docs))
     tokenizing = time.perf_counter()
     preprocess = training_preprocess(model, settings, ())  # each column's texts tokenized as it is positioned
     columns = {name: preprocess.positions(texts) for name, texts in columns.items()}  # batched from their tokens
@@ -580,7 +580,7 @@ def mined_negatives(
     return negatives
 
 
-def batches(
+def batch_sampler(
     pairs: list, columns: dict, negatives: list[int] | None, settings: TuneSettings, documents: int
 ) -> tuple[DistinctDocumentsBatchSampler, dict, TuneSettings]:
     """The batch sampler, the columns it draws from (without the hard negatives when they leave no batch), and

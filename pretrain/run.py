@@ -81,7 +81,7 @@ class PretrainJob:
     placement: Placement
     resume_from: Path | None
     continue_with_data: bool  # --resume --data: the new documents in new shards first
-    steps_given: bool  # --max-steps (or --tokens): a continued run does not add steps for new tokens
+    steps_given: bool  # --max-steps: a continued run does not add steps for the new tokens
     sized: bool  # no shape or length given: model and tokens sized to the budget
     vocab_size: int  # the vocabulary asked for; 0: sized to the corpus
 

@@ -46,9 +46,8 @@ QUERY_WORDS = 12
 RECALL_SAMPLE = 1000
 
 
-HNSW_LIMIT = (
-    500_000  # from here IVF-PQ with rescoring (common/dense/ivf.py): an HNSW graph's memory and build grow with n
-)
+# from here IVF-PQ with rescoring (ivf.py): an HNSW graph's memory and build grow with n
+HNSW_LIMIT = 500_000
 
 
 def choose_type(n: int) -> tuple[str, str]:
@@ -72,7 +71,7 @@ def make_index(kind: str, vectors: np.ndarray, ids: np.ndarray) -> faiss.Index:
         # The graph's build is most of `pipeline index` beyond EXACT_LIMIT vectors. A lower efConstruction over
         # float16 vectors (half the memory to read per distance) built much faster than a higher one over
         # float32, at a little lower recall, which a wider search makes up (the search width is then tuned:
-        # index/build.py). Float16 changes a cosine far less than the differences that order search results
+        # index/faiss_build.py). Float16 changes a cosine far less than the differences that order search results
         # (measured: benchmarks/results/2026-11-28-design-measurements-cpu.md).
         inner.hnsw.efConstruction = 40
         inner.hnsw.efSearch = 64

@@ -10,7 +10,7 @@ import hmac
 import json
 import time
 from importlib.resources import files
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Optional
 
 from fastapi import APIRouter, Depends, Query, Request, Security
 from fastapi.openapi.docs import get_swagger_ui_html
@@ -47,6 +47,7 @@ from search.serve.schemas import (
     WriteResponse,
     error,
 )
+from search.settings import SearchMode
 
 API_SOURCE = "api"  # the source recorded for documents stored through POST /documents
 SWAGGER_ASSETS = ("swagger-ui-bundle.js", "swagger-ui.css")
@@ -137,7 +138,7 @@ async def search_get(
     batcher: Batcher,
     q: str = Query(..., min_length=1, max_length=MAX_QUERY_CHARS, description=QUERY_HELP),
     k: int = Query(10, ge=1, le=MAX_SERVE_K),
-    mode: Optional[Literal["dense", "lexical", "hybrid"]] = Query(None, description=MODE_HELP),
+    mode: Optional[SearchMode] = Query(None, description=MODE_HELP),
     dense_weight: Optional[float] = Query(None, ge=0.0, le=1.0),
     filter: Optional[str] = Query(
         None, max_length=MAX_FILTER_CHARS, description="The filter as JSON text: " + FILTER_HELP

@@ -3,12 +3,13 @@ body every failure answers with: together what the OpenAPI description says of e
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from search.filters import OPERATORS
+from search.settings import SearchMode
 
 # Bounds on a request, declared in the OpenAPI schema. A query longer than the model reads is embedded
 # up to its input length (search/engine.py); the bound keeps a request's size, and BM25's work, small.
@@ -56,7 +57,7 @@ class FieldCondition(BaseModel):
 class SearchRequest(BaseModel):
     q: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, description=QUERY_HELP)
     k: int = Field(10, ge=1, le=MAX_SERVE_K, description="Number of documents.")
-    mode: Optional[Literal["dense", "lexical", "hybrid"]] = Field(None, description=MODE_HELP)
+    mode: Optional[SearchMode] = Field(None, description=MODE_HELP)
     dense_weight: Optional[float] = Field(
         None, ge=0.0, le=1.0, description="Hybrid: weight of the dense ranking (default: the workspace's, see /health)."
     )

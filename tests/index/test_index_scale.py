@@ -10,12 +10,12 @@ import shutil
 import numpy as np
 import pytest
 
+from common.dense import ivf
 from common.dense.index_types import make_index
 from common.store import Store
 from common.vectors import dequantize, quantize
 from common.workspace import Workspace
 from conftest import run_cli
-from index import ivf
 from index.build import refresh_indexes
 from search.engine import DenseIndex, SearchEngine
 
