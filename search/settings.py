@@ -14,7 +14,7 @@ from common.options import MAX_PORT, OptionError, check_declared, option
 
 SearchMode = Literal["dense", "lexical", "hybrid"]
 MODES: tuple[str, ...] = get_args(SearchMode)
-EvalMode = Literal["dense", "lexical", "hybrid", "all"]  # all: every mode the index has
+EvalMode = Literal[SearchMode, "all"]  # all: every mode the index has
 MAX_K = 1000  # documents a query may ask for
 
 MODE_HELP = (

@@ -168,7 +168,7 @@ def numeric_options() -> set[tuple[str, str]]:
         for param in inspect.signature(registered.callback).parameters:
             annotated = hints[param]
             if typing.get_origin(annotated) is not typing.Annotated:  # an option made from a settings field
-                found |= settings_options(name, param, annotated, group)
+                found |= settings_options(name, registered.callback.settings_class, param, annotated, group)
                 continue
             kind = typing.get_args(annotated)[0]
             kinds = {k for k in typing.get_args(kind) if k is not type(None)} or {kind}
@@ -176,25 +176,11 @@ def numeric_options() -> set[tuple[str, str]]:
     return found
 
 
-def settings_options(name: str, param: str, annotation, group) -> set[tuple[str, str]]:
-    """A numeric option made from a settings field (common/options.py): its range and finiteness are the
-    field's declaration, checked when the settings are made."""
+def settings_options(name: str, settings_class, param: str, annotation, group) -> set[tuple[str, str]]:
+    """A numeric option made from a field of the command's settings class (common/options.py, cli.options_of):
+    its range and finiteness are the field's declaration, checked when the settings are made."""
     from common.options import declared_fields
-    from embed.settings import EmbedSettings, TuneSettings
-    from index.settings import IndexSettings
-    from pretrain.settings import PlanSettings, PretrainSettings
-    from search.settings import EvalSettings, SearchSettings, ServeSettings
 
-    settings_class = {
-        "pretrain": PretrainSettings,
-        "tune": TuneSettings,
-        "embed": EmbedSettings,
-        "index": IndexSettings,
-        "search": SearchSettings,
-        "eval": EvalSettings,
-        "serve": ServeSettings,
-        "plan": PlanSettings,
-    }[name]
     declared = {f.name: f.metadata["option"] for f in declared_fields(settings_class)}
     kinds = {k for k in typing.get_args(annotation) if k is not type(None)} or {annotation}
     if param not in declared or not (kinds & {int, float} or declared[param].duration):
