@@ -433,12 +433,13 @@ def eval_command(
     """
     reports = workflows.evaluate(Workspace(workspace), settings)
     if json_output:
-        out.print_json(json.dumps(reports if len(reports) > 1 else reports[0]))
+        rows = [r.to_json() for r in reports]
+        out.print_json(json.dumps(rows if len(rows) > 1 else rows[0]))
         return
     for r in reports:
         out.print(
-            f"{r['mode']:8} nDCG@10 {r['ndcg@10']:.4f}  Recall@100 {r['recall@100']:.4f}  MRR@10 {r['mrr@10']:.4f}  "
-            f"({r['queries']} queries, {r['queries_per_s']:.1f}/s)"
+            f"{r.mode:8} nDCG@10 {r.ndcg_at_10:.4f}  Recall@100 {r.recall_at_100:.4f}  MRR@10 {r.mrr_at_10:.4f}  "
+            f"({r.queries} queries, {r.queries_per_s:.1f}/s)"
         )
 
 
@@ -518,15 +519,15 @@ def status(workspace: WorkspaceOption = Path("workspace"), json_output: JsonOpti
 
     report = workflows.status(Workspace(workspace))
     if json_output:
-        out.print_json(json.dumps(report))
+        out.print_json(json.dumps(report.to_json()))
     else:
-        for name, part in report["parts"].items():
-            out.print(f"{name:10} {part['state']:8} {part['detail']}")
-        for problem in report["problems"]:
+        for name, part in report.parts.items():
+            out.print(f"{name:10} {part.state:8} {part.detail}")
+        for problem in report.problems:
             out.print(Text.assemble(("problem:", "red"), " ", problem))
-        if not report["problems"]:
+        if not report.problems:
             out.print("consistent", style="green")
-    if report["problems"]:
+    if report.problems:
         raise typer.Exit(1)
 
 

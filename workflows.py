@@ -33,6 +33,7 @@ SearchSettings, EvalSettings, ServeSettings, PlanSettings), the same one the CLI
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,8 +44,10 @@ from common.workspace import Workspace, file_sha256, model_fingerprint
 from pretrain.settings import PlanSettings
 from search.settings import EvalSettings, SearchSettings, ServeSettings
 
-if TYPE_CHECKING:  # the documents' type only: the readers import DuckDB, which light commands do without
+if TYPE_CHECKING:  # types only: the readers import DuckDB, the evaluation pytrec_eval, which light commands do without
     from common.readers import Document
+    from search.evaluate import ModeScores
+    from search.serve.generation import DocumentsWritten
 
 quiet_libraries()  # the libraries' own notices reach no user, of the CLI or of these functions
 
@@ -143,8 +146,6 @@ def tune(ws: Workspace, data: list[Path], text_field: str | None, settings) -> d
     """`pipeline tune` (settings: embed/settings.py TuneSettings): with architecture auto, the static embedder
     and, when its steps fit the budget, the transformer, the better kept (embed/choose.py); else the one
     architecture asked for, its steps planned to fit the budget. Either way the budget is the whole command's."""
-    from dataclasses import replace
-
     from embed.choose import adapt
     from embed.run import source_documents
     from embed.tune import run_tune, tuning_documents
@@ -223,7 +224,7 @@ def plan(ws: Workspace, settings: PlanSettings | None = None):
     return plan_for(work, get_cluster(ws, s.cluster, s.nproc, s.remeasure), s.nproc, s.dp, s.tp, s.pp)
 
 
-def evaluate(ws: Workspace, settings: EvalSettings) -> list[dict]:
+def evaluate(ws: Workspace, settings: EvalSettings) -> list[ModeScores]:
     """`pipeline eval`: nDCG@10, Recall@100 and MRR@10 per mode (mode "all": every mode the index has); with
     set_default the best by nDCG@10, with the dense weight used, becomes the workspace's default mode."""
     from search.calibrate import record_default_mode
@@ -237,20 +238,20 @@ def evaluate(ws: Workspace, settings: EvalSettings) -> list[dict]:
     modes = modes_to_run(engine, s.mode) if s.mode else [None]
     reports = [evaluate_queries(engine, texts, judged, m, s.k, s.dense_weight, s.document_filter()) for m in modes]
     if s.set_default:
-        best = max(reports, key=lambda r: r["ndcg@10"])
+        best = max(reports, key=lambda r: r.ndcg_at_10)
         record_default_mode(
             ws,
-            best["mode"],
+            best.mode,
             engine.resolve_dense_weight(s.dense_weight),
             engine.index_entry.embedder_fingerprint,
             "judged queries",
-            {"ndcg@10": {r["mode"]: r["ndcg@10"] for r in reports}, "queries": str(s.queries), "qrels": str(s.qrels)},
+            {"ndcg@10": {r.mode: r.ndcg_at_10 for r in reports}, "queries": str(s.queries), "qrels": str(s.qrels)},
         )
-        info(f"default mode for this workspace: {best['mode']} (nDCG@10 {best['ndcg@10']:.4f})")
+        info(f"default mode for this workspace: {best.mode} (nDCG@10 {best.ndcg_at_10:.4f})")
     return reports
 
 
-def write_documents(ws: Workspace, engine, upserts: list[Document], deletes: list[str]) -> dict:
+def write_documents(ws: Workspace, engine, upserts: list[Document], deletes: list[str]) -> DocumentsWritten:
     """The document API's write (search/serve/): store `upserts` (the new and changed ones embedded with the
     served model) and delete `deletes` in one publish (embed/ingest.py upsert_documents), then update the
     indexes (index/build.py refresh_indexes, an update even past its rebuild share: the server must answer
@@ -258,6 +259,7 @@ def write_documents(ws: Workspace, engine, upserts: list[Document], deletes: lis
     from common.store import Store
     from embed.ingest import Embedding, content_hash, upsert_documents
     from index.build import refresh_indexes
+    from search.serve.generation import DocumentsWritten, IndexUpdated
 
     embedder = require(ws, "embedder", "run `pipeline embed` first")
     with Store(ws.db_path) as store:
@@ -269,7 +271,7 @@ def write_documents(ws: Workspace, engine, upserts: list[Document], deletes: lis
         digests = {d.id: content_hash(d) for d in upserts}
         todo = [d for d in upserts if stored.get(d.id) != digests[d.id]]
         if not todo and not deletes:
-            return {"stored": 0, "unchanged": len(upserts), "deleted": 0, "store_generation": store.generation()}
+            return DocumentsWritten(stored=0, unchanged=len(upserts), deleted=0, store_generation=store.generation())
         with engine.embedding_model() as (model, tokenizer):
             embedding = Embedding(
                 model, tokenizer, embedder.model_dir(ws), embedder.fingerprint, embedder.chunk_tokens, embedder.overlap
@@ -283,15 +285,15 @@ def write_documents(ws: Workspace, engine, upserts: list[Document], deletes: lis
             f"the documents are stored (store generation {stored_entry.store_generation}) but the index could "
             f"not be updated ({reason}); they become searchable once it is (`pipeline index`, or a server restart)"
         ) from e
-    return {
-        "stored": len(todo),
-        "unchanged": len(upserts) - len(todo),
-        "deleted": len(deletes),
-        "store_generation": stored_entry.store_generation,
-        "index": {
-            key: index[key] for key in ("update", "update_reason", "vectors", "delta_vectors", "deleted_in_base")
-        },
-    }
+    return DocumentsWritten(
+        stored=len(todo),
+        unchanged=len(upserts) - len(todo),
+        deleted=len(deletes),
+        store_generation=stored_entry.store_generation,
+        index=IndexUpdated(
+            index["update"], index["update_reason"], index["vectors"], index["delta_vectors"], index["deleted_in_base"]
+        ),
+    )
 
 
 def serve(ws: Workspace, settings: ServeSettings | None = None) -> None:
@@ -335,7 +337,25 @@ def finish_interrupted_write(ws: Workspace) -> None:
         refresh_indexes(ws)
 
 
-def status(ws: Workspace) -> dict:
+@dataclass(frozen=True)
+class PartStatus:
+    state: str  # ok, missing, changed, stale, none (an optional part) or default (no measured search mode)
+    detail: str
+
+
+@dataclass(frozen=True)
+class WorkspaceStatus:
+    """`pipeline status`: each part's state, and the problems that make the workspace inconsistent."""
+
+    workspace: str
+    parts: dict[str, PartStatus]
+    problems: list[str]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def status(ws: Workspace) -> WorkspaceStatus:
     """`pipeline status`: each part's state and detail, and the problems found, by the manifest's own checks."""
     from common.store import Store
 
@@ -358,12 +378,11 @@ def status(ws: Workspace) -> dict:
     }
     if manifest.index:
         checked["search"] = search_status(manifest.search, manifest.index)
-    parts = {name: {"state": state, "detail": detail} for name, (state, detail, _) in checked.items()}
-    return {
-        "workspace": str(ws.root),
-        "parts": parts,
-        "problems": [problem for _, _, problem in checked.values() if problem],
-    }
+    return WorkspaceStatus(
+        workspace=str(ws.root),
+        parts={name: PartStatus(state, detail) for name, (state, detail, _) in checked.items()},
+        problems=[problem for _, _, problem in checked.values() if problem],
+    )
 
 
 # Each part's (state, detail, problem or None).

@@ -29,8 +29,12 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
             || "${PIP[@]}" install --no-deps "torch==$TORCH_VERSION" --index-url "$TORCH_CPU_INDEX"
     fi
 fi
-# torch is in place, so its pin is already satisfied and no other build is pulled in.
-"${PIP[@]}" install -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" >&2 || true
+# torch is in place, so its pin is already satisfied and no other build is pulled in. uv installs the rest
+# in seconds where pip takes minutes (it downloads and unpacks in parallel); without uv (no package index
+# reachable for it), pip does it.
+if ! { "${PIP[@]}" install uv 2>/dev/null && .venv/bin/uv pip install --quiet --python .venv/bin/python -e '.[dev]'; }; then
+    "${PIP[@]}" install -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" >&2 || true
+fi
 .venv/bin/python -c "import torch, transformers, sentence_transformers, faiss, duckdb" \
     || { echo "setup: installation failed" >&2; exit 1; }
 # The web page's browser test drives Debian's chromium (Playwright never downloads a browser here).

@@ -11,6 +11,7 @@ that have judgements are run.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytrec_eval
@@ -65,6 +66,36 @@ def read_qrels(path: Path) -> dict[str, dict[str, int]]:
     return qrels
 
 
+@dataclass(frozen=True)
+class ModeScores:
+    """One mode's scores on the judged queries: a row of `pipeline eval`, its --json object by to_json."""
+
+    mode: str
+    queries: int  # the judged queries that have a text
+    skipped_queries: int  # judged but with no text in the queries file
+    depth: int
+    dense_weight: float | None  # the hybrid's; None for the other modes
+    ndcg_at_10: float
+    recall_at_100: float
+    mrr_at_10: float
+    seconds: float
+    queries_per_s: float | None
+
+    def to_json(self) -> dict:
+        return {
+            "mode": self.mode,
+            "queries": self.queries,
+            "skipped_queries": self.skipped_queries,
+            "depth": self.depth,
+            "dense_weight": self.dense_weight,
+            "ndcg@10": self.ndcg_at_10,
+            "recall@100": self.recall_at_100,
+            "mrr@10": self.mrr_at_10,
+            "seconds": self.seconds,
+            "queries_per_s": self.queries_per_s,
+        }
+
+
 def evaluate(
     engine: SearchEngine,
     queries: dict[str, str],
@@ -73,9 +104,8 @@ def evaluate(
     depth: int = 100,
     dense_weight: float | None = None,
     filters: DocumentFilter | None = None,
-) -> dict:
-    """Run every judged query and score the rankings (only among the documents `filters` keeps, if given);
-    returns the mean metrics and the run's details."""
+) -> ModeScores:
+    """Run every judged query and score the rankings (only among the documents `filters` keeps, if given)."""
     judged = [q for q in qrels if q in queries]
     if not judged:
         raise PipelineError("no query in the qrels file has a text in the queries file (are the ids the same?)")
@@ -88,16 +118,18 @@ def evaluate(
     seconds = time.perf_counter() - start
     run = {q: [hit.doc_id for hit in hits] for q, hits in zip(judged, results)}
     metrics = score_run(run, {q: qrels[q] for q in judged})
-    return {
-        "mode": mode,
-        "queries": len(judged),
-        "skipped_queries": len(qrels) - len(judged),
-        "depth": depth,
-        "dense_weight": engine.resolve_dense_weight(dense_weight) if mode == "hybrid" else None,
-        **metrics,
-        "seconds": seconds,
-        "queries_per_s": len(judged) / seconds if seconds else None,
-    }
+    return ModeScores(
+        mode=mode,
+        queries=len(judged),
+        skipped_queries=len(qrels) - len(judged),
+        depth=depth,
+        dense_weight=engine.resolve_dense_weight(dense_weight) if mode == "hybrid" else None,
+        ndcg_at_10=metrics["ndcg@10"],
+        recall_at_100=metrics["recall@100"],
+        mrr_at_10=metrics["mrr@10"],
+        seconds=seconds,
+        queries_per_s=len(judged) / seconds if seconds else None,
+    )
 
 
 def score_run(run: dict[str, list[str]], qrels: dict[str, dict[str, int]]) -> dict[str, float]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import duckdb
@@ -23,8 +24,33 @@ POLL_SECONDS = 1.0
 WRITE_WAIT_SECONDS = 10.0  # how long a document write waits for another writer (e.g. `pipeline embed`) before a 503
 SERVED_WAIT_SECONDS = 120.0  # how long a write waits for another process to serve what it wrote (Ray Serve)
 log = logging.getLogger("pipeline.serve")
+
+
+@dataclass(frozen=True)
+class IndexUpdated:
+    """How a write's index update went (index/build.py refresh_indexes): the reply's `index`."""
+
+    update: str  # "delta", or "full" where the update could not be one
+    update_reason: str
+    vectors: int
+    delta_vectors: int
+    deleted_in_base: int
+
+
+@dataclass(frozen=True)
+class DocumentsWritten:
+    """What a document write did: the reply of POST /documents and DELETE /documents/{id} (schemas.py
+    WriteResponse). `index` is None when nothing changed, so the index was not touched."""
+
+    stored: int  # new or changed documents, embedded and stored
+    unchanged: int  # identical to their stored version
+    deleted: int
+    store_generation: int
+    index: IndexUpdated | None = None
+
+
 # (workspace, the serving engine, documents to store, ids to delete) -> what was written
-WriteDocuments = Callable[[Workspace, SearchEngine, list[Document], list[str]], dict]
+WriteDocuments = Callable[[Workspace, SearchEngine, list[Document], list[str]], DocumentsWritten]
 
 
 class WriteConflict(Exception):
@@ -108,7 +134,7 @@ class Generation:
         info(f"loaded the rebuilt index ({entry.vectors} vectors)")
         return True
 
-    def write(self, upserts: list[Document], deletes: list[str]) -> dict:
+    def write(self, upserts: list[Document], deletes: list[str]) -> DocumentsWritten:
         """Store these documents (new or changed ones embedded with the served model) and delete `deletes`
         in one publish of the store, update the index (of a sharded one, the shards they belong to) and serve
         the result: searchable when this returns. One writer at a time: the workspace's writer lock, shared

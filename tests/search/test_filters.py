@@ -251,7 +251,7 @@ def test_eval_within_a_filter(engine, corpus_file):
     qrels = {"early": {rows[3]["_id"]: 1}, "late": {rows[100]["_id"]: 1}}
     everything = evaluate(engine, queries, qrels, mode="lexical", depth=10)
     before_1950 = evaluate(engine, queries, qrels, mode="lexical", depth=10, filters=years_below(50))
-    assert everything["recall@100"] == 1.0 and before_1950["recall@100"] == 0.5  # the late document is filtered out
+    assert everything.recall_at_100 == 1.0 and before_1950.recall_at_100 == 0.5  # the late document is filtered out
 
 
 def test_fields_past_the_filter_limit_are_kept_not_filterable_and_a_wider_table_is_made_anew(

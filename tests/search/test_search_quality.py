@@ -375,9 +375,9 @@ def test_eval_agrees_with_a_hand_computed_reciprocal_rank(judged_titles, engine)
     hits = engine.search(queries["q3"], k=10, mode="dense")
     rank = next((h.rank for h in hits if h.doc_id in qrels["q3"]), None)
     report = evaluate(engine, queries, qrels, mode="dense", depth=10)
-    assert report["queries"] == 1 and report["skipped_queries"] == 0
-    assert report["mrr@10"] == pytest.approx(1 / rank if rank else 0.0)
-    assert report["recall@100"] == (1.0 if rank else 0.0)
+    assert report.queries == 1 and report.skipped_queries == 0
+    assert report.mrr_at_10 == pytest.approx(1 / rank if rank else 0.0)
+    assert report.recall_at_100 == (1.0 if rank else 0.0)
 
 
 def test_eval_bad_input_is_one_line(trained_workspace, judged_titles, tmp_path):
