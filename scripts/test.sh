@@ -5,10 +5,18 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check --quiet .
 .venv/bin/ruff format --check --quiet .
-# A test keeps about two cores busy (each command it runs is a process importing torch), so the suite is spread
-# over one pytest-xdist process per two cores, at most 4 (the Ray tests together in one of them); on 2 cores
-# it runs in one (two processes there measured no faster: benchmarks/results/2026-11-28-test-suite.md).
-workers=$(( $(nproc) / 2 ))
-if [ "$workers" -gt 4 ]; then workers=4; fi
-if [ "$workers" -lt 2 ]; then workers=0; fi
-exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@"
+PYTEST=(.venv/bin/python -m pytest)
+if [ "$#" -gt 0 ]; then  # arguments go to pytest: one run of what they select
+    exec "${PYTEST[@]}" "$@"
+fi
+# The suite in two parts. Most tests run one process at a time (one compute thread each, conftest.py), so they
+# are spread over pytest-xdist processes, one per core (at most 8). The tests marked ray or multiprocess start
+# many processes each (a Ray cluster's, torchrun's workers), which beside other tests took 3 to 5 times as
+# long: they run afterwards, one at a time (benchmarks/results/2026-11-28-test-suite.md).
+ONE_AT_A_TIME="ray or multiprocess"
+workers=$(nproc)
+if [ "$workers" -gt 8 ]; then workers=8; fi
+status=0
+"${PYTEST[@]}" -n "$workers" -m "not ($ONE_AT_A_TIME)" || status=$?
+"${PYTEST[@]}" -n 0 -m "$ONE_AT_A_TIME" || status=$?
+exit "$status"

@@ -193,9 +193,10 @@ def ray_cluster() -> str:
 
     from common.ray_cluster import connect
 
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    # No dashboard: no test reads it, and it is ten more processes (1 GiB) on the three nodes.
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     for _ in range(2):
-        nodes.add_node(num_cpus=1)
+        nodes.add_node(num_cpus=1, include_dashboard=False)
     connect(nodes.address, log_to_driver=False)
     yield nodes.address
     ray.shutdown()
