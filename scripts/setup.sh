@@ -31,8 +31,10 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 # torch is in place, so its pin is already satisfied and no other build is pulled in. uv installs the rest
 # in seconds where pip takes minutes (it downloads and unpacks in parallel); without uv (no package index
-# reachable for it), pip does it.
-if ! { "${PIP[@]}" install uv 2>/dev/null && .venv/bin/uv pip install --quiet --python .venv/bin/python -e '.[dev]'; }; then
+# reachable for it), pip does it. Both compile the modules' bytecode as they install (uv only when asked):
+# where PYTHONDONTWRITEBYTECODE is set, nothing is compiled later, and every process (a test's commands,
+# torchrun's and Ray's workers) would compile what it imports again.
+if ! { "${PIP[@]}" install uv 2>/dev/null && .venv/bin/uv pip install --quiet --compile-bytecode --python .venv/bin/python -e '.[dev]'; }; then
     "${PIP[@]}" install -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" >&2 || true
 fi
 .venv/bin/python -c "import torch, transformers, sentence_transformers, faiss, duckdb" \

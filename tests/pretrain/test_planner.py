@@ -8,6 +8,7 @@ import functools
 import json
 import math
 import os
+import re
 import resource
 from dataclasses import replace
 
@@ -437,13 +438,16 @@ def test_strategy_auto_trains_the_top_plan_and_logs_its_prediction_beside_the_me
     done = run_cli(
         "pretrain", "-w", str(ws), "--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "2", "--strategy", "auto"
     )
-    assert "strategy auto: single out of" in done.stderr
+    # One process: no parallelism, but gradient accumulation may rank first where its smaller matmuls measured
+    # faster per FLOP (as they may on a loaded machine): the plan run is the one printed.
+    chosen = re.search(r"strategy auto: (.+?) out of \d+ plans", done.stderr).group(1)
+    assert chosen.split()[0] == "single"
     assert list(json.loads((ws / "cluster.json").read_text())) != []
     steps = [json.loads(line) for line in (ws / "metrics.jsonl").read_text().splitlines()]
     train = [s for s in steps if s["event"] == "train"]
     assert len(train) == 2 and all(s["predicted_step_s"] > 0 and s["measured_step_s"] > 0 for s in train)
     assert all(s["predicted_peak_mem_mb"] > 0 for s in train)
-    assert json.loads((ws / "manifest.json").read_text())["model"]["prediction"]["plan"] == "single"
+    assert json.loads((ws / "manifest.json").read_text())["model"]["prediction"]["plan"] == chosen
     # TensorBoard draws the prediction beside the measurement, one chart each for step time and memory
     scalars = board(ws / "tensorboard" / "pretrain")
     for tag, field in [
