@@ -176,18 +176,11 @@ def trained_workspace(tmp_path_factory, corpus_file) -> Path:
     return ws
 
 
-def pytest_collection_modifyitems(items) -> None:
-    """The Ray tests share one local cluster (ray_cluster): with the suite spread over processes (pytest-xdist,
-    scripts/test.sh), they all run in one of them, so one cluster is started, not one per process."""
-    for item in items:
-        if item.get_closest_marker("ray"):
-            item.add_marker(pytest.mark.xdist_group("ray"))
-
-
 @pytest.fixture(scope="session")
 def ray_cluster() -> str:
     """One Ray cluster for every Ray test (starting one costs seconds): a head and two more nodes, one CPU each,
-    on this machine (ray.cluster_utils.Cluster), this process connected to it; its address, for `--ray`."""
+    on this machine (ray.cluster_utils.Cluster), this process connected to it; its address, for `--ray`.
+    scripts/test.sh runs the Ray tests in one process, so one cluster is started."""
     ray = pytest.importorskip("ray", reason="the ray extra is not installed")
     from ray.cluster_utils import Cluster
 
