@@ -176,11 +176,19 @@ def trained_workspace(tmp_path_factory, corpus_file) -> Path:
     return ws
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """The tests that start many processes each (a Ray cluster's, torchrun's workers) go to one pytest-xdist
+    process, where they run one at a time beside the others' single-process tests (scripts/test.sh: --dist
+    loadgroup): two of them at once took several times as long. So the suite starts one Ray cluster."""
+    for item in items:
+        if item.get_closest_marker("ray") or item.get_closest_marker("multiprocess"):
+            item.add_marker(pytest.mark.xdist_group("one_at_a_time"))
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> str:
     """One Ray cluster for every Ray test (starting one costs seconds): a head and two more nodes, one CPU each,
-    on this machine (ray.cluster_utils.Cluster), this process connected to it; its address, for `--ray`.
-    scripts/test.sh runs the Ray tests in one process, so one cluster is started."""
+    on this machine (ray.cluster_utils.Cluster), this process connected to it; its address, for `--ray`."""
     ray = pytest.importorskip("ray", reason="the ray extra is not installed")
     from ray.cluster_utils import Cluster
 
