@@ -30,7 +30,7 @@ log = logging.getLogger("pipeline.serve")
 class IndexUpdated:
     """How a write's index update went (index/build.py refresh_indexes): the reply's `index`."""
 
-    update: str  # "delta", or "full" where the update could not be one
+    update: str  # "incremental" (the last build updated), or "full"
     update_reason: str
     vectors: int
     delta_vectors: int
