@@ -179,7 +179,7 @@ def trained_workspace(tmp_path_factory, corpus_file) -> Path:
 def pytest_collection_modifyitems(items) -> None:
     """The tests that start many processes each (a Ray cluster's, torchrun's workers) go to one pytest-xdist
     process, where they run one at a time beside the others' single-process tests (scripts/test.sh: --dist
-    loadgroup): two of them at once took several times as long. So the suite starts one Ray cluster."""
+    loadgroup; measured faster than the suite in one process or in two parts). So one Ray cluster is started."""
     for item in items:
         if item.get_closest_marker("ray") or item.get_closest_marker("multiprocess"):
             item.add_marker(pytest.mark.xdist_group("one_at_a_time"))

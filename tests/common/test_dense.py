@@ -16,7 +16,6 @@ def test_an_approximate_index_is_searched_wide_enough_to_find_the_target_recall(
     """Started at width 1 (far below the target on random vectors), the build's tuning widens the search
     (IVF-PQ: its probes and its re-scored candidates) until recall@10 on held-out neighbours reaches
     TARGET_RECALL, and the index file keeps the width."""
-    from common.dense.files import write_faiss
     from common.dense.index_types import (
         TARGET_RECALL,
         exact_neighbours,
@@ -54,9 +53,7 @@ def test_hnsw_over_wide_vectors_builds_its_graph_on_their_principal_components_a
     """Vectors wider than GRAPH_DIMENSIONS: the graph comes from their leading principal components, but
     the index holds the full vectors (float16), finds each stored vector as its own nearest neighbour,
     reaches the recall target once tuned, and survives writing and reading."""
-    from common.dense.files import write_faiss
     from common.dense.index_types import GRAPH_DIMENSIONS, TARGET_RECALL, exact_neighbours, make_index, tune_search
-    from common.dense.reader import load_index
 
     rng = np.random.default_rng(0)
     dim = 2 * GRAPH_DIMENSIONS + 64

@@ -27,22 +27,26 @@ def documents(*ids: str, version: str = "1") -> tuple[list[tuple], list[ChunkRow
     return rows, chunks, vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
-def embed_run(store: Store, rows, chunks, vectors, first_chunk_id: int = 0, **publish) -> int:
-    """What `pipeline embed` does with the store: want, stage, write, publish; returns the new generation."""
-    chunks = [replace(c, chunk_id=first_chunk_id + c.chunk_id) for c in chunks]
+def stage_documents(store: Store, rows, chunks, vectors) -> None:
+    """What `pipeline embed` writes before it publishes: the documents wanted, the staged tables, the rows."""
     store.want_documents([(row[0], row[4]) for row in rows])
     store.stage(DIM, "embedder-a")
     store.write_documents(rows, chunks, vectors)
-    return store.publish(replace_all=publish.pop("replace_all", False), **publish)
+
+
+def embed_run(
+    store: Store, rows, chunks, vectors, first_chunk_id: int = 0, replace_all: bool = False, remove: list[str] = ()
+) -> int:
+    """A whole `pipeline embed` run on the store: staged, then published; returns the new generation."""
+    stage_documents(store, rows, [replace(c, chunk_id=first_chunk_id + c.chunk_id) for c in chunks], vectors)
+    return store.publish(replace_all=replace_all, remove=remove)
 
 
 def test_staged_documents_are_invisible_until_published_and_a_publish_is_one_generation(tmp_path):
     with Store(tmp_path / "store.duckdb") as store:
         assert store.generation() == 0
         rows, chunks, vectors = documents("a", "b")
-        store.want_documents([(row[0], row[4]) for row in rows])
-        store.stage(DIM, "embedder-a")
-        store.write_documents(rows, chunks, vectors)
+        stage_documents(store, rows, chunks, vectors)
         assert store.counts()["documents"] == 0 and len(store.chunk_ids()) == 0  # staged only
         assert store.publish(replace_all=True) == 1
         assert store.counts() == {"documents": 2, "chunks": 4, "vectors": 4}
