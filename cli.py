@@ -289,7 +289,7 @@ def pretrain(
     # The workspace is created when the data is prepared, after every check: a failed run writes nothing.
     summary = workflows.pretrain(Workspace(workspace), settings, adapt)
     if json_output:
-        out.print_json(json.dumps(summary))
+        out.print_json(json.dumps(summary.to_json()))
 
 
 @app.command(short_help="chunk and embed documents into the workspace's DuckDB store")
@@ -316,7 +316,7 @@ def embed(
     """
     summary = workflows.embed(Workspace(workspace), list(data or []), text_field, settings)
     if json_output:
-        out.print_json(json.dumps(summary))
+        out.print_json(json.dumps(summary.to_json()))
 
 
 @app.command(short_help="build or update the FAISS and BM25 indexes")
@@ -352,7 +352,7 @@ def index(settings: IndexSettings, workspace: WorkspaceOption = Path("workspace"
     """
     summary = workflows.index(Workspace(workspace), settings)
     if json_output:
-        out.print_json(json.dumps(summary))
+        out.print_json(json.dumps(summary.to_json()))
 
 
 @app.command(short_help="ranked documents for a query: dense, lexical or hybrid")
@@ -480,7 +480,7 @@ def tune(
         require_wandb()
     summary = workflows.tune(Workspace(workspace), list(data or []), text_field, settings)
     if json_output:
-        out.print_json(json.dumps(summary))
+        out.print_json(json.dumps(summary.to_json()))
 
 
 @app.command(short_help="HTTP API and web page for search and document writes")

@@ -39,13 +39,14 @@ from typing import TYPE_CHECKING
 
 from common.console import info, quiet_libraries, warn
 from common.errors import PipelineError, StoredNotIndexed, UnknownDocument, disk_full_error
-from common.manifest import read_manifest, require
+from common.manifest import IndexEntry, ModelEntry, SearchEntry, TunedEntry, read_manifest, require
 from common.workspace import Workspace, file_sha256, model_fingerprint
 from pretrain.settings import PlanSettings
 from search.settings import EvalSettings, SearchSettings, ServeSettings
 
 if TYPE_CHECKING:  # types only: the readers import DuckDB, the evaluation pytrec_eval, which light commands do without
     from common.readers import Document
+    from embed.run import EmbedRun
     from search.evaluate import ModeScores
     from search.serve.generation import DocumentsWritten
 
@@ -56,12 +57,50 @@ PRETRAIN_SHARE = 0.4  # of `pipeline pretrain`'s time budget, planned for pretra
 MIN_ADAPTATION_SHARE = 0.1  # the least the adaptation gets, even after a pretraining that ran over
 
 
-def pretrain(ws: Workspace, settings, adapt: bool = True) -> dict:
+@dataclass
+class Phase:
+    """A phase of a command's time budget: the seconds planned for it (None: no budget) and those it took."""
+
+    planned_s: float | None
+    actual_s: float | None
+
+
+@dataclass
+class BudgetSplit:
+    """How `pipeline pretrain`'s budget was divided between pretraining and the adaptation, and why."""
+
+    pretraining_planned_s: float
+    pretraining_s: float
+    adaptation_s: float
+    why: str
+
+
+@dataclass
+class PretrainRun:
+    """What `pipeline pretrain` did: the model section it recorded (None on nodes other than the first), the
+    adaptation's tuned section, how the budget was split, and each phase's seconds."""
+
+    model: ModelEntry | None
+    phases: dict[str, Phase]
+    budget_split: BudgetSplit | None = None
+    adaptation: TunedEntry | None = None
+
+    def to_json(self) -> dict:
+        """`pipeline pretrain --json`: the model section, with the rest under "budget_split", "adaptation" and
+        "phases"."""
+        value = self.model.to_json() if self.model else {}
+        if self.budget_split:
+            value["budget_split"] = asdict(self.budget_split)
+        if self.adaptation:
+            value["adaptation"] = self.adaptation.to_json()
+        return {**value, "phases": {name: asdict(phase) for name, phase in self.phases.items()}}
+
+
+def pretrain(ws: Workspace, settings, adapt: bool = True) -> PretrainRun:
     """Pretrain (pretrain/run.py), then adapt the model to retrieval on the same documents, with `pipeline
     tune`'s defaults. The time budget is the whole command's: pretraining is planned in PRETRAIN_SHARE of
     it, and the adaptation (embed/choose.py) in whatever pretraining left, which is more when the corpus is
-    too small to use its share (pretrain/sizing.py's MAX_EPOCHS). Returns the model's summary, with the
-    adaptation's under "adaptation" and each phase's planned and actual seconds under "phases"."""
+    too small to use its share (pretrain/sizing.py's MAX_EPOCHS)."""
     import time
 
     from embed.choose import adapt as adapt_embedder
@@ -74,75 +113,68 @@ def pretrain(ws: Workspace, settings, adapt: bool = True) -> dict:
     budget = settings.time_budget_seconds
     adapting = adapt and settings.node_rank == 0  # the other nodes only train
     pretraining_s = budget * PRETRAIN_SHARE if adapt else budget  # every node sizes alike
-    summary = run_pretrain(ws, settings, pretraining_s)
-    phases = {"pretraining": {"planned_s": None if settings.shape_given else pretraining_s}}
-    phases["pretraining"]["actual_s"] = time.perf_counter() - started
+    run = PretrainRun(run_pretrain(ws, settings, pretraining_s), phases={})
+    pretrained = Phase(None if settings.shape_given else pretraining_s, time.perf_counter() - started)
+    run.phases["pretraining"] = pretrained
     if adapting:
         info("adapting the pretrained model to retrieval on the same documents (--no-adapt skips this)")
         # a pretraining of a given length (or resumed) has no share of the budget: the adaptation keeps its own
-        left = budget - phases["pretraining"]["actual_s"]
+        left = budget - pretrained.actual_s
         adaptation_s = budget * (1 - PRETRAIN_SHARE) if settings.shape_given or settings.resume else left
         if adaptation_s < budget * MIN_ADAPTATION_SHARE:
             warn(
-                f"pretraining took {phases['pretraining']['actual_s']:.0f}s of the {budget:.0f}s budget: the "
+                f"pretraining took {pretrained.actual_s:.0f}s of the {budget:.0f}s budget: the "
                 f"adaptation gets {budget * MIN_ADAPTATION_SHARE:.0f}s, over the budget"
             )
             adaptation_s = budget * MIN_ADAPTATION_SHARE
         if not (settings.shape_given or settings.resume):
-            summary["budget_split"] = budget_split(
-                summary, pretraining_s, phases["pretraining"]["actual_s"], adaptation_s
-            )
-            info(summary["budget_split"]["why"])
+            run.budget_split = budget_split(run.model, pretraining_s, pretrained.actual_s, adaptation_s)
+            info(run.budget_split.why)
         documents = tuning_documents(source_documents(ws, settings.data, settings.text_field))
         static = TuneSettings(architecture="static", wandb=settings.wandb)
-        adaptation = adapt_embedder(ws, documents, adaptation_s, static)
-        summary["adaptation"] = adaptation
-        phases["adaptation"] = {"planned_s": adaptation_s, "actual_s": adaptation["seconds_total"]}
-        phases.update({f"adaptation: {name}": times for name, times in adaptation["phases"].items()})
-    total = time.perf_counter() - started
+        run.adaptation = adapt_embedder(ws, documents, adaptation_s, static)
+        figures = run.adaptation.report
+        run.phases["adaptation"] = Phase(adaptation_s, figures["seconds_total"])
+        run.phases.update({f"adaptation: {name}": Phase(**times) for name, times in figures["phases"].items()})
     planned = None if settings.shape_given and not adapting else budget  # a given length has no budget
-    summary["phases"] = {**phases, "total": {"planned_s": planned, "actual_s": total}}
-    info(phases_line(summary["phases"]))
-    return summary
+    run.phases["total"] = Phase(planned, time.perf_counter() - started)
+    info(phases_line(run.phases))
+    return run
 
 
-def budget_split(model: dict, planned_s: float, pretraining_s: float, adaptation_s: float) -> dict:
+def budget_split(model: ModelEntry, planned_s: float, pretraining_s: float, adaptation_s: float) -> BudgetSplit:
     """How the budget was divided between pretraining and the adaptation, and why: pretraining is planned in
     PRETRAIN_SHARE, and what it does not use goes to the adaptation, when validation loss stopped falling
     (early stopping) or the corpus was worth fewer epochs than the share could train (sizing's cap)."""
     handed_over = planned_s - pretraining_s
-    if model.get("stopped_early"):
+    if model.stopped_early:
         reason = (
-            f"pretraining stopped at step {model['steps']} of {model['planned_steps']}: validation loss stopped "
-            f"falling (best {model['best_val_loss']:.4f} at step {model['best_step']})"
+            f"pretraining stopped at step {model.steps} of {model.planned_steps}: validation loss stopped "
+            f"falling (best {model.best_val_loss:.4f} at step {model.best_step})"
         )
-    elif (model.get("prediction") or {}).get("sizing", {}).get("capped_at_max_epochs"):
+    elif (model.report.get("prediction") or {}).get("sizing", {}).get("capped_at_max_epochs"):
         reason = "the corpus is worth fewer epochs of pretraining than its share could train"
     elif handed_over < 0:
         reason = f"pretraining ran {-handed_over:.0f}s over its share"
     else:
         reason = "pretraining used its share"
     given = f": the {handed_over:.0f}s it did not use go to the adaptation" if handed_over >= 1 else ""
-    return {
-        "pretraining_planned_s": planned_s,
-        "pretraining_s": pretraining_s,
-        "adaptation_s": adaptation_s,
-        "why": f"budget: {reason}{given} ({pretraining_s:.0f}s pretraining, {adaptation_s:.0f}s adaptation)",
-    }
+    why = f"budget: {reason}{given} ({pretraining_s:.0f}s pretraining, {adaptation_s:.0f}s adaptation)"
+    return BudgetSplit(planned_s, pretraining_s, adaptation_s, why)
 
 
-def phases_line(phases: dict) -> str:
+def phases_line(phases: dict[str, Phase]) -> str:
     """Where the time went: each phase's planned and actual seconds."""
 
     def seconds(value) -> str:
         return "-" if value is None else f"{value:.0f}s"
 
     return "time: " + "; ".join(
-        f"{name} {seconds(times['actual_s'])} (planned {seconds(times['planned_s'])})" for name, times in phases.items()
+        f"{name} {seconds(phase.actual_s)} (planned {seconds(phase.planned_s)})" for name, phase in phases.items()
     )
 
 
-def tune(ws: Workspace, data: list[Path], text_field: str | None, settings) -> dict:
+def tune(ws: Workspace, data: list[Path], text_field: str | None, settings) -> TunedEntry:
     """`pipeline tune` (settings: embed/settings.py TuneSettings): with architecture auto, the static embedder
     and, when its steps fit the budget, the transformer, the better kept (embed/choose.py); else the one
     architecture asked for, its steps planned to fit the budget. Either way the budget is the whole command's."""
@@ -157,7 +189,7 @@ def tune(ws: Workspace, data: list[Path], text_field: str | None, settings) -> d
     return run_tune(ws, documents, settings, budget_s=settings.time_budget_seconds)
 
 
-def embed(ws: Workspace, data: list[Path], text_field: str | None = None, settings=None) -> dict:
+def embed(ws: Workspace, data: list[Path], text_field: str | None = None, settings=None) -> EmbedRun:
     """`pipeline embed`: the source's new and changed documents into the store, as the workspace's one writer."""
     from embed.run import run_embed
     from embed.settings import EmbedSettings
@@ -167,7 +199,22 @@ def embed(ws: Workspace, data: list[Path], text_field: str | None = None, settin
         return run_embed(ws, data, text_field, settings or EmbedSettings())
 
 
-def index(ws: Workspace, settings=None) -> dict:
+@dataclass
+class IndexRun:
+    """What `pipeline index` did: the index section it recorded and, when it measured the default search mode
+    (after a full build), the search section it recorded."""
+
+    index: IndexEntry
+    measured: bool = False
+    search: SearchEntry | None = None  # None when measured: judged queries had chosen, or no text to measure on
+
+    def to_json(self) -> dict:
+        """`pipeline index --json`: the index section, and the search section under "search" when measured."""
+        search = {"search": self.search.to_json() if self.search else None} if self.measured else {}
+        return {**self.index.to_json(), **search}
+
+
+def index(ws: Workspace, settings=None) -> IndexRun:
     """`pipeline index` (settings: index/settings.py IndexSettings): the indexes brought up to the store; a full
     build then measures the default search mode (an update changes too little to measure again), as does a run
     finding its full build unchanged and without its measurement (a killed run's)."""
@@ -178,7 +225,7 @@ def index(ws: Workspace, settings=None) -> dict:
 
     settings = settings or IndexSettings()
     with ws.writing():
-        summary = refresh_indexes(
+        entry = refresh_indexes(
             ws,
             settings.index_type,
             settings.rebuild,
@@ -187,16 +234,15 @@ def index(ws: Workspace, settings=None) -> dict:
             shards=settings.shards,
             ray=settings.ray,
         )
+        run = IndexRun(entry)
         manifest = read_manifest(ws)
-        index = manifest.index
         # a killed run's full build beside the last build's measurement (updated since or not): measured now
-        base_unmeasured = manifest.search is not None and not manifest.search.measured_for(index)
-        if summary["update"] == "full" or base_unmeasured:
+        base_unmeasured = manifest.search is not None and not manifest.search.measured_for(manifest.index)
+        if entry.update == "full" or base_unmeasured:
             embedder = require(ws, "embedder", "run `pipeline embed` first")
-            summary["search"] = choose_default_mode(
-                ws, load_embedder(embedder.model_dir(ws)), summary["embedder_fingerprint"]
-            )
-    return summary
+            run.measured = True
+            run.search = choose_default_mode(ws, load_embedder(embedder.model_dir(ws)), entry.embedder_fingerprint)
+    return run
 
 
 def search(ws: Workspace, query: str, settings: SearchSettings | None = None) -> list:
@@ -291,7 +337,7 @@ def write_documents(ws: Workspace, engine, upserts: list[Document], deletes: lis
         deleted=len(deletes),
         store_generation=stored_entry.store_generation,
         index=IndexUpdated(
-            index["update"], index["update_reason"], index["vectors"], index["delta_vectors"], index["deleted_in_base"]
+            index.update, index.update_reason, index.vectors, index.delta_vectors, index.deleted_in_base
         ),
     )
 

@@ -46,8 +46,8 @@ def main() -> None:
 
     ws = Workspace(Path(tempfile.mkdtemp()) / "ws").create()
     shutil.copytree(source / "model", ws.model_dir)
-    summary = run_embed(ws, [data], None, EmbedSettings())
-    pipeline_s = summary["seconds"]
+    run = run_embed(ws, [data], None, EmbedSettings())
+    pipeline_s = run.seconds
     from common.store import Store
 
     with Store(ws.db_path, read_only=True) as store:
@@ -63,10 +63,10 @@ def main() -> None:
             "encode_tokens": baseline_tokens,
             "pipeline_seconds": pipeline_s,
             "pipeline_docs_per_s": len(docs) / pipeline_s,
-            "pipeline_chunks": summary["chunks"],
+            "pipeline_chunks": run.embedder.chunks,
             "pipeline_tokens": pipeline_tokens,
-            "chunk_tokens": summary["chunk_tokens"],
-            "overlap": summary["overlap"],
+            "chunk_tokens": run.embedder.chunk_tokens,
+            "overlap": run.embedder.overlap,
             "ratio_pipeline_over_encode": baseline_s / pipeline_s,
             "target_ratio": 1.0,
         },

@@ -71,6 +71,10 @@ class ModelEntry(Section):
     fingerprint: str
     preset: str = ""
     steps: int = 0
+    planned_steps: int | None = None
+    stopped_early: bool = False  # validation loss stopped falling before planned_steps
+    best_step: int | None = None  # the step whose weights were exported (None: the last step's)
+    best_val_loss: float | None = None
     parameters: int = 0
 
 
@@ -165,6 +169,7 @@ class IndexEntry(Section):
     deleted_in_base: int = 0
     analyzer: dict[str, Any] | None = None  # None: an index from before languages (English)
     update: str = "full"
+    update_reason: str | None = None  # why a full build or an update (None in workspaces from before it was recorded)
     lists_path: str | None = None  # the base's IVF lists, when on disk (common/dense/ivf.py)
     rescore_path: str | None = None  # the int8 vectors an IVF base re-scores its candidates from
     trained_path: str | None = None  # an IVF base's empty trained index, which an update's delta is filled with

@@ -41,6 +41,7 @@ from common.embedder import embedding_text, encode, load_embedder
 from common.errors import PipelineError
 from common.heldout import held_out_pairs, standard_error
 from common.language import detect_languages
+from common.manifest import TunedEntry
 from common.readers import Document
 from common.workspace import Workspace, model_fingerprint, replace_directory
 from embed.settings import TuneSettings
@@ -81,14 +82,15 @@ def transformer_settings(static: TuneSettings, pooling: str = "mean") -> TuneSet
 
 def adapt(
     ws: Workspace, docs: list[Document], budget_seconds: float, static: TuneSettings, transformer_pooling: str = "mean"
-) -> dict:
+) -> TunedEntry:
     """Tune the candidates the budget allows, keep the one that finds held-out documents best (module
-    docstring), record it in the manifest and return its summary. Everything, the measurements included, is
+    docstring), record it in the manifest and return its section (the candidates' measurements and the
+    phases' seconds in its report). Everything, the measurements included, is
     planned to end within `budget_seconds`: the transformer's step is timed first, and it is tuned only if
     MIN_TRANSFORMER_STEPS of it fit its share beside the static embedder's and its measurement."""
     started = time.perf_counter()
     transformer = transformer_settings(static, transformer_pooling)
-    candidates: dict[str, dict] = {}
+    candidates: dict[str, TunedEntry] = {}
     skipped = None
     transformer_s = measure_transformer_s = 0.0
     try:
@@ -144,12 +146,10 @@ def adapt(
             info(f"the transformer embedder is not tuned: {skipped['skipped']}")
         measuring = time.perf_counter()
         language = detect_languages([d.text for d in docs]).language
-        gains = {
-            name: held_out_gains(ws.root / summary["path"], docs, language) for name, summary in candidates.items()
-        }
+        gains = {name: held_out_gains(ws.root / entry.path, docs, language) for name, entry in candidates.items()}
         measured_s = time.perf_counter() - measuring
         kept = better(gains)
-        replace_directory(ws.root / candidates[kept]["path"], ws.root / TUNED_DIR)
+        replace_directory(ws.root / candidates[kept].path, ws.root / TUNED_DIR)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report = {
@@ -158,30 +158,28 @@ def adapt(
             # none from fewer than two pairs (recorded as unknown, not as 0)
             "held_out_standard_error": standard_error(gains[name]) if len(gains[name]) > 1 else None,
             "held_out_pairs": len(gains[name]),
-            "seconds": summary["seconds"],
-            "steps": summary["steps"],
-            "batch_size": summary["batch_size"],
-            "step_profile": summary["step_profile"],
-            "probe_step_s": summary.get("plan", {}).get("step_s"),
+            "seconds": entry.report["seconds"],
+            "steps": entry.steps,
+            "batch_size": entry.report["batch_size"],
+            "step_profile": entry.report["step_profile"],
+            "probe_step_s": entry.report.get("plan", {}).get("step_s"),
         }
-        for name, summary in candidates.items()
+        for name, entry in candidates.items()
     }
     if skipped:
         report["transformer"] = skipped
     actual = {"probe": planned["probe"], "measure": measured_s}
-    actual.update((name, summary["phases_s"]["total"]) for name, summary in candidates.items())
+    actual.update((name, entry.report["phases_s"]["total"]) for name, entry in candidates.items())
     # a transformer planned but failed has no actual seconds
     phases = {name: {"planned_s": planned_s, "actual_s": actual.get(name)} for name, planned_s in planned.items()}
-    summary = {
-        **candidates[kept],
-        "path": TUNED_DIR,
-        "fingerprint": model_fingerprint(ws.root / TUNED_DIR),
-        "candidates": report,
-        "budget_s": budget_seconds,
-        "phases": phases,
-        "seconds_total": time.perf_counter() - started,
-    }
-    record_tuned(ws, summary)
+    figures = {"candidates": report, "budget_s": budget_seconds, "phases": phases}
+    chosen = replace(
+        candidates[kept],
+        path=TUNED_DIR,
+        fingerprint=model_fingerprint(ws.root / TUNED_DIR),
+        report={**candidates[kept].report, **figures, "seconds_total": time.perf_counter() - started},
+    )
+    record_tuned(ws, chosen)
     measured = ", ".join(
         f"{name} {report[name]['held_out_ndcg@10'] or 0:.3f} ± {report[name]['held_out_standard_error'] or 0:.3f}"
         for name in candidates
@@ -190,7 +188,7 @@ def adapt(
         f"embedder kept: {kept} (dense nDCG@10 on {len(gains[kept])} held-out corpus pairs, ± its standard error: "
         f"{measured}); `pipeline embed` now uses it"
     )
-    return summary
+    return chosen
 
 
 def better(gains: dict[str, np.ndarray]) -> str:

@@ -11,6 +11,7 @@ are all written, in one transaction (common/store/).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
@@ -20,7 +21,7 @@ from common.console import err, info
 from common.default_corpus import DEFAULT_CORPUS_SOURCE, stdlib_documents
 from common.embedder import fed_token_ids, is_static, load_embedder, text_tokenizer, token_limit
 from common.errors import PipelineError
-from common.manifest import embedder_key, read_manifest
+from common.manifest import EmbedderEntry, embedder_key, read_manifest
 from common.readers import Document, read_documents
 from common.store import Store
 from common.workspace import Workspace, model_fingerprint
@@ -38,6 +39,27 @@ TITLE_TOKENS = 32
 # From this many documents a static model averages with torch (its import, ~2 s, then pays for itself:
 # common/embedder.py StaticEmbedder.mean_with_torch); below, numpy is faster overall.
 TORCH_MEAN_DOCUMENTS = 20_000
+
+
+@dataclass
+class EmbedRun:
+    """What `pipeline embed` did: the embedder section it recorded (the store's documents and chunks now), what
+    it embedded, and how many documents of appended-to JSON-lines files it did not read again."""
+
+    embedder: EmbedderEntry
+    embedded_documents: int
+    embedded_chunks: int
+    documents_read_before: int
+    seconds: float
+
+    @property
+    def docs_per_s(self) -> float | None:
+        return self.embedded_documents / self.seconds if self.seconds else None
+
+    def to_json(self) -> dict:
+        """`pipeline embed --json`: the embedder section, with the run's figures."""
+        run = {"documents_read_before": self.documents_read_before, "seconds": self.seconds}
+        return {**self.embedder.to_json(), **run, "docs_per_s": self.docs_per_s}
 
 
 def source_paths(ws: Workspace, data: list[Path]) -> list[Path] | None:
@@ -61,7 +83,7 @@ def source_documents(ws: Workspace, data: list[Path], text_field: str | None) ->
     return stdlib_documents() if paths is None else read_documents(paths, text_field)
 
 
-def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings: EmbedSettings) -> dict:
+def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings: EmbedSettings) -> EmbedRun:
     model_dir = settings.model_dir or default_model_dir(ws)  # the tuned model if `pipeline tune` made one
     if settings.model_dir is None and not any((model_dir / f).exists() for f in ("config.json", "modules.json")):
         raise PipelineError(f"no model in {model_dir}: run `pipeline pretrain` first, or pass --model DIR")
@@ -168,16 +190,16 @@ def run_embed(ws: Workspace, data: list[Path], text_field: str | None, settings:
         appended.record(store, source)
         elapsed = time.perf_counter() - start
 
-    embedded = entry.report["embedded_documents"]
-    summary = {
-        **entry.to_json(),
-        "documents_read_before": source.read_before,
-        "seconds": elapsed,
-        "docs_per_s": embedded / elapsed if elapsed else None,
-    }
-    rate = f", {summary['docs_per_s']:.1f} docs/s" if embedded else ""
+    run = EmbedRun(
+        entry,
+        entry.report["embedded_documents"],
+        entry.report["embedded_chunks"],
+        source.read_before,
+        elapsed,
+    )
+    rate = f", {run.docs_per_s:.1f} docs/s" if run.embedded_documents else ""
     info(
-        f"embedded {embedded} documents ({entry.report['embedded_chunks']} chunks) in {elapsed:.1f}s{rate}; "
+        f"embedded {run.embedded_documents} documents ({run.embedded_chunks} chunks) in {elapsed:.1f}s{rate}; "
         f"store holds {entry.documents} documents, {entry.chunks} chunks"
     )
-    return summary
+    return run

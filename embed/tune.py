@@ -372,9 +372,10 @@ def run_tune(
     out_name: str = TUNED_DIR,
     record: bool = True,
     budget_s: float | None = None,
-) -> dict:
+) -> TunedEntry:
     """Tune, save the model to the workspace's `out_name` directory and, with `record`, name it in the
-    manifest as the model embed uses; returns what was done (the manifest's "tuned" section). With
+    manifest as the model embed uses; returns what was done (the manifest's "tuned" section, the figures in
+    its report). With
     `budget_s`, the steps (at most settings.steps) are planned to end within that many seconds."""
     if settings.architecture not in ("static", "transformer"):
         raise ValueError(f"run_tune tunes one architecture, not {settings.architecture!r} (embed/choose.py: auto)")
@@ -489,47 +490,45 @@ def run_tune(
         if device == "cuda":  # the next candidate, or another process on this GPU, gets the memory back
             torch.cuda.empty_cache()
 
-    summary = {
-        "path": out_name,
-        "fingerprint": model_fingerprint(out_dir),
-        "base_fingerprint": base_fingerprint,
-        "architecture": settings.architecture,
-        "pooling": settings.pooling,
-        "dimensions": settings.dimensions if settings.architecture == "static" else None,
-        "pairs": report,
-        "hard_negatives": "negative" in columns,
-        "steps": progress.stopped_at[0] if progress.stopped_at else settings.steps,
-        "planned_steps": settings.steps,
-        "batch_size": settings.batch_size,
-        "loss": "cached_mnrl" if settings.mini_batch else "mnrl",
-        "lr": settings.learning_rate,
-        "max_seq_length": settings.max_seq_length,
-        "dropout": settings.dropout,
-        "first_loss": losses[0] if losses else None,
-        "final_loss": losses[-1] if losses else result.training_loss,
-        "seconds": seconds,  # training
-        "step_profile": step_profile,
-        "phases_s": {
-            "pairs": pairs_s,
-            "mining": mine_s,
-            "tokenizing": tokenize_s,
-            "training": seconds,
-            "total": time.perf_counter() - started,
-        },
-        **({"plan": plan} if plan else {}),
-    }
-    losses_said = (
-        f"loss {summary['first_loss']:.3f} -> {summary['final_loss']:.3f}"
-        if losses
-        else f"loss {summary['final_loss']:.3f}"
+    entry = TunedEntry.from_json(
+        {
+            "path": out_name,
+            "fingerprint": model_fingerprint(out_dir),
+            "base_fingerprint": base_fingerprint,
+            "architecture": settings.architecture,
+            "pooling": settings.pooling,
+            "dimensions": settings.dimensions if settings.architecture == "static" else None,
+            "pairs": report,
+            "hard_negatives": "negative" in columns,
+            "steps": progress.stopped_at[0] if progress.stopped_at else settings.steps,
+            "planned_steps": settings.steps,
+            "batch_size": settings.batch_size,
+            "loss": "cached_mnrl" if settings.mini_batch else "mnrl",
+            "lr": settings.learning_rate,
+            "max_seq_length": settings.max_seq_length,
+            "dropout": settings.dropout,
+            "first_loss": losses[0] if losses else None,
+            "final_loss": losses[-1] if losses else result.training_loss,
+            "seconds": seconds,  # training
+            "step_profile": step_profile,
+            "phases_s": {
+                "pairs": pairs_s,
+                "mining": mine_s,
+                "tokenizing": tokenize_s,
+                "training": seconds,
+                "total": time.perf_counter() - started,
+            },
+            **({"plan": plan} if plan else {}),
+        }
     )
+    losses_said = f"loss {entry.first_loss:.3f} -> {entry.final_loss:.3f}" if losses else f"loss {entry.final_loss:.3f}"
     if record:
-        record_tuned(ws, summary)
+        record_tuned(ws, entry)
     info(
         f"tuned in {seconds:.0f}s, {result.global_step} steps ({losses_said}); saved to {out_dir}"
         + ("; `pipeline embed` now uses it" if record else "")
     )
-    return summary
+    return entry
 
 
 def training_pairs(
@@ -781,10 +780,10 @@ def training_preprocess(model, settings: TuneSettings, texts: Iterable[str]) -> 
     return transformer_texts(model.tokenizer, model.max_seq_length, texts)
 
 
-def record_tuned(ws: Workspace, summary: dict) -> None:
+def record_tuned(ws: Workspace, entry: TunedEntry) -> None:
     """The manifest's "tuned" section names the embedder `pipeline embed` uses (its one writer: `pipeline
     tune` and the embedder choice, embed/choose.py)."""
-    write_section(ws, TunedEntry.from_json(summary))
+    write_section(ws, entry)
 
 
 def static_student(model_dir: Path, settings: TuneSettings, device: str, docs: list[Document]):

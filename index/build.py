@@ -29,7 +29,7 @@ from common.lexical import (
     check_language,
     choose_analyzer,
 )
-from common.manifest import read_manifest
+from common.manifest import IndexEntry, read_manifest
 from common.snapshot.writer import write_corpus
 from common.store import Store
 from common.workspace import Workspace, write_directory
@@ -51,7 +51,7 @@ def refresh_indexes(
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     shards: int | None = None,
     ray: str | None = None,
-) -> dict:
+) -> IndexEntry:
     """Bring the indexes up to the store: an update of the last build when that is cheap and sound,
     else a full build (index/update.py's `update_plan` says which). `language` chooses BM25's analyzer
     (common/lexical/): auto detects it at a full build, and an update keeps the last build's. Without
@@ -60,7 +60,7 @@ def refresh_indexes(
     `memory_budget` (bytes): an IVF index whose codes would take more is built with its lists on disk.
     `shards`: build the collection as that many shards (index/shards.py; on the Ray cluster `ray`), in full
     (a document write updates the shards it changed); None: as many as the last build had (none: one
-    unsharded index)."""
+    unsharded index). Returns the manifest's index section as recorded."""
     language = language.lower()
     check_language(language)
     manifest = read_manifest(ws)

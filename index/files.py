@@ -19,9 +19,9 @@ from common.manifest import EmbedderEntry, IndexEntry, write_section
 from common.workspace import Workspace
 
 
-def record(ws: Workspace, summary: dict, embedder: EmbedderEntry, live: np.ndarray, generation: int) -> dict:
+def record(ws: Workspace, summary: dict, embedder: EmbedderEntry, live: np.ndarray, generation: int) -> IndexEntry:
     """Name the new files, and the store generation they hold, in the manifest (last), then remove older ones
-    (in a sharded index's directory too: what an update of a shard replaced)."""
+    (in a sharded index's directory too: what an update of a shard replaced). Returns the section recorded."""
     summary.update(
         {
             "vectors": int(len(live)),
@@ -37,7 +37,7 @@ def record(ws: Workspace, summary: dict, embedder: EmbedderEntry, live: np.ndarr
     remove_other_files(ws.index_dir, keep={Path(path).name for path in entry.all_paths})
     for number, shard in enumerate(entry.shard_entries() if entry.shards else []):
         remove_other_files(shard_dir(ws.root / entry.path, number), keep={Path(path).name for path in shard.all_paths})
-    return summary
+    return entry
 
 
 def shard_dir(index_path: Path, number: int) -> Path:

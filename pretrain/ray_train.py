@@ -19,7 +19,7 @@ from pathlib import Path
 
 from common.console import info
 from common.errors import PipelineError
-from common.manifest import read_manifest
+from common.manifest import ModelEntry, read_manifest
 from common.ray_cluster import connect
 from common.workspace import Workspace
 
@@ -76,7 +76,7 @@ def run_on_ray(
     max_failures: int,
     storage_path: Path | None = None,
     prediction: dict | None = None,
-) -> dict:
+) -> ModelEntry | None:
     ray = connect(address)
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -118,8 +118,7 @@ def run_on_ray(
             f"training on Ray failed: {type(cause).__name__}: "
             f"{str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}"
         ) from None
-    model = read_manifest(ws).model
-    return model.to_json() if model else {}
+    return read_manifest(ws).model
 
 
 def cluster_workers(address: str) -> int:

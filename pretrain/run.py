@@ -26,7 +26,7 @@ from pathlib import Path
 from common.board import require_wandb
 from common.console import info
 from common.errors import PipelineError
-from common.manifest import read_manifest
+from common.manifest import ModelEntry, read_manifest
 from common.workspace import Workspace
 from pretrain.checkpoint import BEST_DIR, checkpoint_dirs, config_from_checkpoint
 from pretrain.config import PRESET_TRAINING, PRESETS, ParallelConfig, RuntimeOptions, TrainConfig, model_config_for
@@ -137,9 +137,9 @@ def resolve(ws: Workspace, s: PretrainSettings, budget_s: float | None = None) -
     )
 
 
-def run_pretrain(ws: Workspace, s: PretrainSettings, budget_s: float | None = None) -> dict:
+def run_pretrain(ws: Workspace, s: PretrainSettings, budget_s: float | None = None) -> ModelEntry | None:
     """Run `pipeline pretrain`'s pretraining in `budget_s` seconds (default: all of --time-budget); returns
-    the model's summary."""
+    the manifest's model section as exported (None on nodes other than the first)."""
     job = resolve(ws, s, budget_s)
     cfg, plan = job.config, job.plan
     if job.continue_with_data:  # continued pretraining: the new documents in new shards
@@ -295,9 +295,9 @@ def resumed_config(checkpoint: Path, s: PretrainSettings) -> TrainConfig:
 
 def train_job(
     ws: Workspace, cfg: TrainConfig, plan: ParallelConfig, job: PretrainJob, sizing: dict | None = None
-) -> dict:
+) -> ModelEntry | None:
     """Train in this process when the job is one process, else under torchrun on this node, or on Ray;
-    returns the model's summary (empty on nodes other than the first). What was predicted before the run
+    returns the manifest's model section (None on nodes other than the first). What was predicted before the run
     goes with it, to be logged beside what it measures: the planner's step time and memory for the plan,
     if this machine was measured, and the sizing's ranking of the shapes."""
     from pretrain.launch import RunSpec, launch
@@ -323,5 +323,4 @@ def train_job(
         options=options.to_dict(),
     )
     launch([spec], **placement.launch_args())
-    model = read_manifest(ws).model if placement.node_rank == 0 else None
-    return model.to_json() if model else {}
+    return read_manifest(ws).model if placement.node_rank == 0 else None

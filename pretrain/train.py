@@ -141,12 +141,13 @@ def train(
     on_checkpoint: Callable[[Path, int, dict], None] | None = None,
     prediction: dict | None = None,
     options: RuntimeOptions | None = None,
-) -> dict:
+) -> ModelEntry | None:
     """Run (or continue) training under a parallel plan (one process by default); export the final model.
 
     Every rank of the job calls this; rank 0 alone writes metrics, the manifest and the export.
     `prediction` (from the caller), the planner's step time and peak memory for this plan and the sizing's
-    ranking of the shapes, is logged beside what the run measures. Returns a summary (on rank 0; other ranks get {}).
+    ranking of the shapes, is logged beside what the run measures. Returns the manifest's model section as
+    exported (on rank 0; None on other ranks and without `export`).
     """
     plan, options = plan or ParallelConfig(), options or RuntimeOptions()  # the plan as validated by run_pretrain
     par = build_mesh(plan, options.timeout_s)
@@ -268,8 +269,8 @@ def train(
     del pm, optimizers, schedulers
     if par.device.type == "cuda":  # the adaptation, or another process on this GPU, gets the memory back
         torch.cuda.empty_cache()
-    if not main:
-        return {}
+    if not main or not export:
+        return None
     summary = {
         "path": "model",
         "preset": cfg.preset,
@@ -289,10 +290,9 @@ def train(
         "options": options.to_dict(),
         **({"prediction": prediction} if prediction else {}),
     }
-    if export:
-        export_model(state, cfg.model, load_tokenizer(ws.tokenizer_dir), ws.model_dir)
-        summary["fingerprint"] = model_fingerprint(ws.model_dir)
-        write_section(ws, ModelEntry.from_json(summary))
-        what = f"the best-validation weights (step {best.step}, loss {best.val_loss:.4f})" if best.kept else "the model"
-        info(f"exported {what} to {ws.model_dir}")
-    return summary
+    export_model(state, cfg.model, load_tokenizer(ws.tokenizer_dir), ws.model_dir)
+    entry = ModelEntry.from_json({**summary, "fingerprint": model_fingerprint(ws.model_dir)})
+    write_section(ws, entry)
+    what = f"the best-validation weights (step {best.step}, loss {best.val_loss:.4f})" if best.kept else "the model"
+    info(f"exported {what} to {ws.model_dir}")
+    return entry

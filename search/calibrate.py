@@ -237,9 +237,9 @@ def clearly_better(gains: np.ndarray, than: np.ndarray, errors: float = 1.0) -> 
     return difference.mean() > errors * standard_error(difference)
 
 
-def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> dict | None:
+def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> SearchEntry | None:
     """Measure the modes and record the best as the workspace's default, unless judged queries chose it
-    for this model."""
+    for this model; returns the section recorded (None when nothing was)."""
     current = read_manifest(ws).search
     if current is not None and current.embedder_fingerprint == embedder_fingerprint and current.chosen_by != CHOSEN_BY:
         info(f"default search mode: {current.default_mode} (chosen on judged queries by `pipeline eval --set-default`)")
@@ -257,7 +257,7 @@ def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> dict
         result.report(),
         base_index=read_manifest(ws).index.path,
     )
-    measured = f"{SearchEntry.from_json(section).measurement()}; hybrid at dense weight {result.dense_weight}"
+    measured = f"{section.measurement()}; hybrid at dense weight {result.dense_weight}"
     if result.inconclusive:
         info(
             "default search mode: lexical, as the measurement was inconclusive "
@@ -277,7 +277,7 @@ def record_default_mode(
     chosen_by: str,
     report: dict,
     base_index: str | None = None,
-) -> dict:
+) -> SearchEntry:
     """Make `mode` (and the hybrid's `dense_weight`) the default search mode of the index built by this
     embedder (with `base_index`, of that full build only): the manifest's "search" section, of which this is
     the one writer, for this measurement and for `pipeline eval --set-default`."""
@@ -290,7 +290,7 @@ def record_default_mode(
         base_index=base_index,
     )
     write_section(ws, entry)
-    return entry.to_json()
+    return entry
 
 
 def best_mode(gains: dict[str, np.ndarray]) -> tuple[str, bool]:

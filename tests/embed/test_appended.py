@@ -11,7 +11,7 @@ from common.manifest import embedder_key, read_json
 from common.store import Store
 from common.workspace import Workspace
 from conftest import scifact_rows
-from embed.run import run_embed
+from embed.run import EmbedRun, run_embed
 from embed.settings import EmbedSettings
 
 CHUNKING = dict(chunk_tokens=64, overlap=8)
@@ -33,7 +33,7 @@ def workspace(trained_workspace, tmp_path):
     return ws
 
 
-def embed(ws: Workspace, data, prune: bool = False, model_dir=None, chunking: dict = CHUNKING) -> dict:
+def embed(ws: Workspace, data, prune: bool = False, model_dir=None, chunking: dict = CHUNKING) -> EmbedRun:
     return run_embed(ws, [data], None, EmbedSettings(model_dir=model_dir or ws.model_dir, prune=prune, **chunking))
 
 
@@ -41,20 +41,20 @@ def test_appended_lines_are_read_alone_and_store_what_a_full_read_stores(workspa
     data = tmp_path / "docs.jsonl"
     data.write_text(lines(scifact_rows(30)))
     first = embed(workspace, data, prune=True)  # only this file's documents stay
-    assert first["documents_read_before"] == 0 and first["embedded_documents"] == 30
+    assert first.documents_read_before == 0 and first.embedded_documents == 30
 
     with data.open("a") as f:
         f.write(lines(scifact_rows(4, start=30)))
     second = embed(workspace, data)
-    assert second["documents_read_before"] == 30 and second["embedded_documents"] == 4
-    assert second["documents"] == 34
+    assert second.documents_read_before == 30 and second.embedded_documents == 4
+    assert second.embedder.documents == 34
 
     scratch = Workspace(tmp_path / "scratch").create()
     embed(scratch, data, model_dir=workspace.model_dir)
     assert stored(workspace) == stored(scratch)
 
     again = embed(workspace, data)  # nothing appended: nothing to read or embed
-    assert again["documents_read_before"] == 34 and again["embedded_documents"] == 0
+    assert again.documents_read_before == 34 and again.embedded_documents == 0
 
 
 def test_a_changed_line_before_the_end_makes_the_whole_file_read(workspace, tmp_path):
@@ -65,7 +65,7 @@ def test_a_changed_line_before_the_end_makes_the_whole_file_read(workspace, tmp_
     docs[3]["text"] += " An added sentence."
     data.write_text(lines(docs + scifact_rows(2, start=20)))
     summary = embed(workspace, data)
-    assert summary["documents_read_before"] == 0 and summary["embedded_documents"] == 3
+    assert summary.documents_read_before == 0 and summary.embedded_documents == 3
 
 
 def test_a_document_kept_after_its_line_went_is_still_pruned_after_an_append(workspace, tmp_path):
@@ -82,7 +82,7 @@ def test_a_document_kept_after_its_line_went_is_still_pruned_after_an_append(wor
     with data.open("a") as f:
         f.write(lines(scifact_rows(1, start=20)))
     summary = embed(workspace, data, prune=True)
-    assert summary["documents_read_before"] == 0
+    assert summary.documents_read_before == 0
     assert removed not in stored(workspace) and len(stored(workspace)) == 20
 
 
@@ -104,7 +104,7 @@ def test_a_last_line_without_its_ending_is_read_again(workspace, tmp_path):
     embed(workspace, data)
     data.write_text(lines(docs + scifact_rows(1, start=10)))
     summary = embed(workspace, data)
-    assert summary["documents_read_before"] == 0 and summary["embedded_documents"] == 1
+    assert summary.documents_read_before == 0 and summary.embedded_documents == 1
 
 
 def test_new_chunking_reads_every_line_again(workspace, tmp_path):
@@ -114,7 +114,7 @@ def test_new_chunking_reads_every_line_again(workspace, tmp_path):
     with data.open("a") as f:
         f.write(lines(scifact_rows(2, start=12)))
     summary = embed(workspace, data, chunking=dict(chunk_tokens=48, overlap=8))
-    assert summary["documents_read_before"] == 0 and summary["embedded_documents"] == summary["documents"] == 14
+    assert summary.documents_read_before == 0 and summary.embedded_documents == summary.embedder.documents == 14
 
 
 def test_a_document_deleted_outside_embed_makes_the_whole_file_read(workspace, tmp_path):
@@ -135,5 +135,5 @@ def test_a_document_deleted_outside_embed_makes_the_whole_file_read(workspace, t
     with data.open("a") as f:
         f.write(lines(scifact_rows(1, start=12)))
     summary = embed(workspace, data)
-    assert summary["documents_read_before"] == 0 and summary["embedded_documents"] == 2
+    assert summary.documents_read_before == 0 and summary.embedded_documents == 2
     assert docs[4]["_id"] in stored(workspace)

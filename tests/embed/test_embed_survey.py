@@ -17,7 +17,7 @@ from common.workspace import Workspace
 from conftest import scifact_rows
 from embed import run as embed_run
 from embed.appended import documents_digest
-from embed.run import run_embed
+from embed.run import EmbedRun, run_embed
 from embed.settings import EmbedSettings
 
 DOCUMENTS = 3000
@@ -41,7 +41,7 @@ def write(path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def embed(ws: Workspace, data, model, prune: bool = False) -> dict:
+def embed(ws: Workspace, data, model, prune: bool = False) -> EmbedRun:
     settings = EmbedSettings(model_dir=model, chunk_tokens=64, overlap=8, prune=prune, group_size=256)
     return run_embed(ws, [data], None, settings)
 
@@ -79,7 +79,7 @@ def test_new_changed_and_gone_documents_among_thousands_end_as_a_fresh_embed(sta
     directory, rows = source
     ws = Workspace(tmp_path / "ws").create()
     first = embed(ws, directory, static_model)
-    assert first["embedded_documents"] == first["documents"] == DOCUMENTS
+    assert first.embedded_documents == first.embedder.documents == DOCUMENTS
     first_chunks = chunks(ws)
 
     b = rows[2000:DOCUMENTS]
@@ -90,9 +90,9 @@ def test_new_changed_and_gone_documents_among_thousands_end_as_a_fresh_embed(sta
     removed = [row["_id"] for row in b[-20:]]
     write(directory / "b.jsonl", b[:-20] + rows[DOCUMENTS:])  # a.jsonl as it was: its lines are not read again
     again = embed(ws, directory, static_model)
-    assert again["documents_read_before"] == 2000
-    assert again["embedded_documents"] == 30 + 10 + 40
-    assert again["documents"] == DOCUMENTS + 40  # the removed ones are kept without --prune
+    assert again.documents_read_before == 2000
+    assert again.embedded_documents == 30 + 10 + 40
+    assert again.embedder.documents == DOCUMENTS + 40  # the removed ones are kept without --prune
 
     updated_chunks = chunks(ws)
     changed = {row["_id"] for row in b[:40]}
@@ -104,7 +104,7 @@ def test_new_changed_and_gone_documents_among_thousands_end_as_a_fresh_embed(sta
     assert new_ids and not new_ids & old_ids  # a changed document's chunks get new ids, never an old one
 
     pruned = embed(ws, directory, static_model, prune=True)
-    assert pruned["embedded_documents"] == 0 and pruned["documents"] == DOCUMENTS + 20
+    assert pruned.embedded_documents == 0 and pruned.embedder.documents == DOCUMENTS + 20
     assert not set(removed) & {d[0] for d in documents(ws)}
 
     fresh = Workspace(tmp_path / "fresh").create()
@@ -154,7 +154,7 @@ def test_a_source_changed_between_its_two_reads_is_refused_and_the_next_run_ends
         assert store.counts()["documents"] == 0 and store.generation() == 0  # nothing published
     monkeypatch.setattr(embed_run, "load_embedder", real_load)
     resumed = embed(ws, directory, static_model)
-    assert resumed["documents"] == DOCUMENTS and resumed["embedded_documents"] < DOCUMENTS  # the staged ones kept
+    assert resumed.embedder.documents == DOCUMENTS and resumed.embedded_documents < DOCUMENTS  # the staged ones kept
     fresh = Workspace(tmp_path / "fresh").create()
     embed(fresh, directory, static_model)
     assert documents(ws) == documents(fresh)

@@ -437,5 +437,5 @@ def test_tuning_stops_where_its_time_budget_ends_when_steps_take_longer_than_pla
     monkeypatch.setattr(embed.tune, "planned_steps", lambda settings, *args: settings.steps)
     settings = TuneSettings(architecture="static", steps=100_000, batch_size=8, seed=0)
     summary = run_tune(Workspace(ws), docs, settings, record=False, budget_s=2.0)
-    assert summary["planned_steps"] > summary["steps"] >= 1
-    assert summary["final_loss"] is not None and (ws / summary["path"] / "modules.json").exists()
+    assert summary.report["planned_steps"] > summary.steps >= 1
+    assert summary.final_loss is not None and (ws / summary.path / "modules.json").exists()

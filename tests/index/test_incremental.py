@@ -60,7 +60,7 @@ def updated(trained_workspace, tmp_path_factory):
 
     # The base: the same documents from a file of the test's own (a document's source is part of what it is).
     run_embed(ws, [write_rows(data, rows)], None, EmbedSettings(**CHUNKING, prune=True))
-    assert refresh_indexes(ws)["update"] == "full"
+    assert refresh_indexes(ws).update == "full"
 
     # First update: 4 documents added, 2 changed, 3 deleted.
     rows[5]["text"] += " Zebrafish regeneration was also observed."
@@ -102,10 +102,10 @@ def source_rows(ws: Workspace) -> list[dict]:
 
 def test_small_changes_update_the_index_instead_of_rebuilding_it(updated):
     first, second = updated["first"], updated["second"]
-    assert first["update"] == second["update"] == "incremental"
-    assert first["path"] == second["path"]  # the base FAISS index is kept
-    assert first["delta_vectors"] > 0 and second["delta_vectors"] > 0
-    assert second["deleted_in_base"] >= first["deleted_in_base"] > 0
+    assert first.update == second.update == "incremental"
+    assert first.path == second.path  # the base FAISS index is kept
+    assert first.delta_vectors > 0 and second.delta_vectors > 0
+    assert second.deleted_in_base >= first.deleted_in_base > 0
     index_files = sorted(p.name for p in updated["ws"].index_dir.iterdir())
     assert len(index_files) == 4  # the base, the delta, the lexical and corpus directories; older versions removed
 
@@ -143,7 +143,7 @@ def test_deleted_and_replaced_documents_never_come_back(updated):
 
 def test_an_update_writes_the_snapshot_of_the_changed_store(updated):
     """The corpus snapshot search reads is the store's after the update: documents added, changed, deleted."""
-    assert updated["second"]["update"] == "incremental"
+    assert updated["second"].update == "incremental"
     corpus = SearchEngine(updated["ws"]).shards[0].shard.corpus
     with Store(updated["ws"].db_path, read_only=True) as store:
         assert_corpus_matches_store(corpus, store)
@@ -158,13 +158,13 @@ def test_an_update_writes_the_snapshot_of_the_changed_store(updated):
 def test_deletes_from_an_hnsw_base_never_come_back_and_large_changes_rebuild(updated, tmp_path):
     ws = Workspace(tmp_path / "ws")
     shutil.copytree(updated["ws"].root, ws.root)
-    assert refresh_indexes(ws, "hnsw")["update"] == "full"  # another type than the last build
+    assert refresh_indexes(ws, "hnsw").update == "full"  # another type than the last build
     rows = updated["rows"]
     gone = rows[:3]
     # The same file as the documents' source (the last test to use it): only the deletions differ.
     run_embed(ws, [write_rows(updated["data"], rows[3:])], None, EmbedSettings(**CHUNKING, prune=True))
     summary = refresh_indexes(ws, "hnsw")
-    assert summary["update"] == "incremental" and summary["type"] == "hnsw" and summary["delta_path"] is None
+    assert summary.update == "incremental" and summary.type == "hnsw" and summary.delta_path is None
     engine = SearchEngine(ws)
     for mode in MODES:
         for hits in engine.search_many([r["title"] for r in gone], 100, mode):
@@ -172,8 +172,8 @@ def test_deletes_from_an_hnsw_base_never_come_back_and_large_changes_rebuild(upd
 
     run_embed(ws, [write_rows(updated["data"], rows[3:60])], None, EmbedSettings(**CHUNKING, prune=True))
     rebuilt = refresh_indexes(ws, "hnsw")
-    assert rebuilt["update"] == "full" and "over 10%" in rebuilt["update_reason"]
-    assert rebuilt["deleted_in_base"] == 0 and rebuilt["base_vectors"] == rebuilt["vectors"]
+    assert rebuilt.update == "full" and "over 10%" in rebuilt.update_reason
+    assert rebuilt.deleted_in_base == 0 and rebuilt.base_vectors == rebuilt.vectors
 
 
 def test_one_writer_at_a_time(updated, monkeypatch):
@@ -199,13 +199,13 @@ def test_an_ivf_base_takes_added_chunks_in_its_trained_lists_and_rebuilds_when_t
 
     ws = Workspace(tmp_path / "ws")
     shutil.copytree(updated["ws"].root, ws.root)
-    assert refresh_indexes(ws, "ivfpq")["update"] == "full"
+    assert refresh_indexes(ws, "ivfpq").update == "full"
     rows, new = updated["rows"], scifact_rows(5, start=700)
     # The same file as the documents' source (the tests before this one wrote it too): 2 deleted, 5 added.
     run_embed(ws, [write_rows(updated["data"], rows[2:] + new)], None, EmbedSettings(**CHUNKING, prune=True))
     summary = refresh_indexes(ws, "ivfpq")
-    assert summary["update"] == "incremental" and summary["delta_vectors"] > 0
-    assert summary["delta_rescore_path"] and summary["trained_path"]
+    assert summary.update == "incremental" and summary.delta_vectors > 0
+    assert summary.delta_rescore_path and summary.trained_path
 
     engine = SearchEngine(ws)
     for part in engine.shards[0].shard.dense:  # searched at their widest, the base and the delta answer as exact search
@@ -233,4 +233,4 @@ def test_an_ivf_base_takes_added_chunks_in_its_trained_lists_and_rebuilds_when_t
         ws, [write_rows(updated["data"], rows[2:] + new + scifact_rows(2, start=720))], None, EmbedSettings(**CHUNKING)
     )
     rebuilt = refresh_indexes(ws, "ivfpq")
-    assert rebuilt["update"] == "full" and "far from its trained lists" in rebuilt["update_reason"]
+    assert rebuilt.update == "full" and "far from its trained lists" in rebuilt.update_reason

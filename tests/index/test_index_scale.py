@@ -52,10 +52,10 @@ def test_ivf_built_in_slices_rescored_answers_as_exact_search(
 ):
     monkeypatch.setattr(ivf, "SLICE_BYTES", 4 * 32 * 300)  # slices of 300 vectors of the test model's 32 dimensions
     shutil.copytree(trained_workspace, tmp_path / "ws")
-    summary = refresh_indexes(Workspace(tmp_path / "ws"), kind, memory_budget=budget_bytes)
-    assert summary["type"] == kind and summary["rescore_path"].endswith(".rescore.npy")
-    assert (summary["lists_path"] is not None) == (budget_bytes == 1)
-    assert set(summary["search_setting"]) == {"nprobe", "rescore"}
+    entry = refresh_indexes(Workspace(tmp_path / "ws"), kind, memory_budget=budget_bytes)
+    assert entry.type == kind and entry.rescore_path.endswith(".rescore.npy")
+    assert (entry.lists_path is not None) == (budget_bytes == 1)
+    assert set(entry.search_setting) == {"nprobe", "rescore"}
     # the workspace moved: the index finds its on-disk lists beside it
     shutil.move(tmp_path / "ws", tmp_path / "moved")
     queries, exact, base = exact_and_widest(Workspace(tmp_path / "moved"))

@@ -30,16 +30,16 @@ def test_incremental_embed_only_embeds_new_or_changed_and_prunes(trained_workspa
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     settings = EmbedSettings(chunk_tokens=64, overlap=8)
     first = run_embed(ws, [data], None, settings)
-    assert first["embedded_documents"] == 6  # another source than the one in the store: all new
-    assert run_embed(ws, [data], None, settings)["embedded_documents"] == 0
+    assert first.embedded_documents == 6  # another source than the one in the store: all new
+    assert run_embed(ws, [data], None, settings).embedded_documents == 0
 
     rows[2]["text"] += " An added sentence."
     data.write_text("".join(json.dumps(r) + "\n" for r in rows[:5]))  # one changed, one removed
     again = run_embed(ws, [data], None, settings)
-    assert again["embedded_documents"] == 1
-    assert again["documents"] == first["documents"]  # kept without --prune
+    assert again.embedded_documents == 1
+    assert again.embedder.documents == first.embedder.documents  # kept without --prune
     pruned = run_embed(ws, [data], None, EmbedSettings(chunk_tokens=64, overlap=8, prune=True))
-    assert pruned["documents"] == 5  # everything not in the current source is gone
+    assert pruned.embedder.documents == 5  # everything not in the current source is gone
     with Store(ws.db_path, read_only=True) as store:
         n_chunks = store.con.execute("SELECT count(*) FROM chunks WHERE doc_id = ?", [rows[5]["_id"]]).fetchall()[0][0]
         text = store.con.execute("SELECT text FROM documents WHERE doc_id = ?", [rows[2]["_id"]]).fetchall()[0][0]
@@ -53,7 +53,7 @@ def test_a_new_chunking_embeds_the_stored_documents_again_and_search_waits_for_t
         old_ids = {r[0] for r in store.con.execute("SELECT chunk_id FROM chunks").fetchall()}
     other = scifact_slice(tmp_path / "other.jsonl", 2, start=400)
     summary = run_embed(ws, [other], None, EmbedSettings(chunk_tokens=48, overlap=8))
-    assert summary["documents"] == len(stored) + 2 and summary["embedded_documents"] == len(stored) + 2
+    assert summary.embedder.documents == len(stored) + 2 and summary.embedded_documents == len(stored) + 2
     with Store(ws.db_path, read_only=True) as store:
         kept = store.con.execute(
             "SELECT doc_id, title, source, text FROM documents WHERE doc_id IN (SELECT unnest($ids)) ORDER BY doc_id",
@@ -78,7 +78,7 @@ def test_a_new_chunking_embeds_the_stored_documents_again_and_search_waits_for_t
     pruned = run_embed(
         ws, [other], None, EmbedSettings(chunk_tokens=64, overlap=8, prune=True)
     )  # asked for: only the source stays
-    assert pruned["documents"] == 2
+    assert pruned.embedder.documents == 2
 
 
 def test_a_directory_typed_relative_or_absolute_holds_the_same_documents(trained_workspace, tmp_path, monkeypatch):
@@ -89,9 +89,9 @@ def test_a_directory_typed_relative_or_absolute_holds_the_same_documents(trained
     (tmp_path / "txt" / "sub" / "b.txt").write_text("Tumour cells grow.\n")
     monkeypatch.chdir(tmp_path)
     settings = EmbedSettings(chunk_tokens=64, overlap=8)
-    assert run_embed(ws, [Path("txt")], None, settings)["documents"] == 2
+    assert run_embed(ws, [Path("txt")], None, settings).embedder.documents == 2
     again = run_embed(ws, [tmp_path / "txt"], None, settings)
-    assert again["documents"] == 2 and again["embedded_documents"] == 0
+    assert again.embedder.documents == 2 and again.embedded_documents == 0
     with Store(ws.db_path, read_only=True) as store:
         stored = store.con.execute("SELECT doc_id, source FROM documents ORDER BY doc_id").fetchall()
     assert stored == [("a.md", str(tmp_path / "txt" / "a.md")), ("sub/b.txt", str(tmp_path / "txt" / "sub" / "b.txt"))]
@@ -129,7 +129,11 @@ def test_interrupted_embed_changes_nothing_search_sees_and_resumes(
     assert staged == 40 and orphans == 0 and unvectored == 0  # whole documents, kept for the next run
     monkeypatch.setattr(embed_ingest, "chunk_and_embed", real_chunk_and_embed)
     resumed = run_embed(ws, [corpus_file], None, settings)
-    assert resumed["embedded_documents"] == 80 and resumed["documents"] == 120 and resumed["store_generation"] == 1
+    assert (
+        resumed.embedded_documents == 80
+        and resumed.embedder.documents == 120
+        and resumed.embedder.store_generation == 1
+    )
 
 
 def test_each_index_type_finds_stored_vectors(trained_workspace, tmp_path):
@@ -138,16 +142,16 @@ def test_each_index_type_finds_stored_vectors(trained_workspace, tmp_path):
         ids, vectors = store.load_vectors()
     for kind in ("flat", "hnsw", "ivf", "ivfpq"):
         summary = refresh_indexes(ws, kind)
-        index = load_index(ws.root / summary["path"])
-        assert index.ntotal == len(ids) and summary["type"] == kind
+        index = load_index(ws.root / summary.path)
+        assert index.ntotal == len(ids) and summary.type == kind
         _, found = index.search(vectors[:5], 1)
         if kind == "flat":
-            assert summary["recall_at_10"] is None
+            assert summary.recall_at_10 is None
             np.testing.assert_array_equal(found[:, 0], ids[:5])
         else:
-            assert 0.0 <= summary["recall_at_10"] <= 1.0
+            assert 0.0 <= summary.recall_at_10 <= 1.0
             assert set(found[:, 0]) <= set(ids)
-    assert refresh_indexes(ws, "auto")["type"] == "flat"
+    assert refresh_indexes(ws, "auto").type == "flat"
 
 
 @pytest.mark.parametrize("held", ["one chunk twice, another not", "one chunk missing"])
@@ -225,6 +229,6 @@ def test_embed_progress_moves_with_every_encoded_batch(trained_workspace, corpus
         None,
         EmbedSettings(model_dir=trained_workspace / "model", chunk_tokens=64, overlap=8, batch_size=16),
     )
-    batches = -(-summary["embedded_chunks"] // 16)
+    batches = -(-summary.embedded_chunks // 16)
     assert batches > 2 and len(completed) == batches + 1  # each batch, then the stored group
     assert completed == sorted(completed) and 0 < completed[0] < 120 and completed[-1] == 120

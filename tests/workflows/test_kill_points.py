@@ -117,7 +117,7 @@ def test_killed_embed_leaves_the_store_as_it_was_and_a_rerun_ends_as_an_uninterr
     with pytest.raises(PipelineError, match="run `pipeline embed` again"):
         refresh_indexes(Workspace(ws))
     rerun = run_embed(Workspace(ws), [extra], None, EmbedSettings(chunk_tokens=48, overlap=8))
-    assert rerun["embedded_documents"] == 0 and rerun["documents"] == 126
+    assert rerun.embedded_documents == 0 and rerun.embedder.documents == 126
     assert_same_store(ws, straight)
     refresh_indexes(Workspace(ws))
     assert answers(ws)  # consistent again
@@ -140,7 +140,7 @@ def test_killed_index_keeps_the_previous_index_in_use_and_a_rerun_cleans_up(kill
     assert read_json(Workspace(ws))["index"]["build_id"] != entry["build_id"] and answers(ws) == before
     summary = refresh_indexes(Workspace(ws), "flat")
     assert sorted(p.name for p in (ws / "index").iterdir()) == sorted(
-        path.split("/")[-1] for path in (summary["path"], summary["lexical_path"], summary["corpus_path"])
+        path.split("/")[-1] for path in (summary.path, summary.lexical_path, summary.corpus_path)
     )
     assert answers(ws) == before
 
@@ -273,7 +273,7 @@ def test_killed_tune_keeps_the_previous_embedder_until_its_model_is_in_place(kil
     with pytest.raises(PipelineError, match="run `pipeline embed` and `pipeline index` again"):
         SearchEngine(Workspace(ws), load_model=False)
     summary = run_tune(Workspace(ws), docs, TuneSettings(**settings, seed=1))
-    assert summary["fingerprint"] == swapped  # the re-run ends with the model the killed run had made
+    assert summary.fingerprint == swapped  # the re-run ends with the model the killed run had made
 
 
 def test_killed_adaptation_keeps_the_previous_embedder_and_leaves_no_candidate_in_use(
