@@ -176,13 +176,14 @@ def trained_workspace(tmp_path_factory, corpus_file) -> Path:
     return ws
 
 
-def pytest_collection_modifyitems(items) -> None:
+def pytest_itemcollected(item) -> None:
     """The tests that start many processes each (a Ray cluster's, torchrun's workers) go to one pytest-xdist
     process, where they run one at a time beside the others' single-process tests (scripts/test.sh: --dist
-    loadgroup; measured faster than the suite in one process or in two parts). So one Ray cluster is started."""
-    for item in items:
-        if item.get_closest_marker("ray") or item.get_closest_marker("multiprocess"):
-            item.add_marker(pytest.mark.xdist_group("one_at_a_time"))
+    loadgroup), so each module's fixtures (a Ray cluster, the torchrun jobs) are made once. Marked as each test
+    is collected, before any plugin's pytest_collection_modifyitems: pytest-xdist reads the group into the
+    test's id in its own (tests/workflows/test_layout.py checks that the grouping holds)."""
+    if item.get_closest_marker("ray") or item.get_closest_marker("multiprocess"):
+        item.add_marker(pytest.mark.xdist_group("one_at_a_time"))
 
 
 @pytest.fixture(scope="session")

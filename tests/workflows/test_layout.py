@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
 
 STAGES = ("pretrain", "embed", "index", "search")
@@ -164,3 +166,13 @@ def test_tests_share_helpers_through_conftest_only():
                 names = [node.module]
             offenders += [f"{path.relative_to(REPO)}: {n}" for n in names if n.startswith(("test_", "benchmarks"))]
     assert not offenders, offenders
+
+
+@pytest.mark.multiprocess
+def test_the_tests_that_start_processes_share_one_xdist_worker(request):
+    """Under scripts/test.sh (pytest-xdist, --dist loadgroup) the `multiprocess` and `ray` tests are one group,
+    run one at a time by one worker, so their module fixtures (torchrun jobs, a Ray cluster) are made once.
+    pytest 9.2 broke the grouping silently (pytest-dev/pytest-xdist#1386): this fails if it is lost again."""
+    if not request.config.getvalue("loadgroup"):
+        pytest.skip("not run by pytest-xdist with --dist loadgroup")
+    assert request.node.nodeid.endswith("@one_at_a_time")
