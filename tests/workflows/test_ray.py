@@ -52,8 +52,9 @@ def test_ray_embedded_vectors_equal_single_process_ones(trained_workspace, tmp_p
     np.testing.assert_allclose(vectors_r, vectors_1, atol=1e-5)
 
 
-def test_ray_training_matches_torchrun_and_survives_a_killed_worker(tmp_path, corpus_file, ray_cluster):
-    """One Ray run with a worker SIGKILLed mid-run must end with the losses of an uninterrupted torchrun run."""
+def test_ray_training_matches_one_process_and_survives_a_killed_worker(tmp_path, corpus_file, ray_cluster):
+    """One Ray run (two workers, DDP) with a worker SIGKILLed mid-run must end with the losses of an uninterrupted
+    run in one process on the same global batches (as every torchrun plan does: tests/pretrain/test_parallel.py)."""
     import os
     import signal
     import subprocess
@@ -64,20 +65,8 @@ def test_ray_training_matches_torchrun_and_survives_a_killed_worker(tmp_path, co
 
     # The kill lands within a step or two of the checkpoint of step 8; two more checkpoints (about 2 s each
     # on Ray) follow it, so it lands mid-run, not after the last step.
-    args = [
-        "--data",
-        str(corpus_file),
-        *TINY_TRAINING,
-        "--max-steps",
-        "16",
-        "--checkpoint-every",
-        "4",
-        "--nproc",
-        "2",
-        "--strategy",
-        "ddp",
-    ]
-    reference = tmp_path / "torchrun"
+    args = ["--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "16", "--checkpoint-every", "4"]
+    reference = tmp_path / "single"
     run_cli("pretrain", "-w", str(reference), *args)
 
     ws = tmp_path / "ray"
@@ -90,6 +79,10 @@ def test_ray_training_matches_torchrun_and_survives_a_killed_worker(tmp_path, co
             "-w",
             str(ws),
             *args,
+            "--nproc",
+            "2",
+            "--strategy",
+            "ddp",
             "--ray",
             ray_cluster,
             "--max-failures",
@@ -117,7 +110,7 @@ def test_ray_training_matches_torchrun_and_survives_a_killed_worker(tmp_path, co
     want = [m["loss"] for m in read_metrics(reference) if m["event"] == "train"]
     got = [m["loss"] for m in read_metrics(ws) if m["event"] == "train"]
     assert len(got) == len(want) == 16
-    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-4)  # test_parallel.py's tolerance between plans
     assert (ws / "model" / "model.safetensors").exists()
 
 
