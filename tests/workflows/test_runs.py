@@ -22,6 +22,9 @@ from workflows import MIN_ADAPTATION_SHARE, PRETRAIN_SHARE
 KEY = "test-key-0123456789"
 CHROMIUM = Path("/usr/bin/chromium")
 PLOTLY_BLUE, PLOTLY_ORANGE = (31, 119, 180), (255, 127, 14)  # plotly's first two trace colours
+# The chain here is sized to a 25 s budget, so how many steps it trains depends on the machine's load: it
+# runs with the tests that start many processes, one at a time, never beside one of them (conftest.py).
+pytestmark = pytest.mark.xdist_group("one_at_a_time")
 
 
 @pytest.fixture(scope="module")
