@@ -177,16 +177,13 @@ def trained_workspace(tmp_path_factory, corpus_file) -> Path:
 
 
 def pytest_itemcollected(item) -> None:
-    """How scripts/test.sh (pytest-xdist, --dist loadgroup) shares the tests out: a group runs on one worker.
-    The tests that start many processes each (a Ray cluster's, torchrun's workers) are one group, run one at a
-    time beside the other worker's single-process tests; every other module is a group of its own, so its
-    module fixtures (a trained chain, a running server) are made once. Marked as each test is collected, before
-    any plugin's pytest_collection_modifyitems: pytest-xdist reads the group into the test's id in its own
-    (tests/workflows/test_layout.py checks that the grouping holds)."""
+    """The tests that start many processes each (a Ray cluster's, torchrun's workers) go to one pytest-xdist
+    process, where they run one at a time beside the others' single-process tests (scripts/test.sh: --dist
+    loadgroup), so each module's fixtures (a Ray cluster, the torchrun jobs) are made once. Marked as each test
+    is collected, before any plugin's pytest_collection_modifyitems: pytest-xdist reads the group into the
+    test's id in its own (tests/workflows/test_layout.py checks that the grouping holds)."""
     if item.get_closest_marker("ray") or item.get_closest_marker("multiprocess"):
         item.add_marker(pytest.mark.xdist_group("one_at_a_time"))
-    elif item.get_closest_marker("xdist_group") is None:
-        item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
 @pytest.fixture(scope="session")
