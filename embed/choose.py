@@ -85,9 +85,9 @@ def adapt(
 ) -> TunedEntry:
     """Tune the candidates the budget allows, keep the one that finds held-out documents best (module
     docstring), record it in the manifest and return its section (the candidates' measurements and the
-    phases' seconds in its report). Everything, the measurements included, is
-    planned to end within `budget_seconds`: the transformer's step is timed first, and it is tuned only if
-    MIN_TRANSFORMER_STEPS of it fit its share beside the static embedder's and its measurement."""
+    phases' seconds in its report). Everything, the measurements included, is planned to end within
+    `budget_seconds`: the transformer's step is timed first, and it is tuned only if MIN_TRANSFORMER_STEPS of
+    it fit its share beside the static embedder's and its measurement."""
     started = time.perf_counter()
     transformer = transformer_settings(static, transformer_pooling)
     candidates: dict[str, TunedEntry] = {}
