@@ -176,6 +176,9 @@ def trained_workspace(tmp_path_factory, corpus_file) -> Path:
     return ws
 
 
+ONE_AT_A_TIME = "one_at_a_time"  # the xdist group of the tests that must not run beside each other
+
+
 def pytest_itemcollected(item) -> None:
     """The tests that start many processes each (a Ray cluster's, torchrun's workers) go to one pytest-xdist
     process, where they run one at a time beside the others' single-process tests (scripts/test.sh: --dist
@@ -183,7 +186,7 @@ def pytest_itemcollected(item) -> None:
     is collected, before any plugin's pytest_collection_modifyitems: pytest-xdist reads the group into the
     test's id in its own (tests/workflows/test_layout.py checks that the grouping holds)."""
     if item.get_closest_marker("ray") or item.get_closest_marker("multiprocess"):
-        item.add_marker(pytest.mark.xdist_group("one_at_a_time"))
+        item.add_marker(pytest.mark.xdist_group(ONE_AT_A_TIME))
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import ONE_AT_A_TIME, REPO
 
 STAGES = ("pretrain", "embed", "index", "search")
 
@@ -175,4 +175,4 @@ def test_the_tests_that_start_processes_share_one_xdist_worker(request):
     pytest 9.2 broke the grouping silently (pytest-dev/pytest-xdist#1386): this fails if it is lost again."""
     if not request.config.getvalue("loadgroup"):
         pytest.skip("not run by pytest-xdist with --dist loadgroup")
-    assert request.node.nodeid.endswith("@one_at_a_time")
+    assert request.node.nodeid.endswith(f"@{ONE_AT_A_TIME}")

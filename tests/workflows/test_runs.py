@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from conftest import board, read_metrics, run_cli
+from conftest import ONE_AT_A_TIME, board, read_metrics, run_cli
 from pretrain.sizing import LAW_GAIN
 from server import running_server
 from workflows import MIN_ADAPTATION_SHARE, PRETRAIN_SHARE
@@ -24,7 +24,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 PLOTLY_BLUE, PLOTLY_ORANGE = (31, 119, 180), (255, 127, 14)  # plotly's first two trace colours
 # The chain here is sized to a 25 s budget, so how many steps it trains depends on the machine's load: it
 # runs with the tests that start many processes, one at a time, never beside one of them (conftest.py).
-pytestmark = pytest.mark.xdist_group("one_at_a_time")
+pytestmark = pytest.mark.xdist_group(ONE_AT_A_TIME)
 
 
 @pytest.fixture(scope="module")
