@@ -13,12 +13,16 @@
     random init  the same shape at initialisation (`pretrain --max-steps 0`) and the same adaptation
                  (`pipeline tune` in the seconds the chain's adaptation was planned), embedded, indexed
                  and evaluated alike: pretraining's contribution, pretrained - random dense nDCG@10
+    tune         `pipeline tune --architecture transformer` alone, on a copy of that model: its step's split
+                 and the probe's prediction (the chain tunes the transformer only when its steps fit)
+    sharing      two such tunes at once on the one GPU: both finish, and the memory each held (nvidia-smi)
 
     python benchmarks/bench_gpu.py [--data BEIR_DIR] [--out FILE] [--workdir DIR] [--quick]
 
 The JSON is rewritten after each section (a run cut short keeps what it measured); "targets" checks the
 issue's figures: MFU >= 40% of the datasheet peak with --compile, each phase within its plan + 10%,
-pretrained - random dense nDCG@10 >= +0.03, >= 70% of a tune step in forward and backward.
+pretrained - random dense nDCG@10 >= +0.03, >= 70% of a tune step in forward and backward, the probe's step
+time within 25% of the measured one, two tunes sharing the GPU.
 
 --quick is for trying the script on a CPU (the tiny preset, a 300-document slice, a 1-minute budget): its
 figures mean nothing. How to run it on a machine with a GPU and no internet: benchmarks/README.md.
@@ -142,29 +146,86 @@ def random_init(ws: Path, data: Path, trained: dict, split: str) -> dict:
             "candidates": tuned.get("candidates"), **embed_index_eval(ws, data, split)}  # fmt: skip
 
 
-def tune_profiles(ws: Path, data: Path, quick: bool) -> dict:
-    """`pipeline tune` of each architecture on a model of the chain's usual GPU shape (at initialisation:
-    a step's time does not depend on the weights): where a step's time goes, and the probe's prediction."""
+PROFILED = {"static": (100, 1024), "transformer": (40, 256)}  # steps, batch size of each architecture's profile
+
+
+def tune_command(ws: Path, architecture: str, quick: bool) -> list[str]:
+    steps, batch = PROFILED[architecture]
+    return [
+        "tune", "-w", str(ws), "--architecture", architecture, "--steps", str(4 if quick else steps),
+        "--batch-size", str(batch), "--time-budget", "10m", "--json",
+    ]  # fmt: skip
+
+
+def tune_profile(summary: dict) -> dict:
+    return {
+        "steps": summary["steps"],
+        "batch_size": summary["batch_size"],
+        "step_profile": summary["step_profile"],
+        "probe_step_s": summary.get("plan", {}).get("step_s"),
+        "phases_s": summary["phases_s"],
+        "pairs": sum(summary["pairs"]["pairs"].values()),
+    }
+
+
+def model_at_initialisation(ws: Path, data: Path) -> None:
+    """A model of the chain's usual GPU shape at initialisation (a step's time does not depend on the weights)."""
     pipeline(
         "pretrain", "-w", str(ws), "--data", str(data / "corpus.jsonl"), "--max-steps", "0", "--no-adapt",
         "--n-layer", "6", "--n-head", "8", "--n-embd", "256", "--seq-len", "256", "--vocab-size", "8192",
     )  # fmt: skip
-    profiles = {}
-    for architecture, steps, batch in (("static", 100, 1024), ("transformer", 40, 256)):
-        steps = 4 if quick else steps
-        summary = json.loads(pipeline(
-            "tune", "-w", str(ws), "--architecture", architecture, "--steps", str(steps), "--batch-size",
-            str(batch), "--time-budget", "10m", "--json",
-        ))  # fmt: skip
-        profiles[architecture] = {
-            "steps": summary["steps"],
-            "batch_size": summary["batch_size"],
-            "step_profile": summary["step_profile"],
-            "probe_step_s": summary.get("plan", {}).get("step_s"),
-            "phases_s": summary["phases_s"],
-            "pairs": sum(summary["pairs"]["pairs"].values()),
-        }
-    return profiles
+
+
+def tune_profiles(ws: Path, architectures: tuple[str, ...], quick: bool) -> dict:
+    """`pipeline tune` of each architecture alone on the GPU, on the model in `ws`: where a step's time goes,
+    and the step time its probe predicted."""
+    return {a: tune_profile(json.loads(pipeline(*tune_command(ws, a, quick)))) for a in architectures}
+
+
+def gpu_memory_mb() -> dict[int, float]:
+    """Memory each process holds on the GPU (nvidia-smi), by process id; empty where nvidia-smi is absent."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    rows = [line.split(",") for line in done.stdout.splitlines() if line.strip()]
+    return {int(pid): float(mb) for pid, mb in rows if pid.strip().isdigit() and mb.strip().replace(".", "").isdigit()}
+
+
+def sharing(ws: Path, quick: bool) -> dict:
+    """Two `pipeline tune` (transformer) at once on the same GPU, each on its own copy of the model in `ws`:
+    both must finish; nvidia-smi's reading of each one's memory, sampled every half second."""
+    commands = []
+    for n in (1, 2):
+        copy = ws.parent / f"{ws.name}-share{n}"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(ws, copy)
+        commands.append([sys.executable, str(REPO / "cli.py"), *tune_command(copy, "transformer", quick)])
+    start = time.perf_counter()
+    runs = [subprocess.Popen(c, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for c in commands]
+    peak_mb = {run.pid: 0.0 for run in runs}
+    while any(run.poll() is None for run in runs):
+        for pid, mb in gpu_memory_mb().items():
+            if pid in peak_mb:
+                peak_mb[pid] = max(peak_mb[pid], mb)
+        time.sleep(0.5)
+    outputs = [run.communicate() for run in runs]
+    with STDERR_LOG.open("a") as log:
+        for command, (_, err) in zip(commands, outputs):
+            log.write(f"$ (shared GPU) {' '.join(command[2:])}\n{err}\n")
+    return {
+        "seconds": round(time.perf_counter() - start, 1),
+        "exit_codes": [run.returncode for run in runs],
+        "peak_gpu_memory_mb": [peak_mb[run.pid] or None for run in runs],
+        "step_s": [
+            json.loads(out)["step_profile"]["step_s"] if run.returncode == 0 else None
+            for run, (out, _) in zip(runs, outputs)
+        ],
+        "errors": [err.strip().splitlines()[-1] if run.returncode else None for run, (_, err) in zip(runs, outputs)],
+    }
 
 
 def main() -> None:
@@ -208,7 +269,8 @@ def main() -> None:
         print(f"[bench_gpu {result['seconds']:.0f}s] {section} done", file=sys.stderr, flush=True)
 
     if args.only_tune:
-        result["tune"] = tune_profiles(args.workdir / "ws" / "tune", data, args.quick)
+        model_at_initialisation(args.workdir / "ws" / "tune", data)
+        result["tune"] = tune_profiles(args.workdir / "ws" / "tune", tuple(PROFILED), args.quick)
         save("tune profiles")
         print(json.dumps(result, indent=2))
         return
@@ -227,6 +289,16 @@ def main() -> None:
     )
     result["targets"] = targets(result)
     save("random init")
+    # On a copy of the random-init workspace (the chain's shape at initialisation): the transformer's step
+    # alone on the GPU (the chain tunes it only when its steps fit), then two tunes sharing the GPU.
+    model = args.workdir / "ws" / "random-copy"
+    shutil.copytree(args.workdir / "ws" / "random", model)
+    result["tune"] = tune_profiles(model, ("transformer",), args.quick)
+    result["targets"] = targets(result)
+    save("transformer tune profile")
+    result["sharing"] = sharing(model, args.quick)
+    result["targets"] = targets(result)
+    save("two tunes sharing the GPU")
     print(json.dumps(result, indent=2))
 
 
@@ -243,18 +315,22 @@ def targets(result: dict) -> dict:
         for name, candidate in (result["chain"].get("candidates") or {}).items()
         if candidate.get("step_profile")
     }
+    for name, profile in result.get("tune", {}).items():  # tuned alone, where the chain did not tune it
+        tuned.setdefault(name, profile)
+    shared = result.get("sharing")
+    ratios = {n: c["probe_step_s"] / c["step_profile"]["step_s"] for n, c in tuned.items() if c.get("probe_step_s")}
     return {
         "tune_forward_backward_share": {n: c["step_profile"]["forward_backward_share"] for n, c in tuned.items()},
         "tune_forward_backward_at_least_0.70": all(
             c["step_profile"]["forward_backward_share"] >= 0.70 for c in tuned.values()
         ),
-        "tune_probe_over_measured_step": {
-            n: c["probe_step_s"] / c["step_profile"]["step_s"] for n, c in tuned.items() if c.get("probe_step_s")
-        },
+        "tune_probe_over_measured_step": ratios,
+        "tune_probe_within_25_percent": all(0.75 <= r <= 1.25 for r in ratios.values()) if ratios else None,
         "mfu_datasheet_compile_at_least_0.40": (compiled["mfu_datasheet"] or 0) >= 0.40,
         "phase_actual_over_planned": over,
         "every_phase_within_10_percent": all(ratio <= 1.10 for ratio in over.values()),
         "pretrained_minus_random_dense_at_least_0.03": result["pretrained_minus_random_dense"] >= 0.03,
+        "two_tunes_share_the_gpu": shared["exit_codes"] == [0, 0] if shared else None,
     }
 
 

@@ -108,6 +108,12 @@ class TuneSettings:
     lr: Optional[float] = option(None, "Peak learning rate (default: 5e-2 static, 3e-4 transformer).", above=0)
     max_seq_length: int = option(128, "Tokens per training text (longer ones are truncated).", min=1)
     seed: int = option(0, "Random seed (pairs, order, weights).", min=0, max=SEED_MAX)
+    loader_workers: Optional[int] = option(
+        None,
+        "Processes that batch the pairs ahead of the model (default: on a GPU, a quarter of the cores up to 4; "
+        "on a CPU none, as they would take the cores the model trains on).",
+        min=0,
+    )
     wandb: bool = option(
         False,
         "Also log the tuning to Weights & Biases (needs `pip install wandb`; WANDB_MODE=offline keeps it on disk). "

@@ -41,8 +41,10 @@ import collections
 import itertools
 import json
 import math
+import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
@@ -661,9 +663,21 @@ def training_arguments(settings: TuneSettings, scratch: Path, sampler, device: s
         seed=settings.seed,
         data_seed=settings.seed,
         dataloader_drop_last=True,
+        dataloader_num_workers=loader_workers(settings, device),
         use_cpu=device == "cpu",
         bf16=device == "cuda" and settings.architecture == "transformer" and torch.cuda.is_bf16_supported(),
     )
+
+
+def loader_workers(settings: TuneSettings, device: str) -> int:
+    """Processes batching ahead of the model: on a GPU a static step's model work is a few milliseconds, less
+    than fetching and collating its batch, which workers then do while the device trains on the one before.
+    None in a process whose threads do not survive a fork (gRPC's: a Ray driver or worker)."""
+    if settings.loader_workers is not None:
+        return settings.loader_workers
+    if device != "cuda" or "grpc" in sys.modules:
+        return 0
+    return min(4, (os.cpu_count() or 1) // 4)
 
 
 def budget_plan(

@@ -130,17 +130,22 @@ class CommunicationTimer:
 
 
 class Stopwatch:
-    def __init__(self, device: torch.device):
-        self.device = device
+    """Seconds of a block of device work (waiting for the device before and after); disabled, it neither
+    waits nor measures (seconds is None)."""
+
+    def __init__(self, device: torch.device, enabled: bool = True):
+        self.device, self.enabled, self.seconds = device, enabled, None
 
     def __enter__(self) -> "Stopwatch":
-        self._sync()
-        self.start = time.perf_counter()
+        if self.enabled:
+            self._sync()
+            self.start = time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._sync()
-        self.seconds = time.perf_counter() - self.start
+        if self.enabled:
+            self._sync()
+            self.seconds = time.perf_counter() - self.start
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -314,10 +319,13 @@ class RunLog:
     def start(self) -> None:
         self.run_start = self.last_log = time.perf_counter()
 
+    def count_step(self) -> None:
+        """After a step that is not logged: its tokens count toward the next logged step's tokens/s."""
+        self.steps_since_log += 1
+
     def train_step(
         self,
         done: int,
-        logged: bool,
         loss: float,
         lr: float,
         grad_norm: float,
@@ -326,10 +334,8 @@ class RunLog:
         pm,
         optimizers,
     ) -> None:
-        """After each step; at logged ones, the step's record and progress line."""
-        self.steps_since_log += 1
-        if not logged:
-            return
+        """After a logged step: its record and progress line."""
+        self.count_step()
         par, cfg, plan = self.par, self.cfg, self.plan
         now = time.perf_counter()
         tokens_per_s = self.steps_since_log * self.tokens_per_step / (now - self.last_log)

@@ -180,6 +180,10 @@ def parallelize(model: nn.Module, par: Parallel, loss_fn, options: RuntimeOption
         stage_modules = [(s, split_stage(model, config, s)) for s in stage_ids(config, par.pp_rank)]
     else:
         stage_modules = [(0, model)]
+    if options.compile and config.tp == 1:
+        # The loss too: unfused, its float32 upcast, log-softmax and their backward move several times the
+        # logits' bytes, which on a GPU is memory-bound time; under TP the logits are DTensors, left eager.
+        loss_fn = torch.compile(loss_fn)
     parts = []
     for _, module in stage_modules:
         if config.tp > 1:
@@ -228,8 +232,9 @@ def grad_norm_params(pm: ParallelModel) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def clip_grad_norm(pm: ParallelModel, max_norm: float) -> float:
-    """Clip by the norm of the whole model's gradient, whatever the plan.
+def clip_grad_norm(pm: ParallelModel, max_norm: float) -> torch.Tensor:
+    """Clip by the norm of the whole model's gradient, whatever the plan; returns the norm before clipping (a
+    tensor on the device).
 
     DTensor gradients (FSDP shards, TP shards) are reduced to their full norm over their mesh;
     pipeline stages then add their squared norms over the pp group.
@@ -248,12 +253,17 @@ def clip_grad_norm(pm: ParallelModel, max_norm: float) -> float:
     if pm.par.config.pp > 1:
         dist.all_reduce(squared, group=pm.par.pp_group())
     total = squared.sqrt()
-    coef = max_norm / (total.item() + 1e-6)
-    if coef < 1.0:
-        for p in _all_params(pm):
-            if p.grad is not None:
-                p.grad.mul_(coef)
-    return total.item()
+    # Scaled by min(1, coef) on the device, as torch's clip_grad_norm_ does: reading the norm back here would
+    # make the host wait for the backward pass before it can queue the optimizer step.
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    grads = [p.grad for p in _all_params(pm) if p.grad is not None]
+    plain = [g for g in grads if not isinstance(g, DTensor)]
+    if plain:
+        torch._foreach_mul_(plain, coef)  # one launch for all of them
+    for g in grads:
+        if isinstance(g, DTensor):
+            g.mul_(coef)
+    return total
 
 
 def _all_params(pm: ParallelModel) -> list[torch.Tensor]:

@@ -216,9 +216,11 @@ def train(
         x, y = train_windows.batch(indices[par.dp_rank * local_batch : (par.dp_rank + 1) * local_batch])
         x, y = x.to(par.device), y.to(par.device)
         pm.set_timing(logged)  # the last step of each log window is measured in detail
+        # Only a logged step waits for the device (its clock, its loss read back): the others queue their
+        # work behind the step before, so a GPU never idles while the host prepares the next batch.
         with (
             CommunicationTimer(par.device, enabled=logged and cfg.measure_comm and par.world_size > 1) as comm,
-            Stopwatch(par.device) as watch,
+            Stopwatch(par.device, enabled=logged) as watch,
         ):
             local_loss = pm.forward_backward(x, y, cfg.grad_accum)
             grad_norm = clip_grad_norm(pm, cfg.grad_clip)
@@ -226,18 +228,20 @@ def train(
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
-        loss_value = pm.global_mean(local_loss)
-        log.train_step(
-            done,
-            logged,
-            loss_value,
-            schedulers[0].get_last_lr()[0],
-            grad_norm,
-            comm.seconds,
-            watch.seconds,
-            pm,
-            optimizers,
-        )
+        if logged:
+            loss_value = pm.global_mean(local_loss)  # a collective: `logged` is alike on every rank
+            log.train_step(
+                done,
+                loss_value,
+                schedulers[0].get_last_lr()[0],
+                grad_norm.item(),
+                comm.seconds,
+                watch.seconds,
+                pm,
+                optimizers,
+            )
+        else:
+            log.count_step()
         stopping = False
         if done % cfg.validation_interval == 0 or done == cfg.max_steps:
             val_loss = evaluate(pm, val_windows, cfg)
@@ -250,7 +254,7 @@ def train(
         if done % cfg.checkpoint_every == 0 or done == cfg.max_steps or stopping:
             path = save_checkpoint(ws, done, pm, optimizers, schedulers, cfg)
             if on_checkpoint is not None:  # e.g. reported to Ray Train (pretrain/ray_train.py)
-                on_checkpoint(path, done, {"loss": loss_value})
+                on_checkpoint(path, done, {"loss": pm.global_mean(local_loss)})
         step = done
         if stopping:
             if main:
@@ -261,6 +265,8 @@ def train(
             break
 
     pm.set_timing(False)
+    if step > start_step:  # the last step's loss, logged or not (a collective)
+        loss_value = pm.global_mean(local_loss)
     log.end(step, val_loss, best.step if best.kept else None, best.val_loss if best.kept else None)
     log.close()
     state = None

@@ -439,3 +439,22 @@ def test_tuning_stops_where_its_time_budget_ends_when_steps_take_longer_than_pla
     summary = run_tune(Workspace(ws), docs, settings, record=False, budget_s=2.0)
     assert summary.report["planned_steps"] > summary.steps >= 1
     assert summary.final_loss is not None and (ws / summary.path / "modules.json").exists()
+
+
+def test_batches_made_by_loader_workers_train_the_same_model(trained_workspace, tmp_path):
+    """Processes batching ahead of the model (a GPU's default) give the same batches, so the same steps."""
+    from safetensors.numpy import load_file
+
+    docs = list(source_documents(Workspace(trained_workspace), [], None))
+    losses, tables = [], []
+    for workers in (0, 2):
+        ws = tmp_path / f"workers-{workers}"
+        shutil.copytree(trained_workspace, ws)
+        settings = TuneSettings(architecture="static", steps=6, batch_size=8, seed=0, loader_workers=workers)
+        summary = run_tune(Workspace(ws), docs, settings, record=False, budget_s=600.0)
+        assert summary.steps == 6
+        losses.append(summary.final_loss)
+        (weights,) = (ws / summary.path).rglob("*.safetensors")
+        tables.append(next(iter(load_file(weights).values())))
+    assert losses[0] == losses[1], losses
+    assert np.array_equal(tables[0], tables[1])
