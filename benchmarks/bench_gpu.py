@@ -17,7 +17,7 @@
                  and the probe's prediction (the chain tunes the transformer only when its steps fit)
     sharing      two such tunes at once on the one GPU: both finish, and the memory each held (nvidia-smi)
 
-    python benchmarks/bench_gpu.py [--data BEIR_DIR] [--out FILE] [--workdir DIR] [--quick]
+    python benchmarks/bench_gpu.py [--data BEIR_DIR] [--out FILE] [--workdir DIR] [--quick] [--only-chain]
 
 The JSON is rewritten after each section (a run cut short keeps what it measured); "targets" checks the
 issue's figures: MFU >= 40% of the datasheet peak with --compile, each phase within its plan + 10%,
@@ -237,6 +237,7 @@ def main() -> None:
     parser.add_argument("--small-steps", type=int, default=60)
     parser.add_argument("--quick", action="store_true", help="try the script on a CPU (meaningless figures)")
     parser.add_argument("--only-tune", action="store_true", help="only the tune step profiles of each architecture")
+    parser.add_argument("--only-chain", action="store_true", help="only the chain and its random-init twin")
     args = parser.parse_args()
     import torch
 
@@ -285,7 +286,7 @@ def main() -> None:
         print(json.dumps(result, indent=2))
         return
     steps = 6 if args.quick else args.small_steps
-    for mode in ("eager", "compile"):
+    for mode in () if args.only_chain else ("eager", "compile"):
         ws = args.workdir / "ws" / f"small-{mode}"
         section(
             f"GPT-2 small {mode}", f"gpt2_small_{mode}", throughput, ws, data / "corpus.jsonl", steps,
@@ -294,7 +295,8 @@ def main() -> None:
     budget = "1m" if args.quick else "2m"
     trained = section("chain", "chain", chain, args.workdir / "ws" / "chain", data, budget, args.split)
     random = args.workdir / "ws" / "random"
-    if trained and section("random init", "random_init", random_init, random, data, trained, args.split):
+    twin = trained and section("random init", "random_init", random_init, random, data, trained, args.split)
+    if twin and not args.only_chain:
         # On a copy of the random-init workspace (the chain's shape at initialisation): the transformer's step
         # alone on the GPU (the chain tunes it only when its steps fit), then two tunes sharing the GPU.
         model = args.workdir / "ws" / "random-copy"

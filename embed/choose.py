@@ -7,12 +7,14 @@ from random weights), which needs a GPU's compute. `pipeline pretrain` (and `pip
 default, `--architecture auto`) decides between them on the machine it runs on, within one time budget
 that covers all of it:
 
-1. a transformer step is timed here (embed/tune.py's step_seconds), and the transformer is a candidate
-   only if MIN_TRANSFORMER_STEPS of its steps fit its share of the budget (1 - STATIC_SHARE, less its
-   measurement); otherwise the reason is reported;
-2. the static embedder is tuned, its steps and the pairs mined for them planned to fit its share (all of
-   the budget but MEASURE_SHARE when it is the only candidate): it always fits, and is what is kept if
-   nothing else is; then the transformer in what is left;
+1. a transformer step is timed here (embed/tune.py's step_seconds; on a GPU its whole batch in one pass
+   where the card takes it, else the cached loss's mini-batches), and the transformer is a candidate only
+   if MIN_TRANSFORMER_STEPS of its steps and its measurement fit 1 - STATIC_SHARE of the budget; otherwise
+   the reason is reported;
+2. the static embedder is tuned, its steps and the pairs mined for them planned to fit all of the budget but
+   MEASURE_SHARE and, when the transformer is a candidate, its MIN_TRANSFORMER_STEPS and measurement: it
+   always fits, and is what is kept if nothing else is; then the transformer in what is left (the static
+   embedder's steps are often bounded by the pairs the corpus gives, which leaves the transformer more);
 3. each candidate is measured on held-out corpus pairs (common/heldout.py: documents tuning never saw, a
    sentence or span of one as the query, the rest of it the answer), dense nDCG@10 among all the
    documents (a sample of MEASURE_DOCUMENTS on a large collection), and the transformer becomes tuned/
@@ -61,14 +63,15 @@ TRANSFORMER_MINI_BATCH = 64  # texts per forward pass (CachedMultipleNegativesRa
 # scored 0.088 against the static table's 0.59 (SciFact), and at 12m on 2 cores 82 steps of it took 65% of
 # the adaptation for 0.012 on held-out pairs: fewer steps only take time from the static embedder.
 MIN_TRANSFORMER_STEPS = 200
-STATIC_SHARE = 0.35  # of the adaptation's time, for the static embedder when the transformer is tuned beside it
+STATIC_SHARE = 0.35  # of the adaptation's time, at least, for the static embedder when the transformer is tuned too
 MEASURE_SHARE = 0.05  # of the adaptation's time, kept for measuring the static candidate on held-out pairs
 MEASURE_PAIRS = 300
 MEASURE_DOCUMENTS = 20_000
 
 
-def transformer_settings(static: TuneSettings, pooling: str = "mean") -> TuneSettings:
-    """The transformer candidate's settings: the static one's steps and pairs, a transformer's batch and rate."""
+def transformer_settings(static: TuneSettings, pooling: str = "mean", mini_batches: bool = True) -> TuneSettings:
+    """The transformer candidate's settings: the static one's steps and pairs, a transformer's batch and rate,
+    and, with `mini_batches`, the cached loss's passes of TRANSFORMER_MINI_BATCH texts (bounded memory)."""
     batch = min(static.batch_size, TRANSFORMER_BATCH)
     return replace(
         static,
@@ -76,8 +79,28 @@ def transformer_settings(static: TuneSettings, pooling: str = "mean") -> TuneSet
         pooling=pooling,
         batch_size=batch,
         lr=None,
-        mini_batch=TRANSFORMER_MINI_BATCH if batch > TRANSFORMER_MINI_BATCH else None,
+        mini_batch=TRANSFORMER_MINI_BATCH if mini_batches and batch > TRANSFORMER_MINI_BATCH else None,
     )
+
+
+def timed_transformer(
+    ws: Workspace, docs: list[Document], static: TuneSettings, pooling: str, enough_s: float
+) -> tuple[TuneSettings, float]:
+    """The transformer candidate's settings and its step's seconds, timed here. On a GPU its whole batch in one
+    pass, if the card takes it: mini-batches of a few texts leave it idle (on an H200 a step of 256 pairs took
+    0.36 s in passes of 64 texts, 0.04 s in one); on a CPU, or a GPU that runs out of memory, the cached loss's
+    mini-batches."""
+    import torch
+
+    if torch.cuda.is_available():
+        settings = transformer_settings(static, pooling, mini_batches=False)
+        try:
+            return settings, transformer_step_seconds(ws, docs, settings, enough_s)
+        except torch.OutOfMemoryError:
+            pass  # the cached loss's mini-batches below, once the memory the attempt held is let go
+        torch.cuda.empty_cache()
+    settings = transformer_settings(static, pooling)
+    return settings, transformer_step_seconds(ws, docs, settings, enough_s)
 
 
 def adapt(
@@ -92,13 +115,16 @@ def adapt(
     transformer = transformer_settings(static, transformer_pooling)
     candidates: dict[str, TunedEntry] = {}
     skipped = None
-    transformer_s = measure_transformer_s = 0.0
+    transformer_s = measure_transformer_s = needed_s = 0.0
     try:
-        # a warm-up step (a GPU's first one pays its set-up) three times too slow already says no
-        step_s = transformer_step_seconds(ws, docs, transformer, enough_s=3 * budget_seconds / MIN_TRANSFORMER_STEPS)
+        # a warm-up step three times too slow already says no
+        transformer, step_s = timed_transformer(
+            ws, docs, static, transformer_pooling, enough_s=3 * budget_seconds / MIN_TRANSFORMER_STEPS
+        )
         measure_transformer_s = measure_seconds(step_s, transformer, len(docs))
         transformer_s = (budget_seconds - (time.perf_counter() - started)) * (1 - STATIC_SHARE) - measure_transformer_s
         fewest = min(MIN_TRANSFORMER_STEPS, transformer.steps)
+        needed_s = fewest * step_s + measure_transformer_s  # what the transformer is kept from the static one
         if transformer_s < fewest * step_s:
             skipped = {
                 "skipped": f"{fewest} steps of {transformer.batch_size} pairs would take about "
@@ -109,7 +135,9 @@ def adapt(
     except (RuntimeError, PipelineError) as e:  # e.g. out of GPU memory: the static embedder stands
         skipped = {"skipped": f"tuning failed: {(str(e).splitlines() or [type(e).__name__])[0]}"}
     left = budget_seconds - (time.perf_counter() - started)
-    static_s = (left * STATIC_SHARE if skipped is None else left) * (1 - MEASURE_SHARE)
+    # The static embedder, kept unless the transformer beats it, takes all but the transformer's fewest steps:
+    # its steps are often bounded by the pairs the corpus gives, and the transformer then gets what it left.
+    static_s = left * (1 - MEASURE_SHARE) - (needed_s if skipped is None else 0.0)
     planned = {"probe": time.perf_counter() - started, "static": static_s, "measure": left * MEASURE_SHARE}
     workdir = Path(tempfile.mkdtemp(dir=ws.root, prefix=".adapt."))  # the candidates, until one is kept
     try:

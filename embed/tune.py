@@ -387,10 +387,6 @@ def run_tune(
     import torch
     from datasets import Dataset
     from sentence_transformers import SentenceTransformerTrainer
-    from sentence_transformers.sentence_transformer.losses import (
-        CachedMultipleNegativesRankingLoss,
-        MultipleNegativesRankingLoss,
-    )
     from transformers.integrations import TensorBoardCallback
 
     started = time.perf_counter()  # what a time budget counts from
@@ -410,10 +406,7 @@ def run_tune(
     device = "cuda" if torch.cuda.is_available() else "cpu"
     build = static_student if settings.architecture == "static" else transformer_student
     model, finish = build(ws.model_dir, settings, device, training_docs)
-    if settings.mini_batch:
-        loss = CachedMultipleNegativesRankingLoss(model, mini_batch_size=settings.mini_batch)
-    else:
-        loss = MultipleNegativesRankingLoss(model)
+    loss = training_loss(model, settings)
 
     mining = settings.hard_negatives and len(training_docs) > 1
     plan, lexical, probed, probe_negatives = None, None, [], []
@@ -747,25 +740,27 @@ def step_seconds(
     """Seconds a training step of `model` takes here on a batch of settings.batch_size (anchor, positive,
     negative) triples, batched as the trainer batches them (from texts tokenized beforehand): the median of
     PROBE_STEPS (a static embedder's: STATIC_PROBE_STEPS) steps after one that warms up, on a copy of the
-    model (the model itself is not trained). A transformer on a CPU is timed on PROBE_PAIRS triples and
-    scaled to its batch (a step's cost grows with its texts; on a GPU a small batch leaves the device idle,
-    and scaling it overestimated the step 2.6x), by 4/3 with the cached loss's extra forward pass. A warm-up
-    step already slower than `enough_s` is the answer."""
+    model (the model itself is not trained), with the trainer's loss (the cached one's mini-batches too). A
+    transformer on a CPU is timed on PROBE_PAIRS triples and scaled to its batch (a step's cost grows with
+    its texts; on a GPU a small batch leaves the device idle, and scaling it overestimated the step 2.6x). A
+    first step (on a GPU, the one after it) already slower than `enough_s` is the answer."""
     import copy
     import statistics
 
     import torch
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
     model = copy.deepcopy(model).train()
     whole = settings.architecture == "static" or device == "cuda"
     pairs = settings.batch_size if whole else min(PROBE_PAIRS, settings.batch_size)
     batch = [triples[i % len(triples)] for i in range(pairs)]
-    loss = MultipleNegativesRankingLoss(model)
+    loss = training_loss(model, settings)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate)
     bf16 = device == "cuda" and settings.architecture == "transformer" and torch.cuda.is_bf16_supported()
-    scale = settings.batch_size / pairs * (4 / 3 if settings.mini_batch else 1)
+    scale = settings.batch_size / pairs
     preprocess = training_preprocess(model, settings, itertools.chain.from_iterable(batch))
+    # on a GPU the first step pays the device's set-up (2.4 s on an H200 where a step took 0.05 s): the
+    # step after it is the first that can say a step is too slow
+    deciding = 1 if device == "cuda" else 0
     times = []
     for _ in range((STATIC_PROBE_STEPS if settings.architecture == "static" else PROBE_STEPS) + 1):
         start = time.perf_counter()
@@ -781,9 +776,22 @@ def step_seconds(
         if device == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-        if times[0] * scale > enough_s:
-            return times[0] * scale
+        if len(times) == deciding + 1 and times[deciding] * scale > enough_s:
+            return times[deciding] * scale
     return statistics.median(times[1:]) * scale
+
+
+def training_loss(model, settings: TuneSettings):
+    """In-batch negatives (MultipleNegativesRankingLoss); with --mini-batch its cached form, which embeds a
+    batch in passes of that many texts and so bounds the memory a large batch takes."""
+    from sentence_transformers.sentence_transformer.losses import (
+        CachedMultipleNegativesRankingLoss,
+        MultipleNegativesRankingLoss,
+    )
+
+    if settings.mini_batch:
+        return CachedMultipleNegativesRankingLoss(model, mini_batch_size=settings.mini_batch)
+    return MultipleNegativesRankingLoss(model)
 
 
 def training_preprocess(model, settings: TuneSettings, texts: Iterable[str]) -> PretokenizedTexts:
