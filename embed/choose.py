@@ -66,6 +66,7 @@ MIN_TRANSFORMER_STEPS = 200
 STATIC_SHARE = 0.35  # of the adaptation's time, at least, for the static embedder when the transformer is tuned too
 MEASURE_SHARE = 0.05  # of the adaptation's time, kept for measuring the static candidate on held-out pairs
 MEASURE_PAIRS = 300
+ENCODE_PROBE_TEXTS = 128  # documents encoded to time the transformer's measurement
 MEASURE_DOCUMENTS = 20_000
 
 
@@ -84,9 +85,10 @@ def transformer_settings(static: TuneSettings, pooling: str = "mean", mini_batch
 
 
 def timed_transformer(
-    ws: Workspace, docs: list[Document], static: TuneSettings, pooling: str, enough_s: float
-) -> tuple[TuneSettings, float]:
-    """The transformer candidate's settings and its step's seconds, timed here. On a GPU its whole batch in one
+    ws: Workspace, docs: list[Document], static: TuneSettings, pooling: str, enough_s: float, fits_s: float
+) -> tuple[TuneSettings, float, float]:
+    """The transformer candidate's settings, its step's seconds and its measurement's, timed here (the
+    measurement's only where a step takes at most `fits_s`). On a GPU its whole batch in one
     pass, if the card takes it: mini-batches of a few texts leave it idle (on an H200 a step of 256 pairs took
     0.36 s in passes of 64 texts, 0.04 s in one); on a CPU, or a GPU that runs out of memory, the cached loss's
     mini-batches."""
@@ -95,12 +97,12 @@ def timed_transformer(
     if torch.cuda.is_available():
         settings = transformer_settings(static, pooling, mini_batches=False)
         try:
-            return settings, transformer_step_seconds(ws, docs, settings, enough_s)
+            return settings, *transformer_step_seconds(ws, docs, settings, enough_s, fits_s)
         except torch.OutOfMemoryError:
             pass  # the cached loss's mini-batches below, once the memory the attempt held is let go
         torch.cuda.empty_cache()
     settings = transformer_settings(static, pooling)
-    return settings, transformer_step_seconds(ws, docs, settings, enough_s)
+    return settings, *transformer_step_seconds(ws, docs, settings, enough_s, fits_s)
 
 
 def adapt(
@@ -117,19 +119,21 @@ def adapt(
     skipped = None
     transformer_s = measure_transformer_s = needed_s = 0.0
     try:
-        # a warm-up step three times too slow already says no
-        transformer, step_s = timed_transformer(
-            ws, docs, static, transformer_pooling, enough_s=3 * budget_seconds / MIN_TRANSFORMER_STEPS
-        )
-        measure_transformer_s = measure_seconds(step_s, transformer, len(docs))
-        transformer_s = (budget_seconds - (time.perf_counter() - started)) * (1 - STATIC_SHARE) - measure_transformer_s
-        fewest = min(MIN_TRANSFORMER_STEPS, transformer.steps)
+        fewest = min(MIN_TRANSFORMER_STEPS, static.steps)
+        # a warm-up step three times too slow already says no; its measurement is timed only if its steps fit
+        transformer, step_s, measure_transformer_s = timed_transformer(
+            ws, docs, static, transformer_pooling, 3 * budget_seconds / MIN_TRANSFORMER_STEPS,
+            budget_seconds * (1 - STATIC_SHARE) / fewest,
+        )  # fmt: skip
+        share_s = (budget_seconds - (time.perf_counter() - started)) * (1 - STATIC_SHARE)
+        transformer_s = share_s - measure_transformer_s  # infinite where its steps alone do not fit
         needed_s = fewest * step_s + measure_transformer_s  # what the transformer is kept from the static one
         if transformer_s < fewest * step_s:
+            left_for_steps = share_s - (measure_transformer_s if math.isfinite(measure_transformer_s) else 0)
             skipped = {
                 "skipped": f"{fewest} steps of {transformer.batch_size} pairs would take about "
                 f"{fewest * step_s / 60:.1f} min here ({step_s:.2f} s a step, measured), over the budget left "
-                f"for it ({max(transformer_s, 0) / 60:.1f} min)",
+                f"for it ({max(left_for_steps, 0) / 60:.1f} min)",
                 "step_seconds": step_s,
             }
     except (RuntimeError, PipelineError) as e:  # e.g. out of GPU memory: the static embedder stands
@@ -229,26 +233,37 @@ def better(gains: dict[str, np.ndarray]) -> str:
 
 
 def transformer_step_seconds(
-    ws: Workspace, docs: list[Document], settings: TuneSettings, enough_s: float = math.inf
-) -> float:
+    ws: Workspace, docs: list[Document], settings: TuneSettings, enough_s: float = math.inf, fits_s: float = math.inf
+) -> tuple[float, float]:
     """Seconds one training step of the transformer candidate takes on this machine (embed/tune.py's
-    step_seconds on (document, document, document) triples of the corpus)."""
+    step_seconds on (document, document, document) triples of the corpus), and, where a step takes at most
+    `fits_s`, the seconds its measurement on held-out pairs will take (measure_seconds; else infinity)."""
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, _ = transformer_student(ws.model_dir, settings, device, docs)
+    loading = time.perf_counter()
+    model, finish = transformer_student(ws.model_dir, settings, device, docs)
+    load_s = time.perf_counter() - loading
     texts = [document_text(docs[i % len(docs)], settings.max_chars) for i in range(3 * PROBE_PAIRS)]
     triples = list(zip(texts[0::3], texts[1::3], texts[2::3]))
-    return step_seconds(model, triples, settings, device, enough_s)
+    step_s = step_seconds(model, triples, settings, device, enough_s)
+    if step_s > fits_s:
+        return step_s, math.inf
+    finish(model)  # measured as it will embed: full-length texts
+    return step_s, measure_seconds(model.eval(), docs, load_s)
 
 
-def measure_seconds(step_s: float, settings: TuneSettings, documents: int) -> float:
-    """About how long measuring the transformer on held-out pairs takes: encoding is a forward pass (about a
-    third of a training step's work) over up to MEASURE_DOCUMENTS documents and the pairs' queries, at twice
-    the tokens of a training text (chunks are read up to 256 tokens)."""
-    texts_per_step = 3 * settings.batch_size
-    texts = min(documents, MEASURE_DOCUMENTS) + MEASURE_PAIRS
-    return texts * step_s / texts_per_step / 3 * 2
+def measure_seconds(model, docs: list[Document], load_s: float) -> float:
+    """Seconds measuring a transformer on held-out pairs will take (held_out_gains): loading it, and encoding up
+    to MEASURE_DOCUMENTS documents and MEASURE_PAIRS queries at the pace `model` encodes a sample of the
+    documents here, timed after a warm-up batch. A training step's time did not tell: in one measured case
+    encoding took 20 times what a third of a step's work a text said (load and per-batch costs)."""
+    sample = [embedding_text(d.title, d.text) for d in docs[:ENCODE_PROBE_TEXTS]]
+    encode(model, sample[:8])
+    start = time.perf_counter()
+    encode(model, sample)
+    per_text = (time.perf_counter() - start) / len(sample)
+    return load_s + per_text * (min(len(docs), MEASURE_DOCUMENTS) + MEASURE_PAIRS)
 
 
 def held_out_gains(model_dir: Path, docs: list[Document], language: str, seed: int = 0) -> np.ndarray:
