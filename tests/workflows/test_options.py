@@ -99,6 +99,7 @@ BAD = [
     ("tune", "--steps", "0", "0 is not in the range x>=1"),
     ("tune", "--batch-size", "1", "1 is not in the range x>=2"),
     ("tune", "--mini-batch", "0", "0 is not in the range x>=1"),
+    ("tune", "--loader-workers", "-1", "-1 is not in the range x>=0"),
     ("tune", "--lr", "nan", "nan is not a finite number"),
     ("tune", "--lr", "0", "0 is not in the range x>0"),
     ("tune", "--lr", "-inf", "-inf is not a finite number"),
