@@ -348,7 +348,7 @@ def serve(ws: Workspace, settings: ServeSettings | None = None) -> None:
     s = settings or ServeSettings()
     finish_interrupted_write(ws)
     if s.ray is None:
-        from search.serve import run_server
+        from search.serve.app import run_server
 
         run_server(ws, s.host, s.port, s.api_key, write_documents)
         return

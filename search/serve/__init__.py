@@ -49,9 +49,6 @@ they show no stored data.
 The package: schemas.py (the request and response models, the bounds), generation.py (the served engine, its
 reload watcher, the document writes), batcher.py (SearchBatcher), routes.py (the routes, on routers), runs.py
 (what /runs.json holds), app.py (create_app, run_server), page/ (the web page's HTML, CSS and JavaScript,
-package data).
+package data), ray_serve.py (the same API on Ray Serve). This file imports none of them: a shard's replica
+on Ray imports ray_serve.py alone, not the HTTP app.
 """
-
-from search.serve.app import create_app, run_server
-
-__all__ = ["create_app", "run_server"]
