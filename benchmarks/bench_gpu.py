@@ -13,8 +13,10 @@
     random init  the same shape at initialisation (`pretrain --max-steps 0`) and the same adaptation
                  (`pipeline tune` in the seconds the chain's adaptation was planned), embedded, indexed
                  and evaluated alike: pretraining's contribution, pretrained - random dense nDCG@10
-    tune         `pipeline tune --architecture transformer` alone, on a copy of that model: its step's split
-                 and the probe's prediction (the chain tunes the transformer only when its steps fit)
+    runner-up    in each of the two, the candidate the adaptation tuned and did not keep, tuned again alike
+                 and evaluated: the static table's and the transformer's search quality, pretrained and not
+    tune         where the chain did not tune the transformer, `pipeline tune --architecture transformer` alone
+                 on a copy of that model: its step's split and the probe's prediction
     sharing      two such tunes at once on the one GPU: both finish, and the memory each held (nvidia-smi)
 
     python benchmarks/bench_gpu.py [--data BEIR_DIR] [--out FILE] [--workdir DIR] [--quick] [--only-chain]
@@ -144,6 +146,24 @@ def random_init(ws: Path, data: Path, trained: dict, split: str) -> dict:
     tuned = json.loads(pipeline("tune", "-w", str(ws), "--time-budget", f"{adaptation_s:.0f}s", "--json"))
     return {"adaptation_s": adaptation_s, "embedder_kept": tuned["architecture"],
             "candidates": tuned.get("candidates"), **embed_index_eval(ws, data, split)}  # fmt: skip
+
+
+def runner_up(ws: Path, data: Path, run: dict, split: str) -> dict | None:
+    """The candidate the adaptation tuned and did not keep, tuned again alike (its architecture, steps and
+    batch, the same seed) on a copy of the workspace, then embedded, indexed and evaluated: the search quality
+    of both candidates, not only of the one kept. None where only one was tuned."""
+    candidates = run.get("candidates") or {}
+    other = next((n for n, c in candidates.items() if n != run["embedder_kept"] and c.get("steps")), None)
+    if other is None:
+        return None
+    copy = ws.parent / f"{ws.name}-{other}"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(ws, copy)
+    pipeline(
+        "tune", "-w", str(copy), "--architecture", other, "--steps", str(candidates[other]["steps"]),
+        "--batch-size", str(candidates[other]["batch_size"]), "--time-budget", "10m",
+    )  # fmt: skip
+    return {"architecture": other, **embed_index_eval(copy, data, split)}
 
 
 PROFILED = {"static": (100, 1024), "transformer": (40, 256)}  # steps, batch size of each architecture's profile
@@ -293,15 +313,20 @@ def main() -> None:
             mode == "compile", args.quick,
         )  # fmt: skip
     budget = "1m" if args.quick else "2m"
-    trained = section("chain", "chain", chain, args.workdir / "ws" / "chain", data, budget, args.split)
-    random = args.workdir / "ws" / "random"
+    trained_ws, random = args.workdir / "ws" / "chain", args.workdir / "ws" / "random"
+    trained = section("chain", "chain", chain, trained_ws, data, budget, args.split)
     twin = trained and section("random init", "random_init", random_init, random, data, trained, args.split)
+    if trained:
+        section("the chain's other candidate", "chain_runner_up", runner_up, trained_ws, data, trained, args.split)
+    if twin:
+        section("the random init's other candidate", "random_init_runner_up", runner_up, random, data, twin, args.split)
     if twin and not args.only_chain:
         # On a copy of the random-init workspace (the chain's shape at initialisation): the transformer's step
-        # alone on the GPU (the chain tunes it only when its steps fit), then two tunes sharing the GPU.
+        # alone on the GPU, where the chain did not tune it; then two tunes sharing the GPU.
         model = args.workdir / "ws" / "random-copy"
         shutil.copytree(random, model)
-        section("transformer tune profile", "tune", tune_profiles, model, ("transformer",), args.quick)
+        if not (trained.get("candidates") or {}).get("transformer", {}).get("step_profile"):
+            section("transformer tune profile", "tune", tune_profiles, model, ("transformer",), args.quick)
         section("two tunes sharing the GPU", "sharing", sharing, model, args.quick)
     print(json.dumps(result, indent=2))
 
@@ -321,7 +346,16 @@ def targets(result: dict) -> dict:
     ratios = {n: c["probe_step_s"] / c["step_profile"]["step_s"] for n, c in tuned.items() if c.get("probe_step_s")}
     gain = trained["ndcg@10"]["dense"] - random["ndcg@10"]["dense"] if trained and random else None
     shared = result.get("sharing")
+    dense = {  # each candidate's dense nDCG@10 on the judged queries, pretrained and at initialisation
+        f"{name}: {run['embedder_kept']} (kept)": run["ndcg@10"]["dense"]
+        for name, run in (("pretrained", trained), ("random init", random or {}))
+        if run.get("ndcg@10")
+    }
+    for name, key in (("pretrained", "chain_runner_up"), ("random init", "random_init_runner_up")):
+        if result.get(key):
+            dense[f"{name}: {result[key]['architecture']}"] = result[key]["ndcg@10"]["dense"]
     return {
+        "dense_ndcg@10_by_candidate": dense,
         "mfu_datasheet_compile": compiled and compiled["mfu_datasheet"],
         "mfu_datasheet_compile_at_least_0.40": compiled and (compiled["mfu_datasheet"] or 0) >= 0.40,
         "phase_actual_over_planned": over,
