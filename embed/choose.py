@@ -88,10 +88,9 @@ def timed_transformer(
     ws: Workspace, docs: list[Document], static: TuneSettings, pooling: str, enough_s: float, fits_s: float
 ) -> tuple[TuneSettings, float, float]:
     """The transformer candidate's settings, its step's seconds and its measurement's, timed here (the
-    measurement's only where a step takes at most `fits_s`). On a GPU its whole batch in one
-    pass, if the card takes it: mini-batches of a few texts leave it idle (on an H200 a step of 256 pairs took
-    0.36 s in passes of 64 texts, 0.04 s in one); on a CPU, or a GPU that runs out of memory, the cached loss's
-    mini-batches."""
+    measurement's only where a step takes at most `fits_s`). On a GPU its whole batch in one pass, if the card
+    takes it: mini-batches of a few texts leave it idle (on an H200 a step of 256 pairs took 0.36 s in passes
+    of 64 texts, 0.04 s in one); on a CPU, or a GPU that runs out of memory, the cached loss's mini-batches."""
     import torch
 
     if torch.cuda.is_available():
@@ -256,8 +255,8 @@ def transformer_step_seconds(
 def measure_seconds(model, docs: list[Document], load_s: float) -> float:
     """Seconds measuring a transformer on held-out pairs will take (held_out_gains): loading it, and encoding up
     to MEASURE_DOCUMENTS documents and MEASURE_PAIRS queries at the pace `model` encodes a sample of the
-    documents here, timed after a warm-up batch. A training step's time did not tell: in one measured case
-    encoding took 20 times what a third of a step's work a text said (load and per-batch costs)."""
+    documents here, timed after a warm-up batch. A training step's time did not tell: counting a third of a
+    step's work a text said 0.2 s on an H200, where loading and encoding took about 6 s."""
     sample = [embedding_text(d.title, d.text) for d in docs[:ENCODE_PROBE_TEXTS]]
     encode(model, sample[:8])
     start = time.perf_counter()
