@@ -419,6 +419,28 @@ def test_port_in_use_is_a_one_line_error(workspace):
     )
 
 
+def wait_for_page(page, condition: str, server: str) -> None:
+    """Wait up to a minute for `condition` (JavaScript) to hold on the page; if it does not, fail saying what
+    the page shows and how the server answers the same search directly (once seen: a search the page never
+    showed, whose cause the bare timeout did not tell)."""
+    from playwright.sync_api import TimeoutError as PageTimeout
+
+    try:
+        page.wait_for_function(condition, timeout=60_000)
+    except PageTimeout:
+        started = time.monotonic()
+        try:
+            query = {"q": page.input_value("#q")}
+            direct = httpx.post(f"{server}/search", json=query, headers={"X-API-Key": KEY}, timeout=60)
+            answer = f"got {direct.status_code}"
+        except httpx.HTTPError as error:
+            answer = f"failed ({type(error).__name__})"
+        raise AssertionError(
+            f"after 60 s the page at {page.url} shows {page.inner_text('#status')!r}; the same search sent here "
+            f"{answer} in {time.monotonic() - started:.1f} s"
+        ) from None
+
+
 @pytest.mark.browser
 def test_web_page_searches_in_a_real_browser(server, tmp_path):
     if not CHROMIUM.exists():
@@ -445,9 +467,10 @@ def test_web_page_searches_in_a_real_browser(server, tmp_path):
             page.fill("#q", "cancer cells")
             page.click("#go")
             # results, or an error the page shows (then the assertion below names it)
-            page.wait_for_function(
+            wait_for_page(
+                page,
                 "document.querySelector('li.result') || document.getElementById('status').className === 'error'",
-                timeout=60_000,
+                server,
             )
             results = page.locator("li.result")
             assert results.count() == 10, page.inner_text("#status")
@@ -468,9 +491,7 @@ def test_web_page_searches_in_a_real_browser(server, tmp_path):
             page.select_option("#k", "5")
             page.fill("#q", "tumour cells")
             page.click("#go")
-            page.wait_for_function(
-                "document.getElementById('status').textContent.startsWith('5 results')", timeout=60_000
-            )
+            wait_for_page(page, "document.getElementById('status').textContent.startsWith('5 results')", server)
             assert all(
                 int(text.split("year: ")[1].split(" ")[0]) >= 1990
                 for text in page.locator("li.result .fields").all_inner_texts()
