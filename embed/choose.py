@@ -113,7 +113,6 @@ def adapt(
     `budget_seconds`: the transformer's step is timed first, and it is tuned only if MIN_TRANSFORMER_STEPS of
     it fit its share beside the static embedder's and its measurement."""
     started = time.perf_counter()
-    transformer = transformer_settings(static, transformer_pooling)
     candidates: dict[str, TunedEntry] = {}
     skipped = None
     transformer_s = measure_transformer_s = needed_s = 0.0
