@@ -1,8 +1,8 @@
 """The default search mode `pipeline index` chooses, against judged queries (issue 50): for each built
 workspace and its BEIR folder, the held-out measurement (search/calibrate.measure_modes: each mode's
-nDCG@10 on held-out corpus pairs, the mode and dense weight chosen) beside the judged nDCG@10 of lexical,
-dense and hybrid at dense weights 0.1 ... 0.7 on the train and test queries, and how far the chosen mode is
-from the best judged one (target: within 0.01).
+nDCG@10 on held-out corpus pairs, by family of pairs and pooled, the mode and dense weight chosen) beside
+the judged nDCG@10 of lexical, dense and hybrid at dense weights 0.1 ... 0.9 on the train and test
+queries, and how far the chosen mode is from the best judged one (target: within 0.01).
 
     .venv/bin/python benchmarks/bench_default_mode.py WS=BEIR_DIR [WS=BEIR_DIR ...]
     # e.g. /tmp/coll/cranfield=benchmarks/collections/cranfield
@@ -14,31 +14,23 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks_common import pipeline, write_result
-from common.embedder import load_embedder
-from common.manifest import read_manifest
+from benchmarks_common import write_result
 from common.workspace import Workspace
 from search.calibrate import measure_modes
+from search.engine import SearchEngine
+from search.evaluate import evaluate, read_qrels, read_queries
 
-WEIGHTS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
+WEIGHTS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 TARGET_GAP = 0.01
 
 
-def judged(ws: Path, beir: Path, split: str, *mode: str) -> float:
-    """nDCG@10 of `pipeline eval` on the split's judged queries, in the given mode."""
-    qrels = beir / "qrels" / f"{split}.tsv"
-    done = pipeline(
-        "eval", "-w", str(ws), "--queries", str(beir / "queries.jsonl"), "--qrels", str(qrels), "--json", *mode
-    )
-    report = json.loads(done.stdout)
-    return round((report[0] if isinstance(report, list) else report)["ndcg@10"], 4)
-
-
-def judged_columns(ws: Path, beir: Path, split: str) -> dict[str, float]:
-    columns = {mode: judged(ws, beir, split, "--mode", mode) for mode in ("lexical", "dense")}
-    for w in WEIGHTS:
-        columns[f"hybrid {w}"] = judged(ws, beir, split, "--mode", "hybrid", "--dense-weight", str(w))
-    return columns
+def judged_columns(engine: SearchEngine, queries: dict, qrels: dict, chosen_weight: float | None) -> dict[str, float]:
+    """nDCG@10 on the judged queries (as `pipeline eval` scores them) of lexical, dense, hybrid at each of
+    WEIGHTS, and hybrid at the chosen weight when it is not one of them."""
+    columns = {mode: evaluate(engine, queries, qrels, mode).ndcg_at_10 for mode in ("lexical", "dense")}
+    for w in sorted({*WEIGHTS, *([chosen_weight] if chosen_weight is not None else [])}):
+        columns[f"hybrid {w}"] = evaluate(engine, queries, qrels, "hybrid", dense_weight=w).ndcg_at_10
+    return {name: round(value, 4) for name, value in columns.items()}
 
 
 def main() -> None:
@@ -49,21 +41,25 @@ def main() -> None:
     for pair in args.pairs:
         ws, beir = (Path(part).resolve() for part in pair.split("=", 1))
         workspace = Workspace(ws)
-        measured = measure_modes(workspace, load_embedder(read_manifest(workspace).embedder.model_dir(workspace)))
+        engine = SearchEngine(workspace)
+        measured = measure_modes(workspace, engine.model)
         chosen = measured.mode if measured.mode != "hybrid" else f"hybrid {measured.dense_weight}"
         row = {
             "held_out": measured.ndcg,
             "held_out_se": measured.ndcg_se,
+            "held_out_by_pair_family": measured.ndcg_by_pair_family,
             "pair_kinds": measured.pair_kinds,
             "dense_weight": measured.dense_weight,
             "chosen": chosen,
         }
+        queries = read_queries(beir / "queries.jsonl")
         for split in ("train", "test"):
             if not (beir / "qrels" / f"{split}.tsv").exists():
                 continue
-            columns = judged_columns(ws, beir, split)
-            if chosen not in columns:  # a weight between the columns: judged on its own
-                columns[chosen] = judged(ws, beir, split, "--mode", "hybrid", "--dense-weight", chosen.split()[1])
+            qrels = read_qrels(beir / "qrels" / f"{split}.tsv")
+            columns = judged_columns(
+                engine, queries, qrels, measured.dense_weight if measured.mode == "hybrid" else None
+            )
             best = max(columns.values())
             row[split] = {
                 "judged": columns,

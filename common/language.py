@@ -86,16 +86,22 @@ def word_count(text: str) -> int:
     return len(_NON_CJK_WORD.findall(text)) + cjk // CJK_CHARS_PER_WORD
 
 
+def text_units(text: str) -> tuple[list[str], str]:
+    """The text's words and " ", or, in a script written without spaces (Chinese, Japanese), its characters
+    and "": what the text is cut between, and what joins the pieces again."""
+    text = " ".join(text.split())
+    tokens = text.split(" ")
+    if len(tokens) * 3 >= word_count(text):
+        return tokens, " "
+    return list(text), ""
+
+
 def spans(text: str, words: int = SPAN_WORDS) -> list[str]:
     """The text cut into consecutive spans of about `words` words (of characters, in a script without spaces)."""
-    text = " ".join(text.split())
-    if not text:
-        return []
-    tokens = text.split(" ")
-    if len(tokens) * 3 >= word_count(text):  # spaced text: cut between words
-        return [" ".join(tokens[i : i + words]) for i in range(0, len(tokens), words)]
-    size = words * CJK_CHARS_PER_WORD
-    return [text[i : i + size].strip() for i in range(0, len(text), size) if text[i : i + size].strip()]
+    units, joiner = text_units(text)
+    size = words if joiner else words * CJK_CHARS_PER_WORD
+    cut = (joiner.join(units[i : i + size]).strip() for i in range(0, len(units), size))
+    return [span for span in cut if span]
 
 
 def passages(text: str, language: str = "en", minimum: int = 3) -> tuple[list[str], str]:

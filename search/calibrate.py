@@ -1,28 +1,35 @@
 """The default search mode, chosen without judged queries, on pairs the corpus itself provides.
 
 Whether dense, lexical or hybrid search ranks best depends on the collection and the model, and a
-user's documents come without relevance judgements. So `pipeline index` measures it: in a sample of
-the documents adaptation held out from training (common/heldout.py), one sentence (a span, in text
-without sentences; the title, in a text too short for either) is taken out to be the query and its
-document, without that sentence, is the one relevant answer (the inverse cloze task). Sentences are
-found by the rules of the language the BM25 index was built for. A collection whose held-out documents
-give no pair is measured on pairs of all its documents, so any collection with text is measured. Both
-retrievers search the stored collection with those documents replaced by their shortened text, so
-neither can match the query verbatim. The mode with the best nDCG@10 becomes the workspace's default;
-`pipeline eval --set-default` on judged queries overrides it. Each measured document gives up to DRAWS
-pairs, another of its sentences the query in each round, and counts with the mean of their nDCG@10: with
-one sentence a document, which one was drawn decided much of the choice (on SciFact, six seeds chose dense
-weights from 0.1 to 0.35; with eight sentences, 0.3 every time, its train queries' best).
+user's documents come without relevance judgements. So `pipeline index` measures it, in a sample of the
+documents adaptation held out from training (common/heldout.py), on two families of pairs:
 
-The choice is made with the measurement's uncertainty in view, because held-out pairs are not the user's
-queries (a sentence taken out of its document shares fewer words with it than a question shares with its
-answer, which handicaps lexical search in the measurement and not in use). nDCG@10 changes little over a
-wide range of dense weights, and on a few hundred pairs the best of them is mostly noise: every weight
-whose nDCG@10 is within PLATEAU_ERRORS standard errors (of the per-pair difference) of the best is on the
-plateau, and of those the one nearest PRIOR_DENSE_WEIGHT is taken, the weight judged queries preferred on every
-collection measured (benchmarks/results/2026-11-28-default-mode-cpu.md). The default is hybrid at that
-weight unless lexical or dense search measured better than it by more than one standard error: hybrid loses
-little where one retriever is better, and a single retriever chosen on a small margin lost up to 0.02.
+- passages: one sentence (a span, in text without sentences; the title, in a text too short for either)
+  is taken out to be the query, and its document without that sentence is the one relevant answer (the
+  inverse cloze task). It shares no word with its answer but those the rest of the document repeats,
+  which handicaps lexical search as real queries do not.
+- query-like: a run of 4-12 of a sentence's words is the query, and the document keeps its text with some
+  of those words: like a question or a claim, the query shares part of its words with its answer. These
+  favour lexical search more than judged queries do (benchmarks/results/2026-11-28-pair-kinds-cpu.md).
+
+Sentences are found by the rules of the language the BM25 index was built for. A collection whose held-out
+documents give no pair is measured on pairs of all its documents, so any collection with text is
+measured. Both retrievers search the stored collection with the measured documents replaced by their
+changed text. Each measured document gives up to DRAWS pairs of each family, another sentence in each
+round, and counts with the mean of their nDCG@10 (pooled: the mean of its families' means): with one
+sentence a document, which one was drawn decided much of the choice (on SciFact, six seeds chose dense
+weights from 0.1 to 0.35; with eight sentences, 0.3 every time, its train queries' best).
+`pipeline eval --set-default` on judged queries overrides the choice.
+
+The choice is made with the measurement's uncertainty in view, because neither family is the user's
+queries. nDCG@10 changes little over a wide range of dense weights, and on a few hundred pairs the best of
+them is mostly noise: every weight whose nDCG@10 is within PLATEAU_ERRORS standard errors (of the per-pair
+difference) of the best is on a family's plateau, and of the weights on either family's plateau the one
+nearest PRIOR_DENSE_WEIGHT is taken, the weight judged queries preferred on every collection measured
+(benchmarks/results/2026-11-28-default-mode-cpu.md). The default is hybrid at that weight unless lexical or
+dense search measured better than it by more than one standard error, pooled and in each family alike:
+hybrid loses little where one retriever is better, and a single retriever chosen on a small margin, or on
+one kind of query, lost up to 0.02.
 """
 
 from __future__ import annotations
@@ -53,6 +60,9 @@ QUERY_BATCH = 64  # queries scored against the stored vectors at once
 DEPTH = 100  # documents taken from each retriever, as in search
 HYBRID_WEIGHTS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 ... 0.95
 CHOSEN_BY = "held-out corpus pairs"
+# Families of pair kinds (common/heldout.py): a part of the document taken out of it, or a query-like pair
+FAMILY_OF = {"sentence": "passage", "span": "passage", "query": "query", "title": "query"}
+FAMILIES = ("passage", "query")
 # Below this nDCG@10 in every mode the pairs tell the modes nothing (the held-out documents are hardly ever
 # found, e.g. in a collection of near-duplicates): the default stays lexical, and says so.
 INCONCLUSIVE_NDCG = 0.05
@@ -69,8 +79,9 @@ class ModeMeasurement:
     mode: str
     inconclusive: bool
     dense_weight: float
-    ndcg: dict[str, float]  # lexical, dense, hybrid
+    ndcg: dict[str, float]  # lexical, dense, hybrid: each document's mean over its families of pairs
     ndcg_se: dict[str, float]
+    ndcg_by_pair_family: dict[str, dict[str, float]]  # "passage" or "query" -> lexical, dense, hybrid
     hybrid_ndcg: dict[float, float]  # by dense weight
     pairs: int
     documents_measured: int
@@ -82,6 +93,7 @@ class ModeMeasurement:
         return {
             "ndcg@10": self.ndcg,
             "ndcg@10_se": self.ndcg_se,
+            "ndcg@10_by_pair_family": self.ndcg_by_pair_family,
             "hybrid_ndcg@10": {str(w): v for w, v in self.hybrid_ndcg.items()},
             "pairs": self.pairs,
             "documents_measured": self.documents_measured,
@@ -100,7 +112,7 @@ def measure_modes(ws: Workspace, model, seed: int = 0, draws: int = DRAWS) -> Mo
     index_entry = require(ws, "index", "run `pipeline index` first")
     with Store(ws.db_path, read_only=True) as store:
         documents = store.document_texts(SAMPLE_DOCUMENTS, seed)
-        drawn = held_out_pairs(documents, rng, index_entry.language, MAX_PAIRS, draws)
+        drawn = held_out_pairs(documents, rng, index_entry.language, MAX_PAIRS, draws, query_like=True)
         if not drawn:
             return None
         stored = store.counts()["documents"]
@@ -122,27 +134,53 @@ def measure_modes(ws: Workspace, model, seed: int = 0, draws: int = DRAWS) -> Mo
             info(f"measuring the default search mode on {len(documents):,} of the {stored:,} documents (a sample)")
     collection = Collection(base, analyzer, documents, chunk_ids, vectors, chunk_docs)
     doc_ids = list(drawn)
-    sums: dict = collections.defaultdict(lambda: np.zeros(len(doc_ids)))  # mode or weight -> per-document sum
-    counts = np.zeros(len(doc_ids))
+    # per family of pairs: mode or weight -> per-document sum of nDCG@10, and the number of pairs summed
+    sums: dict = {family: collections.defaultdict(lambda: np.zeros(len(doc_ids))) for family in FAMILIES}
+    counts = {family: np.zeros(len(doc_ids)) for family in FAMILIES}
     for round_ in range(max(map(len, drawn.values()))):
         measured = [i for i, d in enumerate(doc_ids) if len(drawn[d]) > round_]
         gains = collection.round_gains(model, {doc_ids[i]: drawn[doc_ids[i]][round_] for i in measured})
-        for key, values in gains.items():
-            sums[key][measured] += values
-        counts[measured] += 1
-    means = {key: total / counts for key, total in sums.items()}
-    hybrid = {w: means[w] for w in HYBRID_WEIGHTS}
-    weight = plateau_weight(hybrid)
-    per_pair = {"lexical": means["lexical"], "dense": means["dense"], "hybrid": hybrid[weight]}
-    mode, inconclusive = best_mode(per_pair)
+        for family in FAMILIES:
+            rows = [at for at, i in enumerate(measured) if FAMILY_OF[drawn[doc_ids[i]][round_][2]] == family]
+            for key, values in gains.items():
+                sums[family][key][[measured[at] for at in rows]] += values[rows]
+            counts[family][[measured[at] for at in rows]] += 1
+    # Each family's gains over the documents it measured, and each document's mean over its families.
+    by_family = {
+        family: {
+            key: total[counts[family] > 0] / counts[family][counts[family] > 0] for key, total in sums[family].items()
+        }
+        for family in FAMILIES
+        if counts[family].any()
+    }
+    families_of_document = sum((counts[family] > 0).astype(float) for family in by_family)
+    pooled = {
+        key: sum(np.where(counts[f] > 0, sums[f][key] / np.maximum(counts[f], 1), 0.0) for f in by_family)
+        / families_of_document
+        for key in sums[next(iter(by_family))]
+    }
+    hybrid = {w: pooled[w] for w in HYBRID_WEIGHTS}
+    weight = plateau_weight(*({w: gains[w] for w in HYBRID_WEIGHTS} for gains in by_family.values()))
+    per_pair = {"lexical": pooled["lexical"], "dense": pooled["dense"], "hybrid": hybrid[weight]}
+    mode, inconclusive = agreed_mode(
+        per_pair, [{"lexical": g["lexical"], "dense": g["dense"], "hybrid": g[weight]} for g in by_family.values()]
+    )
     return ModeMeasurement(
         mode=mode,
         inconclusive=inconclusive,
         dense_weight=weight,
         ndcg={name: float(gains.mean()) for name, gains in per_pair.items()},
         ndcg_se={name: standard_error(gains) for name, gains in per_pair.items()},
+        ndcg_by_pair_family={
+            family: {
+                "lexical": float(g["lexical"].mean()),
+                "dense": float(g["dense"].mean()),
+                "hybrid": float(g[weight].mean()),
+            }
+            for family, g in by_family.items()
+        },
         hybrid_ndcg={w: float(g.mean()) for w, g in hybrid.items()},
-        pairs=int(counts.sum()),
+        pairs=int(sum(c.sum() for c in counts.values())),
         documents_measured=len(doc_ids),
         pair_kinds=dict(collections.Counter(kind for each in drawn.values() for _, _, kind in each)),
         collection_documents=collection.documents,
@@ -219,15 +257,20 @@ class Collection:
         return gains
 
 
-def plateau_weight(gains_by_weight: dict[float, np.ndarray]) -> float:
-    """Of the weights whose mean gain is within PLATEAU_ERRORS standard errors of the best weight's (of the
-    per-pair differences to the best), the one nearest PRIOR_DENSE_WEIGHT, the lower of two as near (module
-    docstring)."""
+def plateau_weight(*gains_by_weight: dict[float, np.ndarray]) -> float:
+    """Of the weights on the plateau of any of the measurements given (a family of pairs' gains by weight),
+    the one nearest PRIOR_DENSE_WEIGHT, the lower of two as near (module docstring)."""
+    candidates = set().union(*map(plateau, gains_by_weight))
+    return min(candidates, key=lambda w: (abs(w - PRIOR_DENSE_WEIGHT), w))
+
+
+def plateau(gains_by_weight: dict[float, np.ndarray]) -> list[float]:
+    """The weights whose mean gain is within PLATEAU_ERRORS standard errors of the best weight's (of the
+    per-pair differences to the best)."""
     best = max(gains_by_weight, key=lambda w: gains_by_weight[w].mean())
-    plateau = [
+    return [
         w for w, gains in gains_by_weight.items() if not clearly_better(gains_by_weight[best], gains, PLATEAU_ERRORS)
     ]
-    return min(plateau, key=lambda w: (abs(w - PRIOR_DENSE_WEIGHT), w))
 
 
 def clearly_better(gains: np.ndarray, than: np.ndarray, errors: float = 1.0) -> bool:
@@ -291,6 +334,16 @@ def record_default_mode(
     )
     write_section(ws, entry)
     return entry
+
+
+def agreed_mode(pooled: dict[str, np.ndarray], families: list[dict[str, np.ndarray]]) -> tuple[str, bool]:
+    """best_mode on the pooled gains when every family of pairs chooses the same (hybrid otherwise: the pairs
+    disagree on what users' queries would favour, and hybrid loses least either way); lexical when
+    inconclusive."""
+    mode, inconclusive = best_mode(pooled)
+    if inconclusive or all(best_mode(gains)[0] == mode for gains in families):
+        return mode, inconclusive
+    return "hybrid", False
 
 
 def best_mode(gains: dict[str, np.ndarray]) -> tuple[str, bool]:

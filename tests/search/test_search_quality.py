@@ -318,6 +318,8 @@ def test_hybrid_weight_is_the_plateaus_weight_nearest_the_prior():
     # A plateau away from the prior: its nearest end.
     low = {w: flat[w] for w in (0.1, 0.2)} | {0.3: base - 0.3, 0.4: base - 0.3}
     assert plateau_weight(low) == 0.2
+    # Two families of pairs: a weight either one cannot rule out may be taken.
+    assert plateau_weight(low, clear) == 0.2 and plateau_weight(low, flat) == 0.3
 
 
 def test_the_default_mode_is_hybrid_unless_another_is_clearly_better_and_lexical_when_inconclusive():
@@ -346,6 +348,45 @@ def test_held_out_pairs_draw_distinct_sentences_each_left_out_of_its_text():
     assert held_out_pair("A title", text, random.Random(0), "en")[0] == drawn[0]  # one draw: the first of them
 
 
+def test_the_default_mode_is_a_single_one_only_when_every_family_of_pairs_chooses_it():
+    from search.calibrate import agreed_mode
+
+    rng = np.random.default_rng(2)
+    base = rng.random(300)
+    lexical_ahead = {"lexical": base + 0.05, "dense": base - 0.2, "hybrid": base}
+    even = {"lexical": base, "dense": base - 0.2, "hybrid": base + 0.001}
+    assert agreed_mode(lexical_ahead, [lexical_ahead, lexical_ahead]) == ("lexical", False)
+    # query-like pairs favour lexical search, passages do not: the pairs disagree, so hybrid
+    assert agreed_mode(lexical_ahead, [even, lexical_ahead]) == ("hybrid", False)
+    nothing = {mode: np.zeros(300) for mode in ("lexical", "dense", "hybrid")}
+    assert agreed_mode(nothing, [nothing, even]) == ("lexical", True)
+
+
+def test_query_like_pairs_are_a_run_of_a_sentences_words_that_its_document_keeps_in_part():
+    # six sentences of fourteen words, no word in two of them
+    sentences = [" ".join(f"w{n}x{k}" for k in range(14)) + "." for n in range(6)]
+    text = " ".join(sentences)
+    drawn = held_out_pair("A title", text, random.Random(3), "en", draws=4, query_like=True)
+    assert len(drawn) == 4 and {kind for _, _, kind in drawn} == {"query"}
+    for query, document, _ in drawn:
+        (source,) = [s for s in sentences if query in s]  # a run of one sentence's words
+        assert 4 <= len(query.split()) <= 12
+        others = [s for s in sentences if s != source]
+        assert all(s in document for s in others)  # only that sentence changed
+        # what is left of it: the sentence with some of the query's words gone, none of its other words
+        left = document
+        for s in others:
+            left = left.replace(s, "")
+        words_left, query_words = left.split(), query.split()
+        assert set(words_left) <= set(source.split())
+        assert set(source.split()) - set(query_words) <= set(words_left)
+        assert len(source.split()) - len(words_left) < len(query_words)  # some of the query's words are kept
+    # In a script without spaces, a run of characters: twice as many as words would be.
+    chinese = "".join(f"第{n}句话讲述了袋熊在干燥的桉树根下挖洞的故事。" for n in range(5))
+    for query, _, _ in held_out_pair("", chinese, random.Random(4), "zh", draws=5, query_like=True):
+        assert 8 <= len(query) <= 24 and " " not in query and query in chinese
+
+
 def test_index_chooses_the_default_mode_on_held_out_corpus_pairs(trained_workspace):
     from common.heldout import is_held_out
 
@@ -357,8 +398,11 @@ def test_index_chooses_the_default_mode_on_held_out_corpus_pairs(trained_workspa
     )
     assert search["inconclusive"] is (max(search["ndcg@10"].values()) < 0.05)
     assert 0 < search["documents_measured"] <= search["collection_documents"] == manifest["embedder"]["documents"]
-    assert search["documents_measured"] <= search["pairs"] <= DRAWS * search["documents_measured"]
+    # each measured document: up to DRAWS passages taken out, and as many query-like pairs
+    assert search["documents_measured"] <= search["pairs"] <= 2 * DRAWS * search["documents_measured"]
+    assert search["pair_kinds"]["query"] > 0 and set(search["ndcg@10_by_pair_family"]) == {"passage", "query"}
     scores = search["ndcg@10"]
+    assert all(0.0 <= v <= 1.0 for family in search["ndcg@10_by_pair_family"].values() for v in family.values())
     assert all(0.0 <= v <= 1.0 for v in scores.values())
     assert scores["hybrid"] == search["hybrid_ndcg@10"][str(search["dense_weight"])]
     assert scores[search["default_mode"]] == max(scores.values())
