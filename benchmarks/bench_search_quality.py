@@ -25,7 +25,7 @@ Wall time of each stage is recorded. Workspaces are kept in --workdir and reused
                                               [--adaptation transformer --tune-steps N]
 
 --data takes any BEIR folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv); benchmarks/collections/convert.py
-builds six of other kinds (lower-case English, Russian, Japanese, Chinese, long and title-like queries), three
+builds seven of other kinds (lower-case English, Russian, Japanese, Chinese, long and title-like queries), three
 with reference BM25 scores of the analyzer each language needs (reference_bm25.json), which the run's lexical
 row is compared with. The JSON also records what the chain chose: the BM25 analyzer and languages detected, how
 documents were cut for the training pairs and the held-out pairs, the pair mix, and the default mode.

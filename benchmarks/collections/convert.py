@@ -297,6 +297,28 @@ def convert_cmrc2018(files: dict[str, Path], out: Path) -> dict:
     return write_collection(out, docs, queries, qrels)
 
 
+# --------------------------------------------------------------------------
+# 7. JaQuAD (Japanese questions over Wikipedia paragraphs; the dev questions
+#    against every paragraph of both halves, most of them no question's answer)
+# --------------------------------------------------------------------------
+
+def convert_jaquad(files: dict[str, Path], out: Path) -> dict:
+    docs, queries, qrels = [], [], {}
+    for role in sorted(files):  # dev_0000 ... dev_0003, then train_0000 ... train_0029
+        for article in json.loads(files[role].read_text(encoding="utf-8"))["data"]:
+            for para in article["paragraphs"]:
+                # question ids are "<split>-<article>-<paragraph>-<question>": the paragraph's id is the rest
+                pids = {qa["id"].rsplit("-", 1)[0] for qa in para["qas"]}
+                assert len(pids) == 1, pids
+                pid = pids.pop()
+                docs.append((pid, article["title"].strip(), para["context"].strip()))
+                if role.startswith("dev_"):
+                    for qa in para["qas"]:
+                        queries.append((qa["id"], qa["question"].strip()))
+                        qrels[qa["id"]] = [pid]
+    return write_collection(out, docs, queries, qrels)
+
+
 CONVERTERS = {
     "cranfield": convert_cranfield,
     "xquad": convert_xquad,
@@ -304,6 +326,7 @@ CONVERTERS = {
     "cisi": convert_cisi,
     "npl": convert_npl,
     "cmrc2018": convert_cmrc2018,
+    "jaquad": convert_jaquad,
 }
 HERE = Path(__file__).resolve().parent
 
