@@ -302,8 +302,14 @@ def test_shell_completion_offers_commands_and_choices(words, expected, monkeypat
     assert run_cli().stdout.split() == expected
 
 
-def test_shell_completion_script():
-    assert "_PIPELINE_COMPLETE=complete_bash" in run_cli("--show-completion", "bash").stdout
+def test_shell_completion_script(monkeypatch):
+    """`pipeline --show-completion` prints the completion script of the shell it runs in, which Typer finds by
+    walking up the process tree (shellingham): here, as if run from bash (the test's own ancestors may hold
+    no shell at all, as under nohup)."""
+    import shellingham
+
+    monkeypatch.setattr(shellingham, "detect_shell", lambda: ("bash", "/bin/bash"))
+    assert "_PIPELINE_COMPLETE=complete_bash" in run_cli("--show-completion").stdout
 
 
 def test_no_library_noise_reaches_the_user(corpus_file, tmp_path):
