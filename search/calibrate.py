@@ -134,31 +134,27 @@ def measure_modes(ws: Workspace, model, seed: int = 0, draws: int = DRAWS) -> Mo
             info(f"measuring the default search mode on {len(documents):,} of the {stored:,} documents (a sample)")
     collection = Collection(base, analyzer, documents, chunk_ids, vectors, chunk_docs)
     doc_ids = list(drawn)
-    # per family of pairs: mode or weight -> per-document sum of nDCG@10, and the number of pairs summed
-    sums: dict = {family: collections.defaultdict(lambda: np.zeros(len(doc_ids))) for family in FAMILIES}
+    # Per family of pairs, per document: the sum of nDCG@10 by mode or hybrid weight, and the pairs summed.
+    keys = ["lexical", "dense", *HYBRID_WEIGHTS]
+    sums = {family: {key: np.zeros(len(doc_ids)) for key in keys} for family in FAMILIES}
     counts = {family: np.zeros(len(doc_ids)) for family in FAMILIES}
     for round_ in range(max(map(len, drawn.values()))):
         measured = [i for i, d in enumerate(doc_ids) if len(drawn[d]) > round_]
         gains = collection.round_gains(model, {doc_ids[i]: drawn[doc_ids[i]][round_] for i in measured})
-        for family in FAMILIES:
-            rows = [at for at, i in enumerate(measured) if FAMILY_OF[drawn[doc_ids[i]][round_][2]] == family]
-            for key, values in gains.items():
-                sums[family][key][[measured[at] for at in rows]] += values[rows]
-            counts[family][[measured[at] for at in rows]] += 1
-    # Each family's gains over the documents it measured, and each document's mean over its families.
+        for at, i in enumerate(measured):
+            family = FAMILY_OF[drawn[doc_ids[i]][round_][2]]
+            for key in keys:
+                sums[family][key][i] += gains[key][at]
+            counts[family][i] += 1
+    # Each family's per-document means, over the documents it measured; pooled, each document's mean over the
+    # families it has (every document has one at least).
+    has = {family: counts[family] > 0 for family in FAMILIES}
+    means = {family: {key: sums[family][key] / np.maximum(counts[family], 1) for key in keys} for family in FAMILIES}
     by_family = {
-        family: {
-            key: total[counts[family] > 0] / counts[family][counts[family] > 0] for key, total in sums[family].items()
-        }
-        for family in FAMILIES
-        if counts[family].any()
+        family: {key: means[family][key][has[family]] for key in keys} for family in FAMILIES if has[family].any()
     }
-    families_of_document = sum((counts[family] > 0).astype(float) for family in by_family)
-    pooled = {
-        key: sum(np.where(counts[f] > 0, sums[f][key] / np.maximum(counts[f], 1), 0.0) for f in by_family)
-        / families_of_document
-        for key in sums[next(iter(by_family))]
-    }
+    families_of_document = sum(has[family].astype(float) for family in FAMILIES)
+    pooled = {key: sum(np.where(has[f], means[f][key], 0.0) for f in FAMILIES) / families_of_document for key in keys}
     hybrid = {w: pooled[w] for w in HYBRID_WEIGHTS}
     weight = plateau_weight(*({w: gains[w] for w in HYBRID_WEIGHTS} for gains in by_family.values()))
     per_pair = {"lexical": pooled["lexical"], "dense": pooled["dense"], "hybrid": hybrid[weight]}
