@@ -73,11 +73,13 @@ PLATEAU_ERRORS = 2.0  # standard errors below the best weight's gain that a weig
 @dataclass(frozen=True)
 class ModeMeasurement:
     """What measure_modes found: the mode chosen (and whether the pairs could tell the modes apart at all),
-    each mode's mean nDCG@10 and its standard error (hybrid's at the weight chosen), hybrid's at every
-    weight, and what was measured."""
+    the mode all pairs together chose (hybrid was chosen instead where the families of pairs disagree), each
+    mode's mean nDCG@10 and its standard error (hybrid's at the weight chosen), hybrid's at every weight, and
+    what was measured."""
 
     mode: str
     inconclusive: bool
+    mode_of_all_pairs: str
     dense_weight: float
     ndcg: dict[str, float]  # lexical, dense, hybrid: each document's mean over its families of pairs
     ndcg_se: dict[str, float]
@@ -100,6 +102,7 @@ class ModeMeasurement:
             "pair_kinds": self.pair_kinds,
             "collection_documents": self.collection_documents,
             "inconclusive": self.inconclusive,
+            "mode_of_all_pairs": self.mode_of_all_pairs,
         }
 
 
@@ -164,6 +167,7 @@ def measure_modes(ws: Workspace, model, seed: int = 0, draws: int = DRAWS) -> Mo
     return ModeMeasurement(
         mode=mode,
         inconclusive=inconclusive,
+        mode_of_all_pairs=best_mode(per_pair)[0],
         dense_weight=weight,
         ndcg={name: float(gains.mean()) for name, gains in per_pair.items()},
         ndcg_se={name: standard_error(gains) for name, gains in per_pair.items()},
@@ -302,6 +306,12 @@ def choose_default_mode(ws: Workspace, model, embedder_fingerprint: str) -> Sear
             "default search mode: lexical, as the measurement was inconclusive "
             f"({measured}: the held-out documents are hardly ever found, as in a collection of near-duplicates); "
             "with judged queries, `pipeline eval --set-default` chooses"
+        )
+    elif result.mode != result.mode_of_all_pairs:
+        info(
+            f"default search mode: hybrid ({measured}): all pairs together favour {result.mode_of_all_pairs} "
+            "search alone, but not each family of them (passages taken out of documents, query-like runs of "
+            "words), so the choice is hybrid, which loses least either way"
         )
     else:
         info(f"default search mode: {result.mode} ({measured})")

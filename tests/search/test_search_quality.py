@@ -401,6 +401,8 @@ def test_index_chooses_the_default_mode_on_held_out_corpus_pairs(trained_workspa
     # each measured document: up to DRAWS passages taken out, and as many query-like pairs
     assert search["documents_measured"] <= search["pairs"] <= 2 * DRAWS * search["documents_measured"]
     assert search["pair_kinds"]["query"] > 0 and set(search["ndcg@10_by_pair_family"]) == {"passage", "query"}
+    # a single retriever only where all pairs together chose it too; hybrid where the families disagreed
+    assert search["default_mode"] in (search["mode_of_all_pairs"], "hybrid")
     scores = search["ndcg@10"]
     assert all(0.0 <= v <= 1.0 for family in search["ndcg@10_by_pair_family"].values() for v in family.values())
     assert all(0.0 <= v <= 1.0 for v in scores.values())
