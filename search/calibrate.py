@@ -4,13 +4,14 @@ Whether dense, lexical or hybrid search ranks best depends on the collection and
 user's documents come without relevance judgements. So `pipeline index` measures it, in a sample of the
 documents adaptation held out from training (common/heldout.py), on two families of pairs:
 
-- passages: one sentence (a span, in text without sentences; the title, in a text too short for either)
-  is taken out to be the query, and its document without that sentence is the one relevant answer (the
-  inverse cloze task). It shares no word with its answer but those the rest of the document repeats,
-  which handicaps lexical search as real queries do not.
+- passages: one sentence (a span, in text without sentences) is taken out to be the query, and its
+  document without that sentence is the one relevant answer (the inverse cloze task). It shares no word
+  with its answer but those the rest of the document repeats, which handicaps lexical search as real
+  queries do not.
 - query-like: a run of 4-12 of a sentence's words is the query, and the document keeps its text with some
   of those words: like a question or a claim, the query shares part of its words with its answer. These
   favour lexical search more than judged queries do (benchmarks/results/2026-11-28-pair-kinds-cpu.md).
+  A text too short for either gives its title as the query, a query-like pair of this family.
 
 Sentences are found by the rules of the language the BM25 index was built for. A collection whose held-out
 documents give no pair is measured on pairs of all its documents, so any collection with text is
@@ -55,7 +56,7 @@ MAX_PAIRS = 300  # documents measured
 # A larger collection is measured on a seeded sample of this many documents (the measured ones among them):
 # each round scores every vector of the collection measured, and holds them in memory (4 KB each).
 SAMPLE_DOCUMENTS = 100_000
-DRAWS = 8  # pairs (another sentence as the query each) per measured document
+DRAWS = 8  # pairs of each family (another sentence as the query each) per measured document
 QUERY_BATCH = 64  # queries scored against the stored vectors at once
 DEPTH = 100  # documents taken from each retriever, as in search
 HYBRID_WEIGHTS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 ... 0.95
@@ -107,10 +108,10 @@ class ModeMeasurement:
 
 
 def measure_modes(ws: Workspace, model, seed: int = 0, draws: int = DRAWS) -> ModeMeasurement | None:
-    """nDCG@10 of lexical, dense and hybrid (per dense weight) on held-out pairs of the stored corpus,
-    each measured document's nDCG@10 the mean over its pairs (up to `draws`, one round each: a round
-    searches the collection with that round's documents shortened by their query); None when no document
-    gives a pair."""
+    """nDCG@10 of lexical, dense and hybrid (per dense weight) on held-out pairs of the stored corpus: up to
+    `draws` of each family per document, one round each (a round searches the collection with that round's
+    documents changed by their pair); a document's nDCG@10 in a family is the mean over its pairs there, and
+    pooled the mean of its families' (module docstring); None when no document gives a pair."""
     rng = random.Random(seed)
     index_entry = require(ws, "index", "run `pipeline index` first")
     with Store(ws.db_path, read_only=True) as store:
