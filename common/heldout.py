@@ -119,9 +119,10 @@ def query_like_pair(parts: list[str], i: int, rng: random.Random) -> tuple[str, 
     length = min(length, len(units))
     start = rng.randrange(len(units) - length + 1)
     query = units[start : start + length]
-    kept = [unit for unit in query if rng.random() < QUERY_WORD_KEPT]
+    kept = [unit for unit in query if unit.isspace() or rng.random() < QUERY_WORD_KEPT]  # a space is no word
     part = joiner.join(units[:start] + kept + units[start + length :])
-    return joiner.join(query), " ".join([*parts[:i], part, *parts[i + 1 :]]).replace("  ", " ").strip(), "query"
+    document = " ".join([*parts[:i], part, *parts[i + 1 :]])
+    return joiner.join(query).strip(), " ".join(document.split()), "query"
 
 
 def after_title(text: str, title: str) -> str | None:

@@ -36,6 +36,7 @@ CJK_RANGES = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af\
 _CJK_CHAR = re.compile(f"[{CJK_RANGES}]")
 _CJK_OR_WIDE = re.compile(f"[{CJK_RANGES}\uff01-\uff5e]")  # with full-width Latin letters and digits (ＡＢＣ１２３)
 _NON_CJK_WORD = re.compile(f"[^\\W{CJK_RANGES}]+")
+_CJK_UNIT = re.compile(f"[{CJK_RANGES}]|[^\\s{CJK_RANGES}]+|\\s")  # a CJK character, a run of others, a space
 
 
 @dataclass(frozen=True)
@@ -88,12 +89,13 @@ def word_count(text: str) -> int:
 
 def text_units(text: str) -> tuple[list[str], str]:
     """The text's words and " ", or, in a script written without spaces (Chinese, Japanese), its characters
-    and "": what the text is cut between, and what joins the pieces again."""
+    and "": what the text is cut between, and what joins the pieces again. In the second, a run of other
+    characters (a Latin word or a number among the Chinese, a space) is one piece, never cut."""
     text = " ".join(text.split())
     tokens = text.split(" ")
     if len(tokens) * 3 >= word_count(text):
         return tokens, " "
-    return list(text), ""
+    return _CJK_UNIT.findall(text), ""
 
 
 def spans(text: str, words: int = SPAN_WORDS) -> list[str]:

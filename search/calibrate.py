@@ -26,11 +26,13 @@ The choice is made with the measurement's uncertainty in view, because neither f
 queries. nDCG@10 changes little over a wide range of dense weights, and on a few hundred pairs the best of
 them is mostly noise: every weight whose nDCG@10 is within PLATEAU_ERRORS standard errors (of the per-pair
 difference) of the best is on a family's plateau, and of the weights on either family's plateau the one
-nearest PRIOR_DENSE_WEIGHT is taken, the weight judged queries preferred on every collection measured
-(benchmarks/results/2026-11-28-default-mode-cpu.md). The default is hybrid at that weight unless lexical or
+nearest PRIOR_DENSE_WEIGHT, the weight judged queries preferred on every collection measured
+(benchmarks/results/2026-11-28-default-mode-cpu.md), is taken. The default is hybrid at that weight unless lexical or
 dense search measured better than it by more than one standard error, pooled and in each family alike:
 hybrid loses little where one retriever is better, and a single retriever chosen on a small margin, or on
-one kind of query, lost up to 0.02.
+one kind of query, lost up to 0.02. A family of pairs measured on few documents (a collection of titles and
+short texts gives few passages), or inconclusive on its own, has no say in the weight or the mode: then all
+pairs together decide.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from common.store import Store
 from common.workspace import Workspace
 from search.engine import Ranking, fuse
 
-MAX_PAIRS = 300  # documents measured
+MEASURED_DOCUMENTS = 300  # held-out documents measured, each giving up to DRAWS pairs of each family
 # A larger collection is measured on a seeded sample of this many documents (the measured ones among them):
 # each round scores every vector of the collection measured, and holds them in memory (4 KB each).
 SAMPLE_DOCUMENTS = 100_000
@@ -67,6 +69,7 @@ FAMILIES = ("passage", "query")
 # Below this nDCG@10 in every mode the pairs tell the modes nothing (the held-out documents are hardly ever
 # found, e.g. in a collection of near-duplicates): the default stays lexical, and says so.
 INCONCLUSIVE_NDCG = 0.05
+MIN_FAMILY_DOCUMENTS = 30  # a family of pairs measured on fewer has no say (module docstring)
 PRIOR_DENSE_WEIGHT = 0.3  # the hybrid's weight taken when the pairs cannot tell it from others (above)
 PLATEAU_ERRORS = 2.0  # standard errors below the best weight's gain that a weight's may be, on the plateau
 
@@ -116,7 +119,7 @@ def measure_modes(ws: Workspace, model, seed: int = 0, draws: int = DRAWS) -> Mo
     index_entry = require(ws, "index", "run `pipeline index` first")
     with Store(ws.db_path, read_only=True) as store:
         documents = store.document_texts(SAMPLE_DOCUMENTS, seed)
-        drawn = held_out_pairs(documents, rng, index_entry.language, MAX_PAIRS, draws, query_like=True)
+        drawn = held_out_pairs(documents, rng, index_entry.language, MEASURED_DOCUMENTS, draws, query_like=True)
         if not drawn:
             return None
         stored = store.counts()["documents"]
@@ -160,10 +163,11 @@ def measure_modes(ws: Workspace, model, seed: int = 0, draws: int = DRAWS) -> Mo
     families_of_document = sum(has[family].astype(float) for family in FAMILIES)
     pooled = {key: sum(np.where(has[f], means[f][key], 0.0) for f in FAMILIES) / families_of_document for key in keys}
     hybrid = {w: pooled[w] for w in HYBRID_WEIGHTS}
-    weight = plateau_weight(*({w: gains[w] for w in HYBRID_WEIGHTS} for gains in by_family.values()))
+    voting = [gains for gains in by_family.values() if has_a_say(gains)] or [pooled]
+    weight = plateau_weight(*({w: gains[w] for w in HYBRID_WEIGHTS} for gains in voting))
     per_pair = {"lexical": pooled["lexical"], "dense": pooled["dense"], "hybrid": hybrid[weight]}
     mode, inconclusive = agreed_mode(
-        per_pair, [{"lexical": g["lexical"], "dense": g["dense"], "hybrid": g[weight]} for g in by_family.values()]
+        per_pair, [{"lexical": g["lexical"], "dense": g["dense"], "hybrid": g[weight]} for g in voting]
     )
     return ModeMeasurement(
         mode=mode,
@@ -256,6 +260,13 @@ class Collection:
         for w in HYBRID_WEIGHTS:
             gains[w] = ndcg_at_10([fuse(dense, lexical, w) for dense, lexical in zip(dense_rankings, lexical_rankings)])
         return gains
+
+
+def has_a_say(gains: dict) -> bool:
+    """Whether a family of pairs (its per-document gains by mode and hybrid weight) votes on the weight and
+    the mode: measured on MIN_FAMILY_DOCUMENTS documents at least, and not inconclusive on its own."""
+    enough = len(gains["lexical"]) >= MIN_FAMILY_DOCUMENTS
+    return enough and max(float(g.mean()) for g in gains.values()) >= INCONCLUSIVE_NDCG
 
 
 def plateau_weight(*gains_by_weight: dict[float, np.ndarray]) -> float:
