@@ -522,10 +522,10 @@ def test_web_page_searches_in_a_real_browser(server, tmp_path):
             assert "/search" in page.locator(".swagger-ui .opblock-summary-path").all_inner_texts()
 
             page.goto(f"{server}/")  # without the key: the page asks for one and shows the server's refusal
-            page.wait_for_selector("#key:not([hidden])")
+            page.wait_for_selector("#key:not([hidden])", timeout=60_000)
             page.fill("#q", "cancer")
             page.click("#go")
-            page.wait_for_selector("#status.error")
+            wait_for_page(page, "document.getElementById('status').className === 'error'", server)
             assert "API key" in page.inner_text("#status")
         finally:
             browser.close()
