@@ -112,14 +112,20 @@ def held_out_pair(
 
 
 def query_like_pair(parts: list[str], i: int, rng: random.Random) -> tuple[str, str, str]:
-    """A run of QUERY_WORDS words of part i (characters, twice as many, where the script has no spaces) as the
-    query, and the text with part i keeping each of the query's words with the chance QUERY_WORD_KEPT."""
+    """A run of QUERY_WORDS words of part i (where the script has no spaces, twice as many of its pieces:
+    common/language.text_units) as the query, and the text with part i keeping each of the query's words
+    with the chance QUERY_WORD_KEPT."""
     units, joiner = text_units(parts[i])
     length = rng.randint(*QUERY_WORDS) * (1 if joiner else CJK_CHARS_PER_WORD)
     length = min(length, len(units))
     start = rng.randrange(len(units) - length + 1)
     query = units[start : start + length]
-    kept = [unit for unit in query if unit.isspace() or rng.random() < QUERY_WORD_KEPT]  # a space is no word
+    kept = []
+    for unit in query:
+        if unit.isspace() or rng.random() < QUERY_WORD_KEPT:  # a space is no word
+            kept.append(unit)
+        elif not joiner:  # a character taken out leaves a gap, so that two Latin words around it stay apart
+            kept.append(" ")
     part = joiner.join(units[:start] + kept + units[start + length :])
     document = " ".join([*parts[:i], part, *parts[i + 1 :]])
     return joiner.join(query).strip(), " ".join(document.split()), "query"

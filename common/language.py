@@ -35,7 +35,9 @@ CJK_CHARS_PER_WORD = 2  # Chinese and Japanese words are mostly one to three cha
 CJK_RANGES = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af\uff66-\uff9f"
 _CJK_CHAR = re.compile(f"[{CJK_RANGES}]")
 _CJK_OR_WIDE = re.compile(f"[{CJK_RANGES}\uff01-\uff5e]")  # with full-width Latin letters and digits (ＡＢＣ１２３)
-_NON_CJK_WORD = re.compile(f"[^\\W{CJK_RANGES}]+")
+# A run of other characters among CJK ones (a Latin word, a number, "GPT-2", a URL) counts as one word, as
+# text_units keeps it one piece.
+_NON_CJK_WORD = re.compile(f"[^\\s{CJK_RANGES}]*[^\\W{CJK_RANGES}][^\\s{CJK_RANGES}]*")
 _CJK_UNIT = re.compile(f"[{CJK_RANGES}]|[^\\s{CJK_RANGES}]+|\\s")  # a CJK character, a run of others, a space
 
 
@@ -88,9 +90,10 @@ def word_count(text: str) -> int:
 
 
 def text_units(text: str) -> tuple[list[str], str]:
-    """The text's words and " ", or, in a script written without spaces (Chinese, Japanese), its characters
-    and "": what the text is cut between, and what joins the pieces again. In the second, a run of other
-    characters (a Latin word or a number among the Chinese, a space) is one piece, never cut."""
+    """The text's words and " ", or, in a script written without spaces (Chinese, Japanese), its pieces and "":
+    what the text is cut between, and what joins the pieces again. The pieces are each CJK character, each
+    space, and each run of other characters between them (a Latin word or a number among the Chinese, with
+    punctuation next to it), never cut."""
     text = " ".join(text.split())
     tokens = text.split(" ")
     if len(tokens) * 3 >= word_count(text):

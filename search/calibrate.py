@@ -25,7 +25,7 @@ weights from 0.1 to 0.35; with eight sentences, 0.3 every time, its train querie
 The choice is made with the measurement's uncertainty in view, because neither family is the user's
 queries. nDCG@10 changes little over a wide range of dense weights, and on a few hundred pairs the best of
 them is mostly noise: every weight whose nDCG@10 is within PLATEAU_ERRORS standard errors (of the per-pair
-difference) of the best is on a family's plateau, and of the weights on either family's plateau the one
+difference) of the best is on a family's plateau, and of the weights on any family's plateau the one
 nearest PRIOR_DENSE_WEIGHT, the weight judged queries preferred on every collection measured
 (benchmarks/results/2026-11-28-default-mode-cpu.md), is taken. The default is hybrid at that weight unless lexical or
 dense search measured better than it by more than one standard error, pooled and in each family alike:
@@ -88,6 +88,7 @@ class ModeMeasurement:
     ndcg: dict[str, float]  # lexical, dense, hybrid: each document's mean over its families of pairs
     ndcg_se: dict[str, float]
     ndcg_by_pair_family: dict[str, dict[str, float]]  # "passage" or "query" -> lexical, dense, hybrid
+    families_with_a_say: list[str]  # those that chose the weight and the mode ("all" where none had a say)
     hybrid_ndcg: dict[float, float]  # by dense weight
     pairs: int
     documents_measured: int
@@ -100,6 +101,7 @@ class ModeMeasurement:
             "ndcg@10": self.ndcg,
             "ndcg@10_se": self.ndcg_se,
             "ndcg@10_by_pair_family": self.ndcg_by_pair_family,
+            "families_with_a_say": self.families_with_a_say,
             "hybrid_ndcg@10": {str(w): v for w, v in self.hybrid_ndcg.items()},
             "pairs": self.pairs,
             "documents_measured": self.documents_measured,
@@ -163,11 +165,11 @@ def measure_modes(ws: Workspace, model, seed: int = 0, draws: int = DRAWS) -> Mo
     families_of_document = sum(has[family].astype(float) for family in FAMILIES)
     pooled = {key: sum(np.where(has[f], means[f][key], 0.0) for f in FAMILIES) / families_of_document for key in keys}
     hybrid = {w: pooled[w] for w in HYBRID_WEIGHTS}
-    voting = [gains for gains in by_family.values() if has_a_say(gains)] or [pooled]
-    weight = plateau_weight(*({w: gains[w] for w in HYBRID_WEIGHTS} for gains in voting))
+    voters = voting(by_family, pooled)
+    weight = plateau_weight(*({w: gains[w] for w in HYBRID_WEIGHTS} for gains in voters.values()))
     per_pair = {"lexical": pooled["lexical"], "dense": pooled["dense"], "hybrid": hybrid[weight]}
     mode, inconclusive = agreed_mode(
-        per_pair, [{"lexical": g["lexical"], "dense": g["dense"], "hybrid": g[weight]} for g in voting]
+        per_pair, [{"lexical": g["lexical"], "dense": g["dense"], "hybrid": g[weight]} for g in voters.values()]
     )
     return ModeMeasurement(
         mode=mode,
@@ -184,6 +186,7 @@ def measure_modes(ws: Workspace, model, seed: int = 0, draws: int = DRAWS) -> Mo
             }
             for family, g in by_family.items()
         },
+        families_with_a_say=sorted(voters),
         hybrid_ndcg={w: float(g.mean()) for w, g in hybrid.items()},
         pairs=int(sum(c.sum() for c in counts.values())),
         documents_measured=len(doc_ids),
@@ -262,6 +265,12 @@ class Collection:
         return gains
 
 
+def voting(by_family: dict[str, dict], pooled: dict) -> dict[str, dict]:
+    """The families of pairs that choose the weight and the mode (name -> their gains by mode and weight): those
+    with a say, or, where none has one, all pairs together (as "all")."""
+    return {family: gains for family, gains in by_family.items() if has_a_say(gains)} or {"all": pooled}
+
+
 def has_a_say(gains: dict) -> bool:
     """Whether a family of pairs (its per-document gains by mode and hybrid weight) votes on the weight and
     the mode: measured on MIN_FAMILY_DOCUMENTS documents at least, and not inconclusive on its own."""
@@ -270,8 +279,8 @@ def has_a_say(gains: dict) -> bool:
 
 
 def plateau_weight(*gains_by_weight: dict[float, np.ndarray]) -> float:
-    """Of the weights on the plateau of any of the measurements given (a family of pairs' gains by weight),
-    the one nearest PRIOR_DENSE_WEIGHT, the lower of two as near (module docstring)."""
+    """Of the weights on the plateau of any of the measurements given (the gains by weight of each family of
+    pairs with a say, else of all pairs), the one nearest PRIOR_DENSE_WEIGHT, the lower of two as near."""
     candidates = set().union(*map(plateau, gains_by_weight))
     return min(candidates, key=lambda w: (abs(w - PRIOR_DENSE_WEIGHT), w))
 
@@ -355,9 +364,9 @@ def record_default_mode(
 
 
 def agreed_mode(pooled: dict[str, np.ndarray], families: list[dict[str, np.ndarray]]) -> tuple[str, bool]:
-    """best_mode on the pooled gains when every family of pairs chooses the same (hybrid otherwise: the pairs
-    disagree on what users' queries would favour, and hybrid loses least either way); lexical when
-    inconclusive."""
+    """best_mode on the pooled gains when every family of pairs given (those with a say) chooses the same
+    (hybrid otherwise: the pairs disagree on what users' queries would favour, and hybrid loses least either
+    way); lexical when inconclusive."""
     mode, inconclusive = best_mode(pooled)
     if inconclusive or all(best_mode(gains)[0] == mode for gains in families):
         return mode, inconclusive

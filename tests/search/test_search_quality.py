@@ -364,7 +364,7 @@ def test_the_default_mode_is_a_single_one_only_when_every_family_of_pairs_choose
 
 
 def test_a_family_of_pairs_measured_on_few_documents_or_inconclusive_has_no_say():
-    from search.calibrate import MIN_FAMILY_DOCUMENTS, has_a_say
+    from search.calibrate import MIN_FAMILY_DOCUMENTS, has_a_say, voting
 
     rng = np.random.default_rng(5)
 
@@ -374,6 +374,10 @@ def test_a_family_of_pairs_measured_on_few_documents_or_inconclusive_has_no_say(
     assert has_a_say(family(MIN_FAMILY_DOCUMENTS, 0.5))
     assert not has_a_say(family(MIN_FAMILY_DOCUMENTS - 1, 0.5))  # too few documents
     assert not has_a_say(family(300, 0.02))  # hardly anything found: it tells the modes nothing
+    # Those with a say choose; where none has one, all pairs together do.
+    passages, few, pooled = family(300, 0.5), family(12, 0.5), family(312, 0.5)
+    assert list(voting({"passage": passages, "query": few}, pooled)) == ["passage"]
+    assert voting({"passage": few, "query": family(300, 0.01)}, pooled) == {"all": pooled}
 
 
 def test_query_like_pairs_are_a_run_of_a_sentences_words_that_its_document_keeps_in_part():
@@ -409,10 +413,11 @@ def test_query_like_pairs_are_a_run_of_a_sentences_words_that_its_document_keeps
     mixed = "".join(f"第{n}个模型在H100 GPU上训练了GPT-2 small共{n}小时。" for n in range(5))
     whole = {"H100", "GPU", "GPT-2", "small"}
     for seed in range(20):
-        for query, _, _ in held_out_pair("", mixed, random.Random(seed), "zh", draws=5, query_like=True):
+        for query, document, _ in held_out_pair("", mixed, random.Random(seed), "zh", draws=5, query_like=True):
             latin = re.findall(r"[A-Za-z0-9-]+", query)
             assert query in mixed and query == query.strip()
             assert set(latin) - {str(n) for n in range(5)} <= whole
+            assert set(re.findall(r"[A-Za-z0-9-]+", document)) - {str(n) for n in range(5)} <= whole  # none joined
 
 
 def test_index_chooses_the_default_mode_on_held_out_corpus_pairs(trained_workspace):
@@ -437,6 +442,8 @@ def test_index_chooses_the_default_mode_on_held_out_corpus_pairs(trained_workspa
     # (and in each family of them: else the default is hybrid).
     for mode in {search["default_mode"], search["mode_of_all_pairs"]} - {"hybrid"}:
         assert search["inconclusive"] or scores[mode] > scores["hybrid"]
+    assert search["default_mode"] in (search["mode_of_all_pairs"], "hybrid")
+    assert set(search["families_with_a_say"]) <= {"passage", "query"} or search["families_with_a_say"] == ["all"]
     assert SearchEngine(Workspace(trained_workspace), load_model=False).resolve_mode(None) == search["default_mode"]
     # The split is a fixed function of the id: about 5% of documents are held out, the same ones every time.
     ids = [f"doc-{i}" for i in range(2000)]

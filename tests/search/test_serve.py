@@ -437,6 +437,7 @@ def wait_for_page(page, condition: str, server: str) -> None:
             answer = f"failed ({type(error).__name__})"
         raise AssertionError(
             f"after 60 s the page at {page.url} shows {page.inner_text('#status')!r}; the same search sent here "
+            "with the key "
             f"{answer} in {time.monotonic() - started:.1f} s"
         ) from None
 
