@@ -27,8 +27,8 @@ queries. nDCG@10 changes little over a wide range of dense weights, and on a few
 them is mostly noise: every weight whose nDCG@10 is within PLATEAU_ERRORS standard errors (of the per-pair
 difference) of the best is on a family's plateau, and of the weights on any family's plateau the one
 nearest PRIOR_DENSE_WEIGHT, the weight judged queries preferred on every collection measured
-(benchmarks/results/2026-11-28-default-mode-cpu.md), is taken. The default is hybrid at that weight unless lexical or
-dense search measured better than it by more than one standard error, pooled and in each family alike:
+(benchmarks/results/2026-11-28-default-mode-cpu.md), is taken. The default is hybrid at that weight unless
+lexical or dense search measured better than it by more than one standard error, pooled and in each family alike:
 hybrid loses little where one retriever is better, and a single retriever chosen on a small margin, or on
 one kind of query, lost up to 0.02. A family of pairs measured on few documents (a collection of titles and
 short texts gives few passages), or inconclusive on its own, has no say in the weight or the mode: then all
