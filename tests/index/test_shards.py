@@ -11,7 +11,7 @@ import pytest
 
 from common.manifest import read_manifest
 from common.workspace import Workspace
-from conftest import run_cli_process, shard_queries_and_filters
+from conftest import run_cli, shard_queries_and_filters
 from index.build import refresh_indexes
 from index.shards import shard_of
 from search.engine import SearchEngine
@@ -78,7 +78,7 @@ def test_more_shards_than_documents_is_one_line_before_anything_is_written(train
 def test_shards_built_as_ray_tasks_are_the_shards_built_here(whole, trained_workspace, tmp_path, ray_cluster):
     ws = Workspace(tmp_path / "ray")
     shutil.copytree(trained_workspace, ws.root)
-    run_cli_process("index", "-w", str(ws.root), "--type", "flat", "--shards", "3", "--ray", ray_cluster, timeout=400)
+    run_cli("index", "-w", str(ws.root), "--type", "flat", "--shards", "3", "--ray", ray_cluster)
     entry = read_manifest(ws).index
     corpus = whole.shards[0].shard.corpus
     owners = [shard_of(corpus.doc_id(i), 3) for i in range(corpus.n_documents)]

@@ -28,6 +28,7 @@ from index.build import refresh_indexes  # noqa: E402
 from index.shards import shard_of  # noqa: E402
 from search.engine import SearchEngine  # noqa: E402
 from search.serve.ray_serve import (  # noqa: E402
+    QUIET,
     RayServing,
     delete_applications,
     deploy_shards,
@@ -47,7 +48,8 @@ NOTE = {"id": "note-1", "title": "A note", "text": "Quokka survey on an island."
 def cluster(ray_cluster):
     """Ray Serve started on the suite's Ray cluster: its HTTP port."""
     port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})  # RayServing.start asks for the same
+    # As RayServing.start asks (Serve is started once, by whichever asks first): one HTTP proxy, not one per node.
+    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port}, logging_config=QUIET)
     yield port
     serve.shutdown()
 
