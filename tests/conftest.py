@@ -199,17 +199,17 @@ def pytest_collection_modifyitems(items) -> None:
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> str:
-    """One Ray cluster for every Ray test (starting one costs seconds): a head and two more nodes, one CPU each,
+    """One Ray cluster for every Ray test (starting one costs seconds): a head and one more node, one CPU each,
     on this machine (ray.cluster_utils.Cluster), this process connected to it; its address, for `--ray`."""
     ray = pytest.importorskip("ray", reason="the ray extra is not installed")
     from ray.cluster_utils import Cluster
 
     from common.ray_cluster import connect
 
-    # No dashboard: no test reads it, and it is ten more processes (1 GiB) on the three nodes.
+    # No dashboard: no test reads it, and it is several more processes on each node. Two nodes: a third added only
+    # its agents and idle workers (about 24 CPU s of the Ray tests' 300).
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    for _ in range(2):
-        nodes.add_node(num_cpus=1, include_dashboard=False)
+    nodes.add_node(num_cpus=1, include_dashboard=False)
     connect(nodes.address, log_to_driver=False)
     yield nodes.address
     ray.shutdown()

@@ -1,4 +1,4 @@
-"""`pipeline serve --ray` (search/serve/ray_serve.py) on a local Ray cluster of three nodes: a sharded index's
+"""`pipeline serve --ray` (search/serve/ray_serve.py) on a local Ray cluster of two nodes: a sharded index's
 shards as Ray Serve applications answer as the whole index does (N = 1, 2, 3), the ingress serves the HTTP
 API, a killed shard replica is restarted while requests either succeed or fail naming the shard, a document
 write deploys anew only the shard it changed, and a new index is swapped in with all its shards or not at

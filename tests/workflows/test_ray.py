@@ -1,5 +1,5 @@
 """Ray paths: embedding on a throw-away local Ray cluster (`--ray local`), training and tokenizing on the
-suite's Ray cluster of three nodes (conftest.py ray_cluster; slow to start: few, bounded tests)."""
+suite's Ray cluster of two nodes (conftest.py ray_cluster; slow to start: few, bounded tests)."""
 
 import numpy as np
 import pytest
