@@ -21,22 +21,39 @@ fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     if command -v nvidia-smi >/dev/null 2>&1; then
         echo "setup: NVIDIA GPU found, installing torch $TORCH_VERSION with CUDA" >&2
-        "${PIP[@]}" install "torch==$TORCH_VERSION"
+        "${PIP[@]}" install --no-compile "torch==$TORCH_VERSION"
     else
         echo "setup: no GPU, installing the CPU build of torch $TORCH_VERSION" >&2
         # A local wheel cache (pip's find-links) may already hold the CPU build; otherwise use PyTorch's CPU index.
-        "${PIP[@]}" install --no-deps --no-index "torch==$TORCH_VERSION" 2>/dev/null \
-            || "${PIP[@]}" install --no-deps "torch==$TORCH_VERSION" --index-url "$TORCH_CPU_INDEX"
+        "${PIP[@]}" install --no-compile --no-deps --no-index "torch==$TORCH_VERSION" 2>/dev/null \
+            || "${PIP[@]}" install --no-compile --no-deps "torch==$TORCH_VERSION" --index-url "$TORCH_CPU_INDEX"
     fi
 fi
 # torch is in place, so its pin is already satisfied and no other build is pulled in. uv installs the rest
 # in seconds where pip takes minutes (it downloads and unpacks in parallel); without uv (no package index
-# reachable for it), pip does it. Both compile the modules' bytecode as they install (uv only when asked):
-# where PYTHONDONTWRITEBYTECODE is set, nothing is compiled later, and every process (a test's commands,
-# torchrun's and Ray's workers) would compile what it imports again.
-if ! { "${PIP[@]}" install uv 2>/dev/null && .venv/bin/uv pip install --quiet --compile-bytecode --python .venv/bin/python -e '.[dev]'; }; then
-    "${PIP[@]}" install -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" >&2 || true
+# reachable for it), pip does it.
+if ! { "${PIP[@]}" install uv 2>/dev/null && .venv/bin/uv pip install --quiet --python .venv/bin/python -e '.[dev]'; }; then
+    "${PIP[@]}" install --no-compile -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" >&2 || true
 fi
+# Bytecode: neither installer compiled the installed modules; importing what the pipeline and its tests use
+# compiles those, a fifth of them, in less time than compiling all (benchmarks/results/2026-11-28-test-suite.md),
+# in two processes (the torch stack; the rest). Where PYTHONDONTWRITEBYTECODE is set nothing would compile them,
+# and every process (a test's commands, torchrun's and Ray's workers) would compile what it imports again:
+# these imports lift it for themselves.
+compile_imports() {
+    env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c '
+import importlib, sys
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except ImportError:  # an extra not installed
+        pass' "$@"
+}
+compile_imports duckdb ray ray.data ray.train ray.serve uvicorn search.serve.app pytest xdist schemathesis httpx \
+    playwright.sync_api tensorboard.backend.event_processing.event_accumulator &
+compile_imports torch transformers sentence_transformers faiss pretrain.run pretrain.launch embed.run embed.tune \
+    embed.choose index.build search.engine search.evaluate common.board
+wait
 .venv/bin/python -c "import torch, transformers, sentence_transformers, faiss, duckdb" \
     || { echo "setup: installation failed" >&2; exit 1; }
 # The web page's browser test drives Debian's chromium (Playwright never downloads a browser here).
