@@ -58,6 +58,9 @@ from pretrain.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 STAGING = ".data-preparing"
 FORMAT = 2  # meta.json's layout: shards (format 1, before it, was one train.bin and one val.bin)
 BATCHES_PER_WORKER = 2  # batches queued for each worker: enough to keep it busy, few enough to bound memory
+# Text a tokenizing process is started for by default: starting one (Python, the tokenizer) costs about as much
+# as tokenizing a few MB, so a smaller corpus is tokenized in this process.
+BYTES_PER_WORKER = 4_000_000
 PROGRESS_SECONDS = 10.0
 
 
@@ -67,12 +70,16 @@ class DataOptions:
 
     tokenizer_sample_mb: float = 256.0
     shard_tokens: int = 100_000_000
-    workers: int = 0  # 0: every core
+    workers: int = 0  # 0: every core the text is large enough for (BYTES_PER_WORKER)
     seed: int = 1337
     ray: str | None = None  # a Ray cluster's address: tokenized there, a Ray Data task per input file
 
-    def worker_count(self) -> int:
-        return self.workers or len(os.sched_getaffinity(0))
+    def worker_count(self, text_bytes: int) -> int:
+        """The tokenizing processes for `text_bytes` of text: --tokenize-workers as given; by default one per
+        core, but none past one per BYTES_PER_WORKER."""
+        if self.workers:
+            return self.workers
+        return max(1, min(len(os.sched_getaffinity(0)), text_bytes // BYTES_PER_WORKER))
 
 
 @dataclass(frozen=True)
@@ -180,7 +187,8 @@ def stage_data(corpus: PretrainingSources, staging: Path, cfg: TrainConfig, opti
     if options.ray is not None:
         meta = tokenize_on_ray(corpus, staging, progress, options.ray, options.shard_tokens)
     else:
-        meta = tokenize_to_shards(corpus, staging, progress, options.worker_count(), options.shard_tokens)
+        workers = options.worker_count(progress["read"]["text_bytes"])
+        meta = tokenize_to_shards(corpus, staging, progress, workers, options.shard_tokens)
     meta.update(validation_split(staging / "data", meta, cfg))
     meta["tokenizer_sample"] = progress["read"]
     meta["inputs"] = key["files"]
@@ -227,7 +235,8 @@ def append_data(ws: Workspace, corpus: PretrainingSources, options: DataOptions)
         }
         atomic_write_json(staging / "progress.json", progress)
     info(f"tokenizing the documents of {len(new_files)} new input file(s) with the workspace's tokenizer")
-    added = tokenize_to_shards(corpus, staging, progress, options.worker_count(), options.shard_tokens)
+    workers = options.worker_count(progress["read"]["text_bytes"])
+    added = tokenize_to_shards(corpus, staging, progress, workers, options.shard_tokens)
     for split, entries in added["shards"].items():
         for entry in entries:
             if (staging / "data" / entry["file"]).exists():  # else moved by a run killed before the commit

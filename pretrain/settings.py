@@ -52,7 +52,9 @@ class PretrainSettings:
         "Tokens per token file (data/train-00000.bin ...): a shard ends at the first document end past it.",
         min=1,
     )
-    tokenize_workers: Optional[int] = option(None, "Processes that tokenize the corpus (default: every core).", min=1)
+    tokenize_workers: Optional[int] = option(
+        None, "Processes that tokenize the corpus (default: every core, at most one per 4 MB of text).", min=1
+    )
     # the model and the run
     preset: Optional[Preset] = option(
         None,

@@ -12,7 +12,7 @@ from common.workspace import Workspace
 from conftest import COMMON_WORDS, RARE_WORDS, write_word_corpus
 from pretrain.config import TrainConfig
 from pretrain.data import TokenWindows
-from pretrain.prepare import DataOptions, PretrainingSources, prepare_data
+from pretrain.prepare import BYTES_PER_WORKER, DataOptions, PretrainingSources, prepare_data
 from pretrain.tokenizer import load_tokenizer
 
 
@@ -25,6 +25,16 @@ def prepare(tmp_path, name, corpus, vocab_size=320, **options):
 
 def shard_bytes(ws):
     return {p.name: p.read_bytes() for p in sorted(ws.data_dir.glob("*.bin"))}
+
+
+def test_a_small_corpus_is_tokenized_in_the_commands_process_unless_workers_are_asked_for(monkeypatch):
+    """By default one tokenizing process per core, but none started for less text than BYTES_PER_WORKER each
+    (starting one costs more than it saves there); --tokenize-workers is taken as given."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
+    default = DataOptions()
+    assert default.worker_count(0) == default.worker_count(BYTES_PER_WORKER - 1) == 1
+    assert default.worker_count(3 * BYTES_PER_WORKER) == 3 and default.worker_count(100 * BYTES_PER_WORKER) == 8
+    assert DataOptions(workers=2).worker_count(0) == 2
 
 
 def test_shards_are_the_same_whatever_the_number_of_workers_and_validation_is_the_held_out_documents(tmp_path):
