@@ -36,8 +36,8 @@ if ! { "${PIP[@]}" install uv 2>/dev/null && .venv/bin/uv pip install --quiet --
     "${PIP[@]}" install --no-compile -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" >&2 || true
 fi
 # Bytecode: neither installer compiled the installed modules; importing what the pipeline and its tests use
-# compiles those, a fifth of them, in less time than compiling all (benchmarks/results/2026-11-28-test-suite.md),
-# in two processes (the torch stack; the rest). Where PYTHONDONTWRITEBYTECODE is set nothing would compile them,
+# compiles those, a fifth of them, in less time than compiling all, in two processes (the torch stack; the
+# rest; benchmarks/results/2026-11-29-test-suite-cpu.md). Where PYTHONDONTWRITEBYTECODE is set nothing would compile them,
 # and every process (a test's commands, torchrun's and Ray's workers) would compile what it imports again:
 # these imports lift it for themselves.
 compile_imports() {

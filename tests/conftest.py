@@ -207,7 +207,7 @@ def ray_cluster() -> str:
     from common.ray_cluster import connect
 
     # No dashboard: no test reads it, and it is several more processes on each node. Two nodes: a third added only
-    # its agents' and idle workers' CPU time (benchmarks/results/2026-11-28-test-suite.md).
+    # its agents' and idle workers' CPU time (benchmarks/results/2026-11-29-test-suite-cpu.md).
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     nodes.add_node(num_cpus=1, include_dashboard=False)
     connect(nodes.address, log_to_driver=False)
