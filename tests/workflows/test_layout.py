@@ -173,6 +173,6 @@ def test_the_tests_that_start_processes_share_one_xdist_worker(request):
     """Under scripts/test.sh (pytest-xdist, --dist loadgroup) the `multiprocess` and `ray` tests are one group,
     run one at a time by one worker, so their module fixtures (torchrun jobs, a Ray cluster) are made once.
     pytest 9.2 broke the grouping silently (pytest-dev/pytest-xdist#1386): this fails if it is lost again."""
-    if not request.config.getvalue("loadgroup"):
+    if not getattr(request.config.option, "loadgroup", False):  # set by pytest-xdist for --dist loadgroup only
         pytest.skip("not run by pytest-xdist with --dist loadgroup")
     assert request.node.nodeid.endswith(f"@{ONE_AT_A_TIME}")
