@@ -37,9 +37,9 @@ if ! { "${PIP[@]}" install uv 2>/dev/null && .venv/bin/uv pip install --quiet --
 fi
 # Bytecode: neither installer compiled the installed modules; importing what the pipeline and its tests use
 # compiles those, a fifth of them, in less time than compiling all, in two processes (the torch stack; the
-# rest; benchmarks/results/2026-11-29-test-suite-cpu.md). Where PYTHONDONTWRITEBYTECODE is set nothing would compile them,
-# and every process (a test's commands, torchrun's and Ray's workers) would compile what it imports again:
-# these imports lift it for themselves.
+# rest; benchmarks/results/2026-11-29-test-suite-cpu.md). Where PYTHONDONTWRITEBYTECODE is set nothing would
+# compile them, and every process (a test's commands, torchrun's and Ray's workers) would compile what it
+# imports again: these imports lift it for themselves.
 compile_imports() {
     env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c '
 import importlib, sys
