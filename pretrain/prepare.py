@@ -187,8 +187,7 @@ def stage_data(corpus: PretrainingSources, staging: Path, cfg: TrainConfig, opti
     if options.ray is not None:
         meta = tokenize_on_ray(corpus, staging, progress, options.ray, options.shard_tokens)
     else:
-        workers = options.worker_count(progress["read"]["text_bytes"])
-        meta = tokenize_to_shards(corpus, staging, progress, workers, options.shard_tokens)
+        meta = tokenize_to_shards(corpus, staging, progress, options)
     meta.update(validation_split(staging / "data", meta, cfg))
     meta["tokenizer_sample"] = progress["read"]
     meta["inputs"] = key["files"]
@@ -235,8 +234,7 @@ def append_data(ws: Workspace, corpus: PretrainingSources, options: DataOptions)
         }
         atomic_write_json(staging / "progress.json", progress)
     info(f"tokenizing the documents of {len(new_files)} new input file(s) with the workspace's tokenizer")
-    workers = options.worker_count(progress["read"]["text_bytes"])
-    added = tokenize_to_shards(corpus, staging, progress, workers, options.shard_tokens)
+    added = tokenize_to_shards(corpus, staging, progress, options)
     for split, entries in added["shards"].items():
         for entry in entries:
             if (staging / "data" / entry["file"]).exists():  # else moved by a run killed before the commit
@@ -333,11 +331,11 @@ def sample_corpus(
 # ---------------------------------------------------------------- pass 2: tokenized on every core into shards
 
 
-def tokenize_to_shards(
-    corpus: PretrainingSources, staging: Path, progress: dict, workers: int, shard_tokens: int
-) -> dict:
+def tokenize_to_shards(corpus: PretrainingSources, staging: Path, progress: dict, options: DataOptions) -> dict:
     """Tokenize every document into the staged shards, carrying on from `progress` (written to
-    staging/progress.json as each training shard closes); returns the shards' counts."""
+    staging/progress.json as each training shard closes), in options.worker_count processes; returns the
+    shards' counts."""
+    shard_tokens = options.shard_tokens
     tokenizer_path = staging / "tokenizer" / "tokenizer.json"
     vocab_size = load_tokenizer(staging / "tokenizer").get_vocab_size()
     dtype = token_dtype(vocab_size)
@@ -362,7 +360,7 @@ def tokenize_to_shards(
     documents = corpus.documents()
     for _ in range(done):  # what the last run finished: read again, not tokenized again
         next(documents)
-    with Encoders(tokenizer_path, workers) as encoders:
+    with Encoders(tokenizer_path, options.worker_count(total_bytes)) as encoders:
         for result in encoders.encode_in_order(batches(documents, held_out)):
             tokens, lengths, splits, sizes = result
             for piece, split, size in zip(np.split(tokens, np.cumsum(lengths)[:-1]), splits, sizes):
