@@ -36,26 +36,23 @@ if ! { "${PIP[@]}" install uv 2>/dev/null && .venv/bin/uv pip install --quiet --
     "${PIP[@]}" install --no-compile -e '.[dev]' 2>&1 | grep -v "^WARNING: Location" >&2 || true
 fi
 # Bytecode: neither installer compiled the installed modules; importing what the pipeline and its tests use
-# compiles those, a fifth of them, in less time than compiling all, in two processes (the torch stack; the
-# rest; benchmarks/results/2026-11-29-test-suite-cpu.md). Where PYTHONDONTWRITEBYTECODE is set nothing would
-# compile them, and every process (a test's commands, torchrun's and Ray's workers) would compile what it
-# imports again: these imports lift it for themselves.
-compile_imports() {
-    env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c '
+# compiles those, a fifth of them, in less time than compiling all, in two processes (the torch stack, which
+# is also the check that the installation works; the rest, extras among them, which may be missing;
+# benchmarks/results/2026-11-29-test-suite-cpu.md). Where PYTHONDONTWRITEBYTECODE is set nothing would compile
+# them, and every process (a test's commands, torchrun's and Ray's workers) would compile what it imports
+# again: these imports lift it for themselves.
+env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c '
 import importlib, sys
 for name in sys.argv[1:]:
     try:
         importlib.import_module(name)
     except ImportError:  # an extra not installed
-        pass' "$@"
-}
-compile_imports duckdb ray ray.data ray.train ray.serve uvicorn search.serve.app pytest xdist schemathesis httpx \
+        pass' duckdb ray ray.data ray.train ray.serve uvicorn search.serve.app pytest xdist schemathesis httpx \
     playwright.sync_api tensorboard.backend.event_processing.event_accumulator &
-compile_imports torch transformers sentence_transformers faiss pretrain.run pretrain.launch embed.run embed.tune \
-    embed.choose index.build search.engine search.evaluate common.board
+env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c "import torch, transformers, sentence_transformers, faiss, duckdb
+import pretrain.run, pretrain.launch, embed.run, embed.tune, embed.choose, index.build, search.engine
+import search.evaluate, common.board" || { echo "setup: installation failed" >&2; exit 1; }
 wait
-.venv/bin/python -c "import torch, transformers, sentence_transformers, faiss, duckdb" \
-    || { echo "setup: installation failed" >&2; exit 1; }
 # The web page's browser test drives Debian's chromium (Playwright never downloads a browser here).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && [ ! -x /usr/bin/chromium ]; then
     echo "setup: installing Debian's chromium for the browser test" >&2
