@@ -7,7 +7,10 @@ HOST:PORT  a cluster's head node, e.g. ray://10.0.0.5:10001 or 10.0.0.5:6379
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import os
+from pathlib import Path
 
 from common.errors import PipelineError
 
@@ -28,9 +31,7 @@ def connect(address: str, num_cpus: int | None = None, log_to_driver: bool = Tru
     ray = import_ray()
     if ray.is_initialized():
         return ray
-    # Workers import this project by module name: make the repository importable on them.
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}}
+    runtime_env = worker_environment()
     try:
         if address == "local":  # a new instance on this machine, even where another one runs (ray's "local")
             ray.init(
@@ -46,3 +47,26 @@ def connect(address: str, num_cpus: int | None = None, log_to_driver: bool = Tru
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise PipelineError(f"--ray {address}: cannot connect to a Ray cluster ({str(e).splitlines()[0]})") from None
     return ray
+
+
+def worker_environment() -> dict | None:
+    """Ray's runtime_env for the workers, which import this project by module name. Where the project is installed
+    in this Python (as `scripts/setup.sh` installs it, editable), they import it as this process does and need
+    none: a runtime_env makes Ray start every worker twice (a setup process, then the worker;
+    benchmarks/results/2026-11-29-test-suite-cpu.md). Otherwise (run from a source tree) the repository goes on
+    their PYTHONPATH."""
+    repo = Path(__file__).resolve().parent.parent
+    if installed_from(repo):
+        return None
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}}
+
+
+def installed_from(repo: Path) -> bool:
+    """Whether this Python's installed embedding-pipeline is this checkout (an editable install of it), or this
+    code is itself the installed copy (then no pyproject.toml sits above it)."""
+    # Every copy Python finds (a source tree's own egg-info may come first on sys.path).
+    for found in importlib.metadata.distributions(name="embedding-pipeline"):
+        origin = json.loads(found.read_text("direct_url.json") or "{}").get("url", "")
+        if origin == repo.as_uri() or not (repo / "pyproject.toml").exists():
+            return True
+    return False
