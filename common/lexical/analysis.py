@@ -83,7 +83,7 @@ class Analyzer:
     language: str = "en"  # ISO 639-1, or "none"
     cjk_bigrams: bool = True
 
-    @property
+    @functools.cached_property  # asked for each query's words
     def stemmer(self) -> str | None:
         name = SNOWBALL.get(self.language)
         return name if name in Stemmer.algorithms() else None  # an older PyStemmer lacks some

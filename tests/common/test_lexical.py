@@ -95,7 +95,7 @@ class ReferenceBM25:
     def common_words(self, chunks: list[tuple[int, str, str]], count: int) -> list[str]:
         """Words of the `count` terms held by the most chunks (each as a word the analyzer makes that term of)."""
         words = ANALYZER.words([embedding_text(title, text) for _, title, text in chunks])
-        word_of = {ANALYZER.stem_words([word])[0]: word for chunk in words for word in chunk}
+        word_of = {stem: word for word, stem in ANALYZER.stems(words).items()}
         by_frequency = np.argsort(-np.diff(self.tf.indptr))[:count]
         terms = list(self.vocabulary)
         return [word_of[terms[t]] for t in by_frequency]
