@@ -15,6 +15,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import json
 import logging
 import random
+import shutil
 import subprocess
 import sys
 import traceback
@@ -174,6 +175,20 @@ def trained_workspace(tmp_path_factory, corpus_file) -> Path:
     ws = tmp_path_factory.mktemp("ws")
     run_cli("pretrain", "-w", str(ws), "--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "20")
     run_cli("embed", "-w", str(ws), "--chunk-tokens", "64", "--overlap", "8")
+    run_cli("index", "-w", str(ws))
+    return ws
+
+
+@pytest.fixture(scope="session")
+def static_workspace(tmp_path_factory, trained_workspace) -> Path:
+    """trained_workspace embedded anew with a static embedder (random vectors of 16 dimensions, its tokenizer)
+    and indexed: for the tests of servers and writes, whose processes then start without importing
+    sentence-transformers (seconds each; a served transformer is test_serve.py's `server`). Tests must not
+    modify it."""
+    ws = tmp_path_factory.mktemp("static-ws") / "ws"
+    shutil.copytree(trained_workspace, ws)
+    model = save_static_model(trained_workspace, tmp_path_factory.mktemp("static-model"))
+    run_cli("embed", "-w", str(ws), "--model", str(model), "--chunk-tokens", "64", "--overlap", "8")  # as trained
     run_cli("index", "-w", str(ws))
     return ws
 

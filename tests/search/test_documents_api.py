@@ -10,6 +10,8 @@ import time
 import httpx
 import pytest
 
+from common.manifest import read_manifest
+from common.workspace import Workspace
 from conftest import REPO, run_cli, scifact_rows
 from server import running_server
 
@@ -25,9 +27,9 @@ NOTE = {
 
 
 @pytest.fixture(scope="module")
-def workspace(trained_workspace, tmp_path_factory):
+def workspace(static_workspace, tmp_path_factory):
     ws = tmp_path_factory.mktemp("documents") / "ws"
-    shutil.copytree(trained_workspace, ws)
+    shutil.copytree(static_workspace, ws)
     return ws
 
 
@@ -122,6 +124,7 @@ def test_a_cli_embed_during_api_writes_corrupts_nothing(client, workspace, tmp_p
     cli_docs = scifact_rows(5, start=700)
     data = tmp_path / "more.jsonl"
     data.write_text("".join(json.dumps(d) + "\n" for d in cli_docs))
+    model = read_manifest(Workspace(workspace)).embedder.model_dir(Workspace(workspace))  # the served embedder
     embed = subprocess.Popen(
         [
             sys.executable,
@@ -131,6 +134,8 @@ def test_a_cli_embed_during_api_writes_corrupts_nothing(client, workspace, tmp_p
             str(workspace),
             "--data",
             str(data),
+            "--model",
+            str(model),
             "--chunk-tokens",
             "64",
             "--overlap",

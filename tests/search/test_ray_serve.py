@@ -55,13 +55,15 @@ def cluster(ray_cluster):
 
 
 @pytest.fixture(scope="module")
-def whole(trained_workspace) -> SearchEngine:
-    return SearchEngine(Workspace(trained_workspace))
+def whole(static_workspace) -> SearchEngine:
+    """The index the shards are compared with. Static-embedded: the ingress replicas start without importing
+    sentence-transformers."""
+    return SearchEngine(Workspace(static_workspace))
 
 
-def sharded_copy(trained_workspace, directory, shards: int) -> Workspace:
+def sharded_copy(static_workspace, directory, shards: int) -> Workspace:
     ws = Workspace(directory)
-    shutil.copytree(trained_workspace, ws.root)
+    shutil.copytree(static_workspace, ws.root)
     refresh_indexes(ws, "flat", shards=shards)
     return ws
 
@@ -79,8 +81,8 @@ def assert_same_answers(engine, whole, queries, modes=("dense", "lexical", "hybr
 
 
 @pytest.mark.parametrize("shards", [1, 3])  # 2: in the test of the ingress below
-def test_shards_deployed_on_ray_serve_answer_as_the_whole_index(cluster, whole, trained_workspace, tmp_path, shards):
-    ws = sharded_copy(trained_workspace, tmp_path / "ws", shards)
+def test_shards_deployed_on_ray_serve_answer_as_the_whole_index(cluster, whole, static_workspace, tmp_path, shards):
+    ws = sharded_copy(static_workspace, tmp_path / "ws", shards)
     entry = read_manifest(ws).index
     names = deploy_shards(ws.root, entry, replicas=1)
     try:
@@ -120,9 +122,9 @@ def answered_while_polling(serving: RayServing, request):
 
 
 def test_the_ingress_serves_the_api_survives_a_killed_replica_and_swaps_whole_indexes(
-    cluster, whole, trained_workspace, tmp_path
+    cluster, whole, static_workspace, tmp_path
 ):
-    ws = sharded_copy(trained_workspace, tmp_path / "ws", 2)
+    ws = sharded_copy(static_workspace, tmp_path / "ws", 2)
     serving = RayServing(ws, KEY, write_documents, replicas=2, retire_after=0)
     port = cluster
     serving.start("127.0.0.1", port)

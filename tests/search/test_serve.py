@@ -33,13 +33,13 @@ def server(workspace):
 
 
 @pytest.fixture(scope="module")
-def api_schema(trained_workspace, tmp_path_factory):
+def api_schema(static_workspace, tmp_path_factory):
     """The OpenAPI description of a server of its own: fuzzing writes documents, which the other tests'
     workspace must not see."""
     import schemathesis
 
     ws = tmp_path_factory.mktemp("fuzz") / "ws"
-    shutil.copytree(trained_workspace, ws)
+    shutil.copytree(static_workspace, ws)
     with running_server(ws, "--api-key", KEY, output=subprocess.PIPE, timeout_s=180) as base:
         yield schemathesis.openapi.from_url(f"{base}/openapi.json")
 
@@ -300,18 +300,15 @@ def test_concurrent_requests_all_succeed_with_consistent_answers(client):
     assert all(len(variants) == 1 for variants in by_query.values())
 
 
-def test_a_static_embedders_searches_answer_concurrently_as_the_engine_does(trained_workspace, tmp_path):
+def test_a_static_embedders_searches_answer_concurrently_as_the_engine_does(static_workspace, tmp_path):
     """A static model's searches run on the server's event loop (search/serve/batcher.py): many at once, in every
     mode, each answered exactly as the engine answers it in process; a served transformer (the other
     tests) goes through the thread pool, and so do a static model's searches once timed costly."""
     from common.workspace import Workspace
-    from conftest import save_static_model
     from search.engine import SearchEngine
 
     ws = tmp_path / "ws"
-    shutil.copytree(trained_workspace, ws)
-    run_cli("embed", "-w", str(ws), "--model", str(save_static_model(trained_workspace, tmp_path / "static")))
-    run_cli("index", "-w", str(ws))
+    shutil.copytree(static_workspace, ws)
     engine = SearchEngine(Workspace(ws))
     requests = [
         (q, mode)

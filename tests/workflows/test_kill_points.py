@@ -146,7 +146,7 @@ def test_killed_index_keeps_the_previous_index_in_use_and_a_rerun_cleans_up(kill
 
 
 def test_a_server_killed_between_a_writes_store_commit_and_its_index_update_restarts_and_serves(
-    trained_workspace, tmp_path
+    static_workspace, tmp_path
 ):
     """The document API stores a write, then updates the index: a kill between the two leaves the store
     ahead of the index. The restarted server brings the index up to date itself and serves the document."""
@@ -155,7 +155,7 @@ def test_a_server_killed_between_a_writes_store_commit_and_its_index_update_rest
     from server import running_server
 
     ws = tmp_path / "ws"
-    shutil.copytree(trained_workspace, ws)
+    shutil.copytree(static_workspace, ws)
     with server_armed_at_index_update(ws) as (server, base):
         note = {"id": "kill-note", "text": "Marmots hibernate in alpine burrows through the winter."}
         with pytest.raises(httpx.HTTPError):  # killed before it could answer
@@ -170,7 +170,7 @@ def test_a_server_killed_between_a_writes_store_commit_and_its_index_update_rest
     assert not status["problems"], status
 
 
-def test_a_full_disk_is_one_line_and_no_lie(trained_workspace, tmp_path, monkeypatch):
+def test_a_full_disk_is_one_line_and_no_lie(static_workspace, tmp_path, monkeypatch):
     """A write to a full disk (fault-injected: the index's filter table, the server's index update) is one
     line naming what to free, the workspace is as it was, and the API says whether it stored the documents."""
     import errno
@@ -180,7 +180,7 @@ def test_a_full_disk_is_one_line_and_no_lie(trained_workspace, tmp_path, monkeyp
     import common.snapshot.writer
 
     ws = tmp_path / "ws"
-    shutil.copytree(trained_workspace, ws)
+    shutil.copytree(static_workspace, ws)
     manifest = (ws / "manifest.json").read_bytes()
 
     def full(*args, **kwargs):
