@@ -462,6 +462,9 @@ def test_web_page_searches_in_a_real_browser(server, tmp_path):
         try:
             page = browser.new_page()
             page.goto(f"{server}/?api_key={KEY}")
+            # Typed once the page has applied its address (a box filled before is reset by it, and the mode
+            # list's width changes when the server's answer names the default mode: a click can miss the button).
+            page.wait_for_selector("body[data-ready=true]", timeout=60_000)
             page.fill("#q", "cancer cells")
             page.click("#go")
             # results, or an error the page shows (then the assertion below names it)
@@ -521,6 +524,7 @@ def test_web_page_searches_in_a_real_browser(server, tmp_path):
 
             page.goto(f"{server}/")  # without the key: the page asks for one and shows the server's refusal
             page.wait_for_selector("#key:not([hidden])", timeout=60_000)
+            page.wait_for_selector("body[data-ready=true]", timeout=60_000)
             page.fill("#q", "cancer")
             page.click("#go")
             wait_for_page(page, "document.getElementById('status').className === 'error'", server)

@@ -157,4 +157,5 @@ fetch("health").then(r => r.json()).then(async (h) => {
   if (h.auth && !urlKey) keyBox.hidden = false;
   await loadFields();
   fromUrl();
+  document.body.dataset.ready = "true";  // the address applied: what a user types now stays (the browser test waits)
 });
