@@ -115,9 +115,11 @@ async function showDocument(docId) {
   $("document-view").hidden = false;
 }
 
-function fromUrl() {
+function fromUrl(event) {
   const params = new URLSearchParams(location.search);
-  $("q").value = params.get("q") || "";
+  // At load (no popstate event) the address is applied once the server's first answers came: words typed
+  // meanwhile stay, unless the address holds a query (an empty box would also stop the form: q is required).
+  $("q").value = params.get("q") || (event ? "" : $("q").value);
   $("mode").value = params.get("mode") || "";
   $("k").value = params.get("k") || "10";
   filtersBox.replaceChildren();
@@ -157,5 +159,5 @@ fetch("health").then(r => r.json()).then(async (h) => {
   if (h.auth && !urlKey) keyBox.hidden = false;
   await loadFields();
   fromUrl();
-  document.body.dataset.ready = "true";  // the address applied: what a user types now stays (the browser test waits)
+  document.body.dataset.ready = "true";  // the address applied (the browser tests wait for it)
 });
