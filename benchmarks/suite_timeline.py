@@ -13,16 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from machine_busy import machine_busy_seconds
 
 OUT = Path(os.environ.get("SUITE_TIMELINE", Path(__file__).parent / "results" / "suite_timeline.jsonl"))
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds the machine has spent on anything but idling and waiting for I/O, since boot."""
-    with open("/proc/stat") as stat:
-        ticks = [int(field) for field in stat.readline().split()[1:]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / TICKS
 
 
 @pytest.hookimpl(hookwrapper=True)
