@@ -1,19 +1,19 @@
-"""Ray paths: embedding on a throw-away local Ray cluster (`--ray local`), training and tokenizing on the
-suite's Ray cluster of two nodes (conftest.py ray_cluster; slow to start: few, bounded tests)."""
+"""Ray paths: embedding, training and tokenizing on the suite's Ray cluster of two nodes (conftest.py ray_cluster;
+slow to start: few, bounded tests)."""
 
 import numpy as np
 import pytest
 
 from common.store import Store
 from common.workspace import Workspace
-from conftest import run_cli, run_cli_process
+from conftest import run_cli
 
 pytestmark = pytest.mark.ray
 
 pytest.importorskip("ray", reason="the ray extra is not installed")
 
 
-def test_ray_embedded_vectors_equal_single_process_ones(trained_workspace, tmp_path, corpus_file):
+def test_ray_embedded_vectors_equal_single_process_ones(trained_workspace, tmp_path, corpus_file, ray_cluster):
     data = tmp_path / "docs.jsonl"
     data.write_text("\n".join(corpus_file.read_text().splitlines()[:30]) + "\n")
     from embed.run import run_embed
@@ -23,8 +23,10 @@ def test_ray_embedded_vectors_equal_single_process_ones(trained_workspace, tmp_p
     single, ray = Workspace(tmp_path / "single").create(), Workspace(tmp_path / "ray").create()
     run_embed(
         single, [data], None, EmbedSettings(model_dir=trained_workspace / "model", chunk_tokens=48, overlap=8)
-    )  # the reference, in this process
-    run_cli_process(
+    )  # the reference, without Ray
+    # In this process, connected to the suite's cluster (a command reuses the connection it finds): a process and
+    # a cluster of its own cost half a minute of the suite, for what the cluster's actors compute.
+    run_cli(
         "embed",
         "-w",
         str(ray.root),
@@ -37,8 +39,7 @@ def test_ray_embedded_vectors_equal_single_process_ones(trained_workspace, tmp_p
         "--overlap",
         "8",
         "--ray",
-        "local",
-        timeout=400,
+        ray_cluster,
     )
     for name, ws in (("single", single), ("ray", ray)):
         with Store(ws.db_path, read_only=True) as store:
@@ -52,8 +53,9 @@ def test_ray_embedded_vectors_equal_single_process_ones(trained_workspace, tmp_p
     np.testing.assert_allclose(vectors_r, vectors_1, atol=1e-5)
 
 
-def test_ray_training_matches_torchrun_and_survives_a_killed_worker(tmp_path, corpus_file, ray_cluster):
-    """One Ray run with a worker SIGKILLed mid-run must end with the losses of an uninterrupted torchrun run."""
+def test_ray_training_matches_one_process_and_survives_a_killed_worker(tmp_path, corpus_file, ray_cluster):
+    """One Ray run of two workers, one SIGKILLed mid-run, must end with the losses of an uninterrupted run of one
+    process (which two-process DDP under torchrun matches: tests/pretrain/test_parallel.py)."""
     import os
     import signal
     import subprocess
@@ -72,12 +74,8 @@ def test_ray_training_matches_torchrun_and_survives_a_killed_worker(tmp_path, co
         "16",
         "--checkpoint-every",
         "4",
-        "--nproc",
-        "2",
-        "--strategy",
-        "ddp",
     ]
-    reference = tmp_path / "torchrun"
+    reference = tmp_path / "one-process"
     run_cli("pretrain", "-w", str(reference), *args)
 
     ws = tmp_path / "ray"
@@ -90,6 +88,10 @@ def test_ray_training_matches_torchrun_and_survives_a_killed_worker(tmp_path, co
             "-w",
             str(ws),
             *args,
+            "--nproc",
+            "2",
+            "--strategy",
+            "ddp",
             "--ray",
             ray_cluster,
             "--max-failures",
