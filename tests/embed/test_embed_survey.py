@@ -20,13 +20,14 @@ from embed.appended import documents_digest
 from embed.run import EmbedRun, run_embed
 from embed.settings import EmbedSettings
 
-DOCUMENTS = 3000
+DOCUMENTS = 1200  # in groups of 256 (embed()): five groups a run
+FIRST_FILE = 800  # of them in a.jsonl, the rest in b.jsonl
 
 
 @pytest.fixture(scope="module")
 def static_model(trained_workspace, tmp_path_factory):
     """A static embedder of 16 dimensions (random token vectors) over the workspace's tokenizer: embeds
-    thousands of documents in seconds."""
+    a thousand documents in seconds."""
     directory = tmp_path_factory.mktemp("static")
     shutil.copy(trained_workspace / "model" / "tokenizer.json", directory)
     vocabulary = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab_size()
@@ -70,19 +71,19 @@ def source(tmp_path):
     rows = [{**row, "year": 1990 + i % 30} for i, row in enumerate(rows)]
     directory = tmp_path / "docs"
     directory.mkdir()
-    write(directory / "a.jsonl", rows[:2000])
-    write(directory / "b.jsonl", rows[2000:DOCUMENTS])
+    write(directory / "a.jsonl", rows[:FIRST_FILE])
+    write(directory / "b.jsonl", rows[FIRST_FILE:DOCUMENTS])
     return directory, rows
 
 
-def test_new_changed_and_gone_documents_among_thousands_end_as_a_fresh_embed(static_model, source, tmp_path):
+def test_new_changed_and_gone_documents_among_a_thousand_end_as_a_fresh_embed(static_model, source, tmp_path):
     directory, rows = source
     ws = Workspace(tmp_path / "ws").create()
     first = embed(ws, directory, static_model)
     assert first.embedded_documents == first.embedder.documents == DOCUMENTS
     first_chunks = chunks(ws)
 
-    b = rows[2000:DOCUMENTS]
+    b = rows[FIRST_FILE:DOCUMENTS]
     for row in b[:30]:
         row["text"] += " An added sentence."
     for row in b[30:40]:
@@ -90,7 +91,7 @@ def test_new_changed_and_gone_documents_among_thousands_end_as_a_fresh_embed(sta
     removed = [row["_id"] for row in b[-20:]]
     write(directory / "b.jsonl", b[:-20] + rows[DOCUMENTS:])  # a.jsonl as it was: its lines are not read again
     again = embed(ws, directory, static_model)
-    assert again.documents_read_before == 2000
+    assert again.documents_read_before == FIRST_FILE
     assert again.embedded_documents == 30 + 10 + 40
     assert again.embedder.documents == DOCUMENTS + 40  # the removed ones are kept without --prune
 
@@ -119,16 +120,17 @@ def test_an_id_repeated_in_another_file_is_refused_naming_both_lines(static_mode
     directory, rows = source
     ws = Workspace(tmp_path / "ws").create()
     embed(ws, directory, static_model)
-    write(directory / "c.jsonl", [rows[DOCUMENTS], rows[DOCUMENTS + 1], {**rows[1234], "text": "Another text."}])
+    write(directory / "c.jsonl", [rows[DOCUMENTS], rows[DOCUMENTS + 1], {**rows[234], "text": "Another text."}])
     with pytest.raises(PipelineError) as refused:
         embed(ws, directory, static_model)
+    # a.jsonl's lines were read by the last run: the first sighting is named by the line its reading had reached
     assert str(refused.value) == (
-        f"{directory / 'c.jsonl'}:3: duplicate document id '{rows[1234]['_id']}' "
-        f"(first seen at {directory / 'a.jsonl'} (before line 2001))"  # a.jsonl's lines were read by the last run
+        f"{directory / 'c.jsonl'}:3: duplicate document id '{rows[234]['_id']}' "
+        f"(first seen at {directory / 'a.jsonl'} (before line {FIRST_FILE + 1}))"
     )
-    compact = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows[:2000])
+    compact = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows[:FIRST_FILE])
     (directory / "a.jsonl").write_text(compact)  # the same documents in other bytes: read whole
-    with pytest.raises(PipelineError, match=r"c\.jsonl:3: duplicate .* \(first seen at .*a\.jsonl:1235\)$"):
+    with pytest.raises(PipelineError, match=r"c\.jsonl:3: duplicate .* \(first seen at .*a\.jsonl:235\)$"):
         embed(ws, directory, static_model)
     with Store(ws.db_path, read_only=True) as store:
         assert store.counts()["documents"] == DOCUMENTS and store.generation() == 1
@@ -142,13 +144,15 @@ def test_a_source_changed_between_its_two_reads_is_refused_and_the_next_run_ends
     real_load = embed_run.load_embedder
 
     def load_while_a_line_changes(path):  # between the survey and the second read
-        edited = rows[2000:DOCUMENTS]
-        edited[500] = {**edited[500], "text": "Rewritten while embed ran."}
+        edited = rows[FIRST_FILE:DOCUMENTS]
+        edited[300] = {**edited[300], "text": "Rewritten while embed ran."}
         write(directory / "b.jsonl", edited)
         return real_load(path)
 
     monkeypatch.setattr(embed_run, "load_embedder", load_while_a_line_changes)
-    with pytest.raises(PipelineError, match=rf"document '{rows[2500]['_id']}' changed while `pipeline embed` read"):
+    with pytest.raises(
+        PipelineError, match=rf"document '{rows[FIRST_FILE + 300]['_id']}' changed while `pipeline embed` read"
+    ):
         embed(ws, directory, static_model)
     with Store(ws.db_path, read_only=True) as store:
         assert store.counts()["documents"] == 0 and store.generation() == 0  # nothing published
