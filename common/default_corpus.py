@@ -9,6 +9,7 @@ marker in the manifest and read the same documents again.
 from __future__ import annotations
 
 import ast
+import functools
 import sysconfig
 from pathlib import Path
 from typing import Iterator
@@ -21,9 +22,17 @@ SKIPPED_DIRS = {"test", "tests", "idlelib", "lib2to3", "site-packages", "__pycac
 DEFAULT_CORPUS_SOURCE = "<python standard library docstrings>"
 
 
-def stdlib_documents(max_documents: int | None = None) -> Iterator[Document]:
+def stdlib_documents() -> Iterator[Document]:
+    """The corpus's documents, one per module. Parsed once per process (seconds: every module of the standard
+    library): pretraining reads them twice (the tokenizer's sample, then the tokens), and a chain of commands in
+    one process (workflows.py) reads them again to embed."""
+    return iter(parsed_stdlib())
+
+
+@functools.cache
+def parsed_stdlib() -> tuple[Document, ...]:
     root = Path(sysconfig.get_paths()["stdlib"])
-    count = 0
+    documents = []
     for path in sorted(root.rglob("*.py")):
         if SKIPPED_DIRS.intersection(path.relative_to(root).parts):
             continue
@@ -37,10 +46,9 @@ def stdlib_documents(max_documents: int | None = None) -> Iterator[Document]:
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
             and (doc := ast.get_docstring(node))
         ]
-        if not docstrings:
-            continue
-        module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
-        yield Document(id=f"stdlib:{module}", title=module, source=str(path), text="\n\n".join(docstrings))
-        count += 1
-        if max_documents is not None and count >= max_documents:
-            return
+        if docstrings:
+            module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+            documents.append(
+                Document(id=f"stdlib:{module}", title=module, source=str(path), text="\n\n".join(docstrings))
+            )
+    return tuple(documents)
