@@ -351,13 +351,17 @@ def write_word_corpus(directory, files=4, documents=60, seed=0):
 
 
 def save_static_model(trained_workspace: Path, directory: Path, dim: int = 16) -> Path:
-    """A static embedder with the workspace's tokenizer (random vectors), saved by sentence-transformers."""
+    """A static embedder with the workspace's tokenizer (random vectors, the same in every run), saved by
+    sentence-transformers."""
+    import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import StaticEmbedding
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(trained_workspace / "model" / "tokenizer.json"))
-    SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_dim=dim)]).save(str(directory))
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_dim=dim)]).save(str(directory))
     return directory
 
 

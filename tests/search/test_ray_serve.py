@@ -138,9 +138,9 @@ def test_the_ingress_serves_the_api_survives_a_killed_replica_and_swaps_whole_in
             answer = client.get("/search", params=params).json()
             assert [h["doc_id"] for h in answer["results"]] == want
             assert httpx.get(f"http://127.0.0.1:{port}/search", params=params).status_code == 401
-            filtered = client.post("/search", json={"q": query, "k": 5, "filter": {"year": {"lt": 1930}}}).json()
+            filtered = client.post("/search", json={**params, "filter": {"year": {"lt": 1930}}}).json()
             assert [h["doc_id"] for h in filtered["results"]] == [
-                h.doc_id for h in whole.search(query, 5, None, FILTERS[1])
+                h.doc_id for h in whole.search(query, 5, "hybrid", FILTERS[1], dense_weight=0.4)
             ]
             unknown = client.post("/search", json={"q": query, "filter": {"nope": 1}})
             assert unknown.status_code == 422 and "nope" in unknown.json()["error"]
