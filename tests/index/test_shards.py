@@ -19,22 +19,24 @@ from search.engine import SearchEngine
 SHARD_QUERIES, SHARD_FILTERS = shard_queries_and_filters()
 
 
+# The session's static-embedded workspace: what is tested is how shards split and merge, for any embedder, and a
+# static one encodes queries and starts servers without sentence-transformers.
 @pytest.fixture(scope="module")
-def whole(trained_workspace) -> SearchEngine:
-    assert read_manifest(Workspace(trained_workspace)).index.type == "flat"
-    return SearchEngine(Workspace(trained_workspace))
+def whole(static_workspace) -> SearchEngine:
+    assert read_manifest(Workspace(static_workspace)).index.type == "flat"
+    return SearchEngine(Workspace(static_workspace))
 
 
-def sharded_copy(trained_workspace, tmp_path, shards: int) -> Workspace:
+def sharded_copy(static_workspace, tmp_path, shards: int) -> Workspace:
     ws = Workspace(tmp_path / "ws")
-    shutil.copytree(trained_workspace, ws.root)
+    shutil.copytree(static_workspace, ws.root)
     refresh_indexes(ws, "flat", shards=shards)
     return ws
 
 
 @pytest.mark.parametrize("shards", [1, 2, 3])
-def test_shards_answer_as_the_whole_index(whole, trained_workspace, tmp_path, shards):
-    ws = sharded_copy(trained_workspace, tmp_path, shards)
+def test_shards_answer_as_the_whole_index(whole, static_workspace, tmp_path, shards):
+    ws = sharded_copy(static_workspace, tmp_path, shards)
     entry = read_manifest(ws).index
     assert len(entry.shards) == shards and sum(shard["vectors"] for shard in entry.shards) == entry.vectors
     engine = SearchEngine(ws)
@@ -55,8 +57,8 @@ def test_shards_answer_as_the_whole_index(whole, trained_workspace, tmp_path, sh
     assert engine.fields == whole.fields
 
 
-def test_a_sharded_index_is_built_in_full_again_and_keeps_its_shard_count(trained_workspace, tmp_path):
-    ws = sharded_copy(trained_workspace, tmp_path, 2)
+def test_a_sharded_index_is_built_in_full_again_and_keeps_its_shard_count(static_workspace, tmp_path):
+    ws = sharded_copy(static_workspace, tmp_path, 2)
     first = read_manifest(ws).index
     refresh_indexes(ws, "flat")  # no --shards: as the last build
     again = read_manifest(ws).index
@@ -64,9 +66,9 @@ def test_a_sharded_index_is_built_in_full_again_and_keeps_its_shard_count(traine
     assert not (ws.root / first.path).exists()  # the older build's shards are removed once the manifest moved on
 
 
-def test_more_shards_than_documents_is_one_line_before_anything_is_written(trained_workspace, tmp_path):
+def test_more_shards_than_documents_is_one_line_before_anything_is_written(static_workspace, tmp_path):
     ws = Workspace(tmp_path / "ws")
-    shutil.copytree(trained_workspace, ws.root)
+    shutil.copytree(static_workspace, ws.root)
     before = read_manifest(ws).index
     with pytest.raises(Exception, match="shard .* would hold no documents"):
         refresh_indexes(ws, "flat", shards=500)
@@ -75,9 +77,9 @@ def test_more_shards_than_documents_is_one_line_before_anything_is_written(train
 
 
 @pytest.mark.ray
-def test_shards_built_as_ray_tasks_are_the_shards_built_here(whole, trained_workspace, tmp_path, ray_cluster):
+def test_shards_built_as_ray_tasks_are_the_shards_built_here(whole, static_workspace, tmp_path, ray_cluster):
     ws = Workspace(tmp_path / "ray")
-    shutil.copytree(trained_workspace, ws.root)
+    shutil.copytree(static_workspace, ws.root)
     run_cli("index", "-w", str(ws.root), "--type", "flat", "--shards", "3", "--ray", ray_cluster)
     entry = read_manifest(ws).index
     corpus = whole.shards[0].shard.corpus
@@ -89,7 +91,7 @@ def test_shards_built_as_ray_tasks_are_the_shards_built_here(whole, trained_work
         assert [h.doc_id for h in engine.search(query, 10, "hybrid", dense_weight=0.4)] == [h.doc_id for h in want]
 
 
-def test_document_writes_update_only_their_shards_and_answer_as_a_full_build(whole, trained_workspace, tmp_path):
+def test_document_writes_update_only_their_shards_and_answer_as_a_full_build(whole, static_workspace, tmp_path):
     """Served on one machine, a sharded index takes the document API's writes: the shard the documents belong
     to is updated (a delta beside its base, its snapshot written anew, what it replaced removed), the other one
     kept as it was (its files and build id), and the index answers as a sharded one built in full over the same
@@ -98,7 +100,7 @@ def test_document_writes_update_only_their_shards_and_answer_as_a_full_build(who
 
     from server import running_server
 
-    ws = sharded_copy(trained_workspace, tmp_path, 2)
+    ws = sharded_copy(static_workspace, tmp_path, 2)
     before = read_manifest(ws).index
     ids = [doc_id for doc_id in (f"note-{i}" for i in range(20)) if shard_of(doc_id, 2) == 0][:3]
     notes = [{"id": doc_id, "title": "A note", "text": f"Quokka survey {doc_id} on an island."} for doc_id in ids]

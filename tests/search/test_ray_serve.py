@@ -1,5 +1,5 @@
 """`pipeline serve --ray` (search/serve/ray_serve.py) on a local Ray cluster of two nodes: a sharded index's
-shards as Ray Serve applications answer as the whole index does (N = 1, 2, 3), the ingress serves the HTTP
+shards as Ray Serve applications answer as the whole index does (N = 2, 3), the ingress serves the HTTP
 API, a killed shard replica is restarted while requests either succeed or fail naming the shard, a document
 write deploys anew only the shard it changed, and a new index is swapped in with all its shards or not at
 all."""
@@ -80,9 +80,10 @@ def assert_same_answers(engine, whole, queries, modes=("dense", "lexical", "hybr
                 np.testing.assert_allclose([h.score for h in got], [h.score for h in want], rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("shards", [1, 3])  # 2: in the test of the ingress below
-def test_shards_deployed_on_ray_serve_answer_as_the_whole_index(cluster, whole, static_workspace, tmp_path, shards):
-    ws = sharded_copy(static_workspace, tmp_path / "ws", shards)
+def test_shards_deployed_on_ray_serve_answer_as_the_whole_index(cluster, whole, static_workspace, tmp_path):
+    """Three shards (two: in the test of the ingress below; a sharded index's merging, one shard included, is
+    tests/index/test_shards.py's, in one process)."""
+    ws = sharded_copy(static_workspace, tmp_path / "ws", 3)
     entry = read_manifest(ws).index
     names = deploy_shards(ws.root, entry, replicas=1)
     try:
