@@ -61,9 +61,10 @@ def shard_application(build_id: str, number: int) -> str:
     return f"shard-{build_id}-{number}"
 
 
-# A replica whose shard cannot load (a file missing or damaged) fails the same way each time: give up after a few
-# tries (Ray Serve's default is 20), so that a new index that cannot be served is said, and dropped, quickly.
-CONSTRUCTOR_TRIES = 3
+# A replica whose shard cannot load (a file missing or damaged) fails the same way each time: give up at the first
+# failure (Ray Serve's default is 20 tries), so that a new index that cannot be served is said, and dropped, quickly.
+# The driver tries a new index again at its next poll (RayServing.poll), which is the retry a passing fault needs.
+CONSTRUCTOR_TRIES = 1
 
 
 @serve.deployment(
@@ -222,12 +223,19 @@ def deploy_shards(
         failed = [(n, state) for n, state in enumerate(states) if state is not None and state.status == "DEPLOY_FAILED"]
         if failed:
             number, state = failed[0]
-            problem = f"shard {number} of index {entry.build_id} did not start: {last_line(state.message)}"
+            problem = f"shard {number} of index {entry.build_id} did not start: {start_failure(state)}"
         elif time.monotonic() > deadline:
             problem = f"the shards of index {entry.build_id} were not all running after {timeout_s:.0f} s"
         time.sleep(0.5)
     delete_applications([name for _, name in new])
     raise PipelineError(problem)
+
+
+def start_failure(application) -> str:
+    """Why an application failed to deploy, in a line: its replica's error (e.g. a shard's file missing, named), not
+    the application's own message, which says only that its deployment failed."""
+    said = [d.message for d in application.deployments.values() if d.message] + [application.message]
+    return last_line(said[0])
 
 
 def delete_applications(names: list[str]) -> None:

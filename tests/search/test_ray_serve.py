@@ -123,7 +123,7 @@ def answered_while_polling(serving: RayServing, request):
 
 
 def test_the_ingress_serves_the_api_survives_a_killed_replica_and_swaps_whole_indexes(
-    cluster, whole, static_workspace, tmp_path
+    cluster, whole, static_workspace, tmp_path, capsys
 ):
     ws = sharded_copy(static_workspace, tmp_path / "ws", 2)
     serving = RayServing(ws, KEY, write_documents, replicas=2, retire_after=0)
@@ -203,7 +203,11 @@ def test_the_ingress_serves_the_api_survives_a_killed_replica_and_swaps_whole_in
             chunk_ids = ws.root / second.shard_entries()[1].corpus_path / "chunk_ids.npy"
             saved = chunk_ids.read_bytes()
             chunk_ids.unlink()
+            capsys.readouterr()
             assert not serving.poll()
+            said = capsys.readouterr().err
+            assert f"keeping index {first}: shard 1 of index {second.build_id} did not start" in said
+            assert str(chunk_ids) in said  # the replica's error, naming the file, not only Ray Serve's verdict
             assert client.get("/health").json()["index"]["build_id"] == first
             assert not shard_replicas(shard_application(second.shard_entries()[0].build_id, 0))
             assert [h["doc_id"] for h in client.get("/search", params=params).json()["results"]] == want
