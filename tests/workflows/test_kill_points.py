@@ -5,7 +5,8 @@ imported the libraries once): inside a DuckDB transaction, between writing a fil
 the manifest, before and after swapping a directory. After each kill, search
 answers exactly as before the command, or, once the command's work is in place (its commit point
 passed), refuses the way it does after that command completed; re-running the command ends where an
-uninterrupted run ends.
+uninterrupted run ends. The commands whose writes do not depend on the embedder's kind (embed, index, serve)
+run on the session's static-embedded workspace: a transformer would only make each run slower.
 """
 
 import json
@@ -90,15 +91,15 @@ def server_armed_at_index_update(ws, **armed):
 
 
 def test_killed_embed_leaves_the_store_as_it_was_and_a_rerun_ends_as_an_uninterrupted_run(
-    killer, trained_workspace, tmp_path
+    killer, static_workspace, tmp_path
 ):
     extra = scifact_slice(tmp_path / "extra.jsonl", 6, start=300)
     # A new chunking: every stored document is embedded again, with the new ones.
     straight = tmp_path / "straight"
-    shutil.copytree(trained_workspace, straight)
+    shutil.copytree(static_workspace, straight)
     run_embed(Workspace(straight), [extra], None, EmbedSettings(chunk_tokens=48, overlap=8))
     ws = tmp_path / "ws"
-    shutil.copytree(trained_workspace, ws)
+    shutil.copytree(static_workspace, ws)
     before = answers(ws)
     args = ["embed", "-w", str(ws), "--data", str(extra), "--chunk-tokens", "48", "--overlap", "8"]
     for point in (
@@ -123,9 +124,9 @@ def test_killed_embed_leaves_the_store_as_it_was_and_a_rerun_ends_as_an_uninterr
     assert answers(ws)  # consistent again
 
 
-def test_killed_index_keeps_the_previous_index_in_use_and_a_rerun_cleans_up(killer, trained_workspace, tmp_path):
+def test_killed_index_keeps_the_previous_index_in_use_and_a_rerun_cleans_up(killer, static_workspace, tmp_path):
     ws = tmp_path / "ws"
-    shutil.copytree(trained_workspace, ws)
+    shutil.copytree(static_workspace, ws)
     before, entry = answers(ws), read_json(Workspace(ws))["index"]
     args = ["index", "-w", str(ws), "--type", "flat", "--rebuild"]
     for point in (
@@ -211,14 +212,14 @@ def test_a_full_disk_is_one_line_and_no_lie(static_workspace, tmp_path, monkeypa
 
 @pytest.mark.parametrize("written_after", [False, True], ids=["rerun", "write-then-rerun"])
 def test_a_build_killed_before_its_default_mode_was_measured_is_measured_by_the_rerun(
-    killer, trained_workspace, tmp_path, written_after
+    killer, static_workspace, tmp_path, written_after
 ):
     """A full build recorded, then killed while measuring the default mode: the last build's measurement is
     not taken for the new one (status says the default is unmeasured), and re-running `pipeline index`
     measures it: when nothing changed, and when a document was written meanwhile (the rerun then updates
     the killed build, whose BM25 base no longer holds every chunk)."""
     ws = tmp_path / "ws"
-    shutil.copytree(trained_workspace, ws)
+    shutil.copytree(static_workspace, ws)
     before = json.loads((ws / "manifest.json").read_text())
     note = tmp_path / "note.jsonl"
     note.write_text(json.dumps({"_id": "note", "text": "Marmots hibernate in alpine burrows."}) + "\n")
