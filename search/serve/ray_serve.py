@@ -54,6 +54,7 @@ INGRESS_CPUS = 0.25
 INGRESS_ONGOING_REQUESTS = 64
 DEPLOY_TIMEOUT_S = 600.0  # a new index's shards all running (their replicas placed and their indexes loaded)
 DELETE_TIMEOUT_S = 60.0  # applications deleted (their replicas stopped), as Ray Serve's own serve.delete waits
+RETRY_REFUSED_S = 30.0  # a new index that could not be served is tried again after this (each try starts replicas)
 QUIET = {"log_level": "WARNING", "enable_access_log": False}  # Ray Serve's logging: what goes wrong, not each call
 
 
@@ -268,9 +269,11 @@ class RayServing:
         write_documents: WriteDocuments,
         replicas: int,
         retire_after: float = SHARD_TIMEOUT_S,
+        retry_refused_after: float = RETRY_REFUSED_S,
     ):
         self.ws, self.api_key, self.write_documents = ws, api_key, write_documents
-        self.replicas, self.retire_after = replicas, retire_after
+        self.replicas, self.retire_after, self.retry_refused_after = replicas, retire_after, retry_refused_after
+        self.refused: tuple[str, float] | None = None  # (a new index that could not be served, when to try it again)
         self.retiring: list[tuple[float, list[str]]] = []  # (when, old shards): requests asking them finish first
 
     def start(self, host: str, port: int) -> None:
@@ -297,30 +300,37 @@ class RayServing:
     def poll(self) -> bool:
         """Delete the shards retired long enough ago; when the manifest names a new index, deploy its shards and
         have the ingress load it. True when it did; a new index that cannot be served is said, and the old one
-        kept (with its shards)."""
+        kept (with its shards) until the new one is tried again, retry_refused_after seconds later."""
         now = time.monotonic()
         delete_applications([name for when, names in self.retiring if when <= now for name in names])
         self.retiring = [(when, names) for when, names in self.retiring if when > now]
         latest = read_manifest(self.ws).index
         if latest is None or latest.build_id == self.entry.build_id:
             return False
+        if self.refused is not None and self.refused[0] == latest.build_id and now < self.refused[1]:
+            return False
         try:
             names = deploy_shards(self.ws.root, latest, self.replicas, running=self.served)
         except PipelineError as e:
-            warn(f"keeping index {self.entry.build_id}: {e}")
-            return False
+            return self.refuse(latest, str(e))
         try:
             loaded = self.ingress.reload.remote().result()
         except Exception as e:  # noqa: BLE001 -- the ingress's error, through Ray
             loaded = f"not loaded ({last_line(e)})"
         if loaded != latest.build_id:  # the ingress kept the old index: so do its shards
             delete_applications(sorted(set(names) - set(self.served)))
-            warn(f"keeping index {self.entry.build_id}: the ingress did not load {latest.build_id}: {loaded}")
-            return False
+            return self.refuse(latest, f"the ingress did not load {latest.build_id}: {loaded}")
         self.retiring.append((time.monotonic() + self.retire_after, [n for n in self.served if n not in names]))
         self.served, self.entry = names, latest
         info(f"loaded the rebuilt index {latest.build_id} ({latest.vectors} vectors)")
         return True
+
+    def refuse(self, latest: IndexEntry, why: str) -> bool:
+        """Keep serving the index served, say why the new one is not, and try it again later, not at every poll:
+        each try starts its shards' replicas. False: not loaded."""
+        self.refused = (latest.build_id, time.monotonic() + self.retry_refused_after)
+        warn(f"keeping index {self.entry.build_id}: {why} (trying it again in {self.retry_refused_after:.0f} s)")
+        return False
 
     def stop(self) -> None:
         """Delete every application deployed."""

@@ -41,6 +41,7 @@ from workflows import write_documents  # noqa: E402
 pytestmark = pytest.mark.ray
 
 KEY = "ray-serve-key"
+RETRY_S = 5  # how long a new index that could not be served waits to be tried again
 NOTE = {"id": "note-1", "title": "A note", "text": "Quokka survey on an island."}
 
 
@@ -126,7 +127,7 @@ def test_the_ingress_serves_the_api_survives_a_killed_replica_and_swaps_whole_in
     cluster, whole, static_workspace, tmp_path, capsys
 ):
     ws = sharded_copy(static_workspace, tmp_path / "ws", 2)
-    serving = RayServing(ws, KEY, write_documents, replicas=2, retire_after=0)
+    serving = RayServing(ws, KEY, write_documents, replicas=2, retire_after=0, retry_refused_after=RETRY_S)
     port = cluster
     serving.start("127.0.0.1", port)
     query = QUERIES[0]
@@ -205,15 +206,20 @@ def test_the_ingress_serves_the_api_survives_a_killed_replica_and_swaps_whole_in
             chunk_ids.unlink()
             capsys.readouterr()
             assert not serving.poll()
+            refused_at = time.monotonic()
             said = capsys.readouterr().err
             assert f"keeping index {first}: shard 1 of index {second.build_id} did not start" in said
             assert str(chunk_ids) in said  # the replica's error, naming the file, not only Ray Serve's verdict
+            assert f"trying it again in {RETRY_S} s" in said
+            assert not serving.poll() and capsys.readouterr().err == ""  # not tried at every poll
             assert client.get("/health").json()["index"]["build_id"] == first
             assert not shard_replicas(shard_application(second.shard_entries()[0].build_id, 0))
             assert [h["doc_id"] for h in client.get("/search", params=params).json()["results"]] == want
 
-            # Once it can: its shards deployed beside the old ones, then swapped in.
+            # Once it can, and its time to be tried again has come: its shards deployed beside the old ones, then
+            # swapped in.
             chunk_ids.write_bytes(saved)
+            time.sleep(max(0.0, refused_at + RETRY_S - time.monotonic()))
             assert serving.poll()
             assert client.get("/health").json()["index"]["build_id"] == second.build_id != first
             assert [h["doc_id"] for h in client.get("/search", params=params).json()["results"]] == want
