@@ -12,6 +12,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Ray's usage statistics: one actor more on every cluster the suite starts, reporting to a server it cannot reach.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
+import fcntl
 import json
 import logging
 import random
@@ -22,6 +23,7 @@ import traceback
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -143,14 +145,36 @@ def scifact_slice(path: Path, n: int, start: int = 0) -> Path:
     return path
 
 
+def built_once(tmp_path_factory, worker_id: str, name: str, build: Callable[[Path], None]) -> Path:
+    """The directory `name`, made by `build(directory)` once for the whole test session: by the first pytest-xdist
+    process that asks for it, in the temporary directory they share, while any other that asks waits for it
+    (pytest-xdist's recipe for session data, with a lock file). The suite's first minutes differ in each process
+    (one starts with the torchrun jobs, which need no workspace), so the second usually finds it made."""
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":  # under xdist: basetemp/popen-gwN, its parent the session's
+        root = root.parent
+    directory, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir()
+            build(directory)
+            done.touch()
+    return directory
+
+
 @pytest.fixture(scope="session")
-def corpus_file(tmp_path_factory) -> Path:
+def corpus_file(tmp_path_factory, worker_id) -> Path:
     if not SCIFACT.exists():
         pytest.skip(f"{SCIFACT} not found (the shared SciFact data sits beside the repository)")
-    path = scifact_slice(tmp_path_factory.mktemp("data") / "corpus.jsonl", 120)
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    path.write_text("".join(json.dumps({**row, **corpus_metadata(i)}) + "\n" for i, row in enumerate(rows)))
-    return path
+
+    def write(directory: Path) -> None:
+        path = scifact_slice(directory / "corpus.jsonl", 120)
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({**row, **corpus_metadata(i)}) + "\n" for i, row in enumerate(rows)))
+
+    return built_once(tmp_path_factory, worker_id, "data", write) / "corpus.jsonl"
 
 
 JOURNALS = ("Nature", "Cell", "Science", "Lancet")
@@ -169,28 +193,34 @@ def corpus_metadata(i: int) -> dict:
 
 
 @pytest.fixture(scope="session")
-def trained_workspace(tmp_path_factory, corpus_file) -> Path:
-    """pretrain -> embed -> index on the SciFact slice, through the CLI. Tests must not modify it. Its
-    pretraining is also the uninterrupted run a killed and resumed one is compared with (test_pretrain)."""
-    ws = tmp_path_factory.mktemp("ws")
-    run_cli("pretrain", "-w", str(ws), "--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "20")
-    run_cli("embed", "-w", str(ws), "--chunk-tokens", "64", "--overlap", "8")
-    run_cli("index", "-w", str(ws))
-    return ws
+def trained_workspace(tmp_path_factory, worker_id, corpus_file) -> Path:
+    """pretrain -> embed -> index on the SciFact slice, through the CLI, once for the session (built_once). Tests
+    must not modify it. Its pretraining is also the uninterrupted run a killed and resumed one is compared with
+    (test_pretrain)."""
+
+    def build(ws: Path) -> None:
+        run_cli("pretrain", "-w", str(ws), "--data", str(corpus_file), *TINY_TRAINING, "--max-steps", "20")
+        run_cli("embed", "-w", str(ws), "--chunk-tokens", "64", "--overlap", "8")
+        run_cli("index", "-w", str(ws))
+
+    return built_once(tmp_path_factory, worker_id, "trained-workspace", build)
 
 
 @pytest.fixture(scope="session")
-def static_workspace(tmp_path_factory, trained_workspace) -> Path:
+def static_workspace(tmp_path_factory, worker_id, trained_workspace) -> Path:
     """trained_workspace embedded anew with a static embedder (random vectors of 16 dimensions, its tokenizer)
-    and indexed: for the tests of servers and writes, whose processes then start without importing
-    sentence-transformers (seconds each; a served transformer is test_serve.py's `server`). Tests must not
-    modify it."""
-    ws = tmp_path_factory.mktemp("static-ws") / "ws"
-    shutil.copytree(trained_workspace, ws)
-    model = save_static_model(trained_workspace, tmp_path_factory.mktemp("static-model"))
-    run_cli("embed", "-w", str(ws), "--model", str(model), "--chunk-tokens", "64", "--overlap", "8")  # as trained
-    run_cli("index", "-w", str(ws))
-    return ws
+    and indexed, once for the session: for the tests of servers and writes, whose processes then start without
+    importing sentence-transformers (seconds each; a served transformer is test_serve.py's `server`). Tests
+    must not modify it."""
+
+    def build(directory: Path) -> None:
+        ws = directory / "ws"
+        shutil.copytree(trained_workspace, ws)
+        model = save_static_model(trained_workspace, directory / "static-model")
+        run_cli("embed", "-w", str(ws), "--model", str(model), "--chunk-tokens", "64", "--overlap", "8")  # as trained
+        run_cli("index", "-w", str(ws))
+
+    return built_once(tmp_path_factory, worker_id, "static-workspace", build) / "ws"
 
 
 ONE_AT_A_TIME = "one_at_a_time"  # the xdist group of the tests that must not run beside each other

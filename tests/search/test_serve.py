@@ -73,11 +73,11 @@ def test_search_get_and_post_return_ranked_documents(client, workspace):
     assert nothing["results"] == []
 
 
-def test_structured_filters_metadata_and_highlights(client, workspace):
+def test_structured_filters_metadata_and_highlights(client, corpus_file):
     structured = {
         "year": {"gte": 1950},
         "journal": {"in": ["Nature", "Cell"]},
-        "source": {"glob": str(workspace.parent.parent) + "/**"},
+        "source": {"glob": str(corpus_file.parent) + "/**"},  # where the documents were read from
     }
     body = client.post("/search", json={"q": "tumour cells", "k": 7, "mode": "hybrid", "filter": structured}).json()
     assert len(body["results"]) == 7

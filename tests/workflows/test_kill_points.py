@@ -31,6 +31,9 @@ from killpoint import Killer, armed_process
 from search.engine import SearchEngine
 
 QUERIES = ["cancer cells and tumour growth", "vitamin D deficiency", "bone density"]
+# One pytest-xdist process runs them all, so the module's forking process (`killer`: torch and sentence-transformers
+# imported once) is started once, not in each.
+pytestmark = pytest.mark.xdist_group("kill_points")
 
 
 @pytest.fixture(scope="module")
