@@ -64,7 +64,7 @@ def shard_application(build_id: str, number: int) -> str:
 
 # A replica whose shard cannot load (a file missing or damaged) fails the same way each time: give up at the first
 # failure (Ray Serve's default is 20 tries), so that a new index that cannot be served is said, and dropped, quickly.
-# The driver tries a new index again at its next poll (RayServing.poll), which is the retry a passing fault needs.
+# The driver tries a refused index again RETRY_REFUSED_S later (RayServing.poll): the retry a passing fault needs.
 CONSTRUCTOR_TRIES = 1
 
 
