@@ -395,6 +395,18 @@ def save_static_model(trained_workspace: Path, directory: Path, dim: int = 16) -
     return directory
 
 
+def sharded_copy(workspace: Path, directory: Path, shards: int):
+    """A copy of `workspace` at `directory` whose index is rebuilt flat in `shards` shards (index/shards.py): a
+    Workspace."""
+    from common.workspace import Workspace
+    from index.build import refresh_indexes
+
+    ws = Workspace(directory)
+    shutil.copytree(workspace, ws.root)
+    refresh_indexes(ws, "flat", shards=shards)
+    return ws
+
+
 def shard_queries_and_filters() -> tuple[list[str], list]:
     """The queries and filters the sharded searches are compared on (a whole index against its shards)."""
     from search.filters import DocumentFilter

@@ -11,7 +11,7 @@ import pytest
 
 from common.manifest import read_manifest
 from common.workspace import Workspace
-from conftest import run_cli, shard_queries_and_filters
+from conftest import run_cli, shard_queries_and_filters, sharded_copy
 from index.build import refresh_indexes
 from index.shards import shard_of
 from search.engine import SearchEngine
@@ -27,16 +27,9 @@ def whole(static_workspace) -> SearchEngine:
     return SearchEngine(Workspace(static_workspace))
 
 
-def sharded_copy(static_workspace, tmp_path, shards: int) -> Workspace:
-    ws = Workspace(tmp_path / "ws")
-    shutil.copytree(static_workspace, ws.root)
-    refresh_indexes(ws, "flat", shards=shards)
-    return ws
-
-
 @pytest.mark.parametrize("shards", [1, 2, 3])
 def test_shards_answer_as_the_whole_index(whole, static_workspace, tmp_path, shards):
-    ws = sharded_copy(static_workspace, tmp_path, shards)
+    ws = sharded_copy(static_workspace, tmp_path / "ws", shards)
     entry = read_manifest(ws).index
     assert len(entry.shards) == shards and sum(shard["vectors"] for shard in entry.shards) == entry.vectors
     engine = SearchEngine(ws)
@@ -58,7 +51,7 @@ def test_shards_answer_as_the_whole_index(whole, static_workspace, tmp_path, sha
 
 
 def test_a_sharded_index_is_built_in_full_again_and_keeps_its_shard_count(static_workspace, tmp_path):
-    ws = sharded_copy(static_workspace, tmp_path, 2)
+    ws = sharded_copy(static_workspace, tmp_path / "ws", 2)
     first = read_manifest(ws).index
     refresh_indexes(ws, "flat")  # no --shards: as the last build
     again = read_manifest(ws).index
@@ -100,7 +93,7 @@ def test_document_writes_update_only_their_shards_and_answer_as_a_full_build(who
 
     from server import running_server
 
-    ws = sharded_copy(static_workspace, tmp_path, 2)
+    ws = sharded_copy(static_workspace, tmp_path / "ws", 2)
     before = read_manifest(ws).index
     ids = [doc_id for doc_id in (f"note-{i}" for i in range(20)) if shard_of(doc_id, 2) == 0][:3]
     notes = [{"id": doc_id, "title": "A note", "text": f"Quokka survey {doc_id} on an island."} for doc_id in ids]

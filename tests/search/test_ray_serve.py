@@ -6,7 +6,6 @@ all."""
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +17,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed")
 
-from conftest import shard_queries_and_filters  # noqa: E402
+from conftest import shard_queries_and_filters, sharded_copy  # noqa: E402
 
 QUERIES, FILTERS = shard_queries_and_filters()
 
@@ -60,13 +59,6 @@ def whole(static_workspace) -> SearchEngine:
     """The index the shards are compared with. Static-embedded: the ingress replicas start without importing
     sentence-transformers."""
     return SearchEngine(Workspace(static_workspace))
-
-
-def sharded_copy(static_workspace, directory, shards: int) -> Workspace:
-    ws = Workspace(directory)
-    shutil.copytree(static_workspace, ws.root)
-    refresh_indexes(ws, "flat", shards=shards)
-    return ws
 
 
 def assert_same_answers(engine, whole, queries, modes=("dense", "lexical", "hybrid"), filters=(None,)) -> None:

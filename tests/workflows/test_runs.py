@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from conftest import ONE_AT_A_TIME, board, read_metrics, run_cli, save_static_model
+from conftest import ONE_AT_A_TIME, board, read_metrics, run_cli
 from pretrain.sizing import LAW_GAIN
 from server import running_server
 from workflows import MIN_ADAPTATION_SHARE, PRETRAIN_SHARE
@@ -249,11 +249,14 @@ def test_runs_page_draws_every_chart_offline_in_a_real_browser(server, report, t
 
 
 @pytest.fixture(scope="module")
-def embedded_only(tmp_path_factory, trained_workspace, corpus_file) -> Path:
-    """A workspace of embed and index only, with a static embedder given as --model (its server starts without
-    importing sentence-transformers): no run log, no tuning."""
+def embedded_only(tmp_path_factory, static_workspace, corpus_file) -> Path:
+    """A workspace of embed and index only, with the session's static embedder given as --model (its server starts
+    without importing sentence-transformers): no run log, no tuning."""
+    from common.manifest import read_manifest
+    from common.workspace import Workspace
+
     ws = tmp_path_factory.mktemp("no-run") / "ws"
-    model = save_static_model(trained_workspace, tmp_path_factory.mktemp("static-model"))
+    model = read_manifest(Workspace(static_workspace)).embedder.model_dir(Workspace(static_workspace))
     run_cli(
         "embed",
         "-w",
