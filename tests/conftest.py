@@ -223,6 +223,13 @@ def static_workspace(tmp_path_factory, worker_id, trained_workspace) -> Path:
     return built_once(tmp_path_factory, worker_id, "static-workspace", build) / "ws"
 
 
+@pytest.fixture(scope="session")
+def static_model(static_workspace) -> Path:
+    """static_workspace's embedder (save_static_model): 16 dimensions over the trained workspace's tokenizer, for
+    the tests that need an embedder but not a transformer's vectors."""
+    return static_workspace.parent / "static-model"
+
+
 ONE_AT_A_TIME = "one_at_a_time"  # the xdist group of the tests that must not run beside each other
 
 

@@ -4,12 +4,8 @@ same source ends."""
 
 import hashlib
 import json
-import shutil
 
-import numpy as np
 import pytest
-from safetensors.numpy import save_file
-from tokenizers import Tokenizer
 
 from common.errors import PipelineError
 from common.store import Store
@@ -22,20 +18,6 @@ from embed.settings import EmbedSettings
 
 DOCUMENTS = 1200  # in groups of 256 (embed()): five groups a run
 FIRST_FILE = 800  # of them in a.jsonl, the rest in b.jsonl
-
-
-@pytest.fixture(scope="module")
-def static_model(trained_workspace, tmp_path_factory):
-    """A static embedder of 16 dimensions (random token vectors) over the workspace's tokenizer: embeds
-    a thousand documents in seconds."""
-    directory = tmp_path_factory.mktemp("static")
-    shutil.copy(trained_workspace / "model" / "tokenizer.json", directory)
-    vocabulary = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab_size()
-    table = np.random.default_rng(0).standard_normal((vocabulary, 16)).astype(np.float32)
-    save_file({"embedding.weight": table}, str(directory / "model.safetensors"))
-    kind = "sentence_transformers.sentence_transformer.modules.static_embedding.StaticEmbedding"
-    (directory / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "", "type": kind}]))
-    return directory
 
 
 def write(path, rows: list[dict]) -> None:

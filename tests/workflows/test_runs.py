@@ -249,14 +249,10 @@ def test_runs_page_draws_every_chart_offline_in_a_real_browser(server, report, t
 
 
 @pytest.fixture(scope="module")
-def embedded_only(tmp_path_factory, static_workspace, corpus_file) -> Path:
+def embedded_only(tmp_path_factory, static_model, corpus_file) -> Path:
     """A workspace of embed and index only, with the session's static embedder given as --model (its server starts
     without importing sentence-transformers): no run log, no tuning."""
-    from common.manifest import read_manifest
-    from common.workspace import Workspace
-
     ws = tmp_path_factory.mktemp("no-run") / "ws"
-    model = read_manifest(Workspace(static_workspace)).embedder.model_dir(Workspace(static_workspace))
     run_cli(
         "embed",
         "-w",
@@ -264,7 +260,7 @@ def embedded_only(tmp_path_factory, static_workspace, corpus_file) -> Path:
         "--data",
         str(corpus_file),
         "--model",
-        str(model),
+        str(static_model),
         "--chunk-tokens",
         "64",
         "--overlap",
