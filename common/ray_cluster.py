@@ -25,9 +25,16 @@ def import_ray():
     return ray
 
 
-def connect(address: str, num_cpus: int | None = None, log_to_driver: bool = True):
-    """Start or join a Ray cluster; returns the ray module. Reuses a connection already open. log_to_driver:
-    whether the workers' output is shown here (else it stays in Ray's log directory)."""
+def connect(address: str, num_cpus: int | None = None):
+    """Start or join a Ray cluster; returns the ray module. Reuses a connection already open.
+
+    The workers' output stays in Ray's log directory (its session's logs/), never shown here: most of it is
+    Ray's own (its Train controller's notices, health checks, a surviving worker's traceback when a peer dies),
+    each line prefixed with the actor's name. What a stage's workers have to tell the user reaches it through
+    the stage itself (pretraining's rank 0: pretrain/ray_train.py)."""
+    if address == "local":
+        # Ray starts a local cluster with token authentication, and says so unless the mode is chosen: chosen.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     ray = import_ray()
     if ray.is_initialized():
         return ray
@@ -38,12 +45,12 @@ def connect(address: str, num_cpus: int | None = None, log_to_driver: bool = Tru
                 address="local",
                 num_cpus=num_cpus or os.cpu_count(),
                 include_dashboard=False,
-                log_to_driver=log_to_driver,
+                log_to_driver=False,
                 runtime_env=runtime_env,
                 configure_logging=False,
             )
         else:
-            ray.init(address=address, runtime_env=runtime_env, log_to_driver=log_to_driver, configure_logging=False)
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise PipelineError(f"--ray {address}: cannot connect to a Ray cluster ({str(e).splitlines()[0]})") from None
     return ray

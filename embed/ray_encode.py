@@ -19,10 +19,8 @@ class ChunkEmbedder:
     """A Ray Data actor: loads the model once, then embeds batches of chunks given as token ids."""
 
     def __init__(self, model_dir: str, batch_size: int):
-        from common.console import err
         from common.embedder import load_embedder
 
-        err.quiet = True  # the driver reports progress; an actor's lines would reach the user with Ray's prefix
         self.model = load_embedder(Path(model_dir))
         self.batch_size = batch_size
 

@@ -8,20 +8,32 @@ starts a new worker group, and the loop resumes from the latest reported checkpo
 
 The workspace must be on storage every node sees (NFS or similar): workers read the token files
 from it and write the checkpoints and the export into it.
+
+Output. Ray keeps its workers' output in its own log directory (common/ray_cluster.py). Rank 0 writes
+what train() tells the user (the plan, each step, validation, the export) to PROGRESS_LOG in the workspace
+instead, and the driver shows each line as it is written: the lines of a run on one machine, without
+Ray's notices or a prefix per actor. Ray's driver prints the faults it is told of on stdout (a worker
+that died: one line of some 1,300 characters); they go to stderr, as a warning of their first sentence.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import shutil
+import threading
 from dataclasses import asdict
 from pathlib import Path
 
-from common.console import info
+from common.console import info, warn
 from common.errors import PipelineError
 from common.manifest import ModelEntry, read_manifest
 from common.ray_cluster import connect
 from common.workspace import Workspace
+
+PROGRESS_LOG = "ray-progress.log"  # in the workspace: rank 0's lines, shown by the driver as they come
+FOLLOW_INTERVAL_S = 0.2
 
 
 def checkpoint_step(path: Path) -> int:
@@ -32,11 +44,14 @@ def train_loop_per_worker(config: dict) -> None:
     """Runs on every Ray Train worker."""
     import ray.train
 
+    from common import console
     from pretrain.checkpoint import checkpoint_dirs
     from pretrain.config import ParallelConfig, RuntimeOptions, train_config_from_dict
     from pretrain.train import train
 
     ws = Workspace(Path(config["workspace"]))
+    if ray.train.get_context().get_world_rank() == 0:
+        console.err.file = (ws.root / PROGRESS_LOG).open("a", encoding="utf-8")  # rich flushes each line
     # A restarted worker group continues from the newest checkpoint of this run: the one Ray Train
     # committed, or a newer complete one in the workspace (Ray commits reports with a lag; the
     # driver emptied the workspace's checkpoints before a fresh run, so all of them are this run's).
@@ -109,7 +124,8 @@ def run_on_ray(
         ),
     )
     try:
-        trainer.fit()
+        with FollowedLines(ws.root / PROGRESS_LOG), contextlib.redirect_stdout(RayNotices()):
+            trainer.fit()
     except Exception as e:  # Ray wraps worker errors; show the root cause in one line
         cause = e
         while cause.__cause__ is not None:
@@ -119,6 +135,56 @@ def run_on_ray(
             f"{str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}"
         ) from None
     return read_manifest(ws).model
+
+
+class FollowedLines:
+    """Shows each line appended to `path` (emptied first) as it comes, from a thread, until the block ends."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.follow, daemon=True)
+
+    def __enter__(self) -> "FollowedLines":
+        self.path.write_text("", encoding="utf-8")
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def follow(self) -> None:
+        with self.path.open(encoding="utf-8") as lines:
+            partial = ""
+            while True:
+                finished = self.done.wait(FOLLOW_INTERVAL_S)
+                *complete, partial = (partial + lines.read()).split("\n")
+                for line in complete:
+                    info(line)
+                if finished:
+                    return
+
+
+class RayNotices:
+    """Stands in for stdout while Ray trains: each line Ray's driver prints there (its "(raylet) ..." notice of
+    a worker that died) becomes a one-sentence warning on stderr; stdout keeps only the command's result."""
+
+    COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+
+    def __init__(self):
+        self.partial = ""
+
+    def write(self, text: str) -> int:
+        *complete, self.partial = (self.partial + text).split("\n")
+        for line in complete:
+            notice = self.COLOUR.sub("", line).removeprefix("(raylet) ").strip()
+            if notice:
+                warn(f"Ray: {notice.split('. ')[0].rstrip('.')}.")
+        return len(text)
+
+    def flush(self) -> None:
+        pass
 
 
 def cluster_workers(address: str) -> int:

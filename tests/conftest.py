@@ -262,7 +262,7 @@ def ray_cluster() -> str:
     # its agents' and idle workers' CPU time (benchmarks/results/2026-11-29-test-suite-cpu.md).
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     nodes.add_node(num_cpus=1, include_dashboard=False)
-    connect(nodes.address, log_to_driver=False)
+    connect(nodes.address)
     yield nodes.address
     ray.shutdown()
     nodes.shutdown()

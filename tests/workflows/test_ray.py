@@ -121,6 +121,12 @@ def test_ray_training_matches_one_process_and_survives_a_killed_worker(tmp_path,
     assert len(got) == len(want) == 16
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert (ws / "model" / "model.safetensors").exists()
+    # The user sees rank 0's lines as a run on one machine prints them, and none of Ray's own.
+    shown = (tmp_path / "ray.log").read_text()
+    assert "\nstep 16/16  loss" in shown and "\nresumed from " in shown and "\nexported the best" in shown
+    assert "\nwarning: Ray: A worker died or was killed" in shown  # Ray's notice, in a line
+    for ray_own in ("TrainController", "PlacementGroupCleaner", "RayTrainWorker", "(raylet)", "Traceback"):
+        assert ray_own not in shown, shown[-3000:]
 
 
 def test_tokenizing_on_ray_gives_the_token_stream_of_one_machine(tmp_path, ray_cluster):
