@@ -7,7 +7,7 @@ through the chain as any other (`pipeline tune`, `embed`, `index`, `eval`):
 
     .venv/bin/python benchmarks/cbow_start.py --workspace WS --copy WS_CBOW --seconds 240
 
-Results: benchmarks/results/2026-11-29-masked-objective-proxy-cpu.md.
+Results: benchmarks/results/2026-11-29-issue49-candidates-cpu.md.
 """
 
 from __future__ import annotations
