@@ -349,7 +349,7 @@ def serve_on_ray(
 ) -> None:
     """Serve the workspace's index on the Ray cluster at `address` until interrupted (module docstring)."""
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
-    connect(address)  # (the replicas' logs stay in Ray's log directory)
+    connect(address)
     serving = RayServing(ws, api_key, write_documents, replicas)
     try:
         serving.start(host, port)
