@@ -1,4 +1,4 @@
-"""Connecting to Ray, for the stages that can run on a Ray cluster (pretrain --ray, embed --ray).
+"""Connecting to Ray, for the stages that can run on a Ray cluster (pretrain, embed, index and serve --ray).
 
 local      a throw-away Ray cluster on this machine (for trying things out and for tests)
 auto       the cluster this machine belongs to (after `ray start --head` / `ray start --address ...`)
@@ -7,11 +7,15 @@ HOST:PORT  a cluster's head node, e.g. ray://10.0.0.5:10001 or 10.0.0.5:6379
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
+from common.console import warn
 from common.errors import PipelineError
 
 INSTALL_HINT = "Ray is not installed: pip install 'embedding-pipeline[ray]' (or: pip install 'ray[train,data,serve]')"
@@ -54,6 +58,35 @@ def connect(address: str, num_cpus: int | None = None):
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise PipelineError(f"--ray {address}: cannot connect to a Ray cluster ({str(e).splitlines()[0]})") from None
     return ray
+
+
+@contextlib.contextmanager
+def notices_on_stderr() -> Iterator[None]:
+    """While Ray works for a command: what Ray's driver prints on stdout (its "(raylet) ..." notice of a worker or
+    actor that died: one coloured line of some 1,300 characters) becomes a one-sentence warning on stderr, so
+    stdout keeps only the command's result (--json)."""
+    with contextlib.redirect_stdout(RayNotices()):
+        yield
+
+
+class RayNotices:
+    """A stand-in for stdout: each line written becomes `warning: Ray: <its first sentence>.` on stderr."""
+
+    COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+
+    def __init__(self):
+        self.partial = ""
+
+    def write(self, text: str) -> int:
+        *complete, self.partial = (self.partial + text).split("\n")
+        for line in complete:
+            notice = self.COLOUR.sub("", line).removeprefix("(raylet) ").strip()
+            if notice:
+                warn(f"Ray: {notice.split('. ')[0].rstrip('.')}.")
+        return len(text)
+
+    def flush(self) -> None:
+        pass
 
 
 def worker_environment() -> dict | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.ray_cluster import connect
+from common.ray_cluster import connect, notices_on_stderr
 
 
 class ChunkEmbedder:
@@ -46,13 +46,15 @@ class RayEncoder:
     def __call__(self, inputs: list[np.ndarray]) -> np.ndarray:
         rows = [{"row": i, "ids": ids} for i, ids in enumerate(inputs)]
         dataset = self.ray.data.from_items(rows, override_num_blocks=min(len(rows), self.workers * 4))
-        embedded = dataset.map_batches(
+        embedding = dataset.map_batches(
             ChunkEmbedder,
             fn_constructor_args=(self.model_dir, self.batch_size),
             batch_size=self.batch_size * 4,
             compute=self.ray.data.ActorPoolStrategy(size=self.workers),
             num_cpus=1,
             batch_format="numpy",
-        ).take_all()
+        )
+        with notices_on_stderr():
+            embedded = embedding.take_all()
         embedded.sort(key=lambda r: r["row"])
         return np.stack([np.asarray(r["vector"], dtype=np.float32) for r in embedded])

@@ -98,11 +98,12 @@ def build_shards(
     start = time.perf_counter()
     try:
         if ray_address:
-            from common.ray_cluster import connect
+            from common.ray_cluster import connect, notices_on_stderr
 
             ray = connect(ray_address)
             task = ray.remote(num_cpus=1)(build_shard)
-            built = ray.get([task.remote(*shard_arguments) for shard_arguments in arguments])
+            with notices_on_stderr():
+                built = ray.get([task.remote(*shard_arguments) for shard_arguments in arguments])
         else:
             built = [build_shard(*shard_arguments) for shard_arguments in arguments]
     except BaseException:  # nothing names these shards: they go, and the last build stays in use

@@ -379,7 +379,7 @@ def tokenize_on_ray(corpus: PretrainingSources, staging: Path, progress: dict, a
     ran in, so training reads the same token stream as after a preparation on one machine."""
     import logging
 
-    from common.ray_cluster import connect
+    from common.ray_cluster import connect, notices_on_stderr
     from pretrain.tokenize_worker import tokenize_file
 
     if not corpus.paths:
@@ -405,9 +405,10 @@ def tokenize_on_ray(corpus: PretrainingSources, staging: Path, progress: dict, a
     meter = ProgressMeter("tokenized", progress["read"]["text_bytes"])
     dataset = ray.data.from_items(tasks, override_num_blocks=len(tasks)).map(tokenize_file, num_cpus=1)
     results = []
-    for row in dataset.iter_rows():
-        results.append(row)
-        meter.advance(row["text_bytes"])
+    with notices_on_stderr():
+        for row in dataset.iter_rows():
+            results.append(row)
+            meter.advance(row["text_bytes"])
     per_file = [json.loads(row["shards"]) for row in sorted(results, key=lambda row: row["index"])]
     shards = {split: [shard for each in per_file for shard in each[split]] for split in ("train", "val")}
     return shard_counts(shards, vocab_size, shard_tokens)

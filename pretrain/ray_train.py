@@ -12,24 +12,22 @@ from it and write the checkpoints and the export into it.
 Output. Ray keeps its workers' output in its own log directory (common/ray_cluster.py). Rank 0 writes
 what train() tells the user (the plan, each step, validation, the export) to PROGRESS_LOG in the workspace
 instead, and the driver shows each line as it is written: the lines of a run on one machine, without
-Ray's notices or a prefix per actor. Ray's driver prints the faults it is told of on stdout (a worker
-that died: one line of some 1,300 characters); they go to stderr, as a warning of their first sentence.
+Ray's notices or a prefix per actor; a fault Ray's driver is told of is one warning on stderr
+(common/ray_cluster.py notices_on_stderr).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import re
 import shutil
 import threading
 from dataclasses import asdict
 from pathlib import Path
 
-from common.console import info, warn
+from common.console import info
 from common.errors import PipelineError
 from common.manifest import ModelEntry, read_manifest
-from common.ray_cluster import connect
+from common.ray_cluster import connect, notices_on_stderr
 from common.workspace import Workspace
 
 PROGRESS_LOG = "ray-progress.log"  # in the workspace: rank 0's lines, shown by the driver as they come
@@ -124,7 +122,7 @@ def run_on_ray(
         ),
     )
     try:
-        with FollowedLines(ws.root / PROGRESS_LOG), contextlib.redirect_stdout(RayNotices()):
+        with FollowedLines(ws.root / PROGRESS_LOG), notices_on_stderr():
             trainer.fit()
     except Exception as e:  # Ray wraps worker errors; show the root cause in one line
         cause = e
@@ -164,27 +162,6 @@ class FollowedLines:
                     info(line)
                 if finished:
                     return
-
-
-class RayNotices:
-    """Stands in for stdout while Ray trains: each line Ray's driver prints there (its "(raylet) ..." notice of
-    a worker that died) becomes a one-sentence warning on stderr; stdout keeps only the command's result."""
-
-    COLOUR = re.compile(r"\x1b\[[0-9;]*m")
-
-    def __init__(self):
-        self.partial = ""
-
-    def write(self, text: str) -> int:
-        *complete, self.partial = (self.partial + text).split("\n")
-        for line in complete:
-            notice = self.COLOUR.sub("", line).removeprefix("(raylet) ").strip()
-            if notice:
-                warn(f"Ray: {notice.split('. ')[0].rstrip('.')}.")
-        return len(text)
-
-    def flush(self) -> None:
-        pass
 
 
 def cluster_workers(address: str) -> int:

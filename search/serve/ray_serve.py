@@ -38,7 +38,7 @@ from common.console import info, warn
 from common.errors import PipelineError
 from common.lexical import CollectionStatistics
 from common.manifest import IndexEntry, read_manifest
-from common.ray_cluster import connect
+from common.ray_cluster import connect, notices_on_stderr
 from common.workspace import Workspace
 from search.engine import Hit, IndexShard, Ranking, ShardUnavailable
 from search.serve.generation import POLL_SECONDS, WriteDocuments
@@ -351,12 +351,13 @@ def serve_on_ray(
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     connect(address)
     serving = RayServing(ws, api_key, write_documents, replicas)
-    try:
-        serving.start(host, port)
-        shards = len(serving.entry.shard_entries())
-        info(f"serving {ws.root} on http://{host}:{port}/ from Ray Serve: {shards} shards x {replicas} replicas")
-        while True:
-            time.sleep(POLL_SECONDS)
-            serving.poll()
-    finally:
-        serve.shutdown()
+    with notices_on_stderr():
+        try:
+            serving.start(host, port)
+            shards = len(serving.entry.shard_entries())
+            info(f"serving {ws.root} on http://{host}:{port}/ from Ray Serve: {shards} shards x {replicas} replicas")
+            while True:
+                time.sleep(POLL_SECONDS)
+                serving.poll()
+        finally:
+            serve.shutdown()
