@@ -285,10 +285,12 @@ def hard_negatives(
     rng = random.Random(settings.seed + 1)
     if lexical is None:
         lexical = documents_index(docs, language)
-    ranked = lexical.top_many([anchor for anchor, _, _ in pairs], HARD_NEGATIVE_DEPTH + 1)
+    # each anchor searched once: rounds of pairs repeat them (SciFact: 79,419 distinct in 512,976 pairs)
+    anchors = list(dict.fromkeys(anchor for anchor, _, source in pairs if source is not None))
+    ranked = dict(zip(anchors, lexical.top_many(anchors, HARD_NEGATIVE_DEPTH + 1)))
     negatives = []
-    for (_, _, source), candidates in zip(pairs, ranked):
-        others = [int(c) for c in candidates if int(c) != source][:HARD_NEGATIVE_DEPTH] if source is not None else []
+    for anchor, _, source in pairs:
+        others = [] if source is None else [int(c) for c in ranked[anchor] if int(c) != source][:HARD_NEGATIVE_DEPTH]
         if others:
             negatives.append(rng.choice(others))
         else:  # any document but the pair's own (the caller ensures there are at least two)
@@ -690,18 +692,20 @@ def budget_plan(
     Making pairs first cuts every document into sentences, once per call whatever the pairs asked for: that
     part is timed apart and counted once (counted in each pair, it made a pair look 5 times dearer on SciFact)."""
     start = time.perf_counter()
-    pair_sources(docs, language)
+    sources = pair_sources(docs, language)
     sources_s = time.perf_counter() - start
     start = time.perf_counter()
     first, _ = make_pairs(docs, replace(settings, steps=1), labelled, language)
     pair_s = max(0.0, time.perf_counter() - start - sources_s) / len(first)
-    lexical, mined, mine_per_pair = None, [], 0.0
+    lexical, mined, mine_per_anchor = None, [], 0.0
+    anchors = anchors_at_most(sources, settings.pair_kinds)
     if mining:
         lexical = documents_index(docs, language)
         hard_negatives(docs, first[:8], settings, language, lexical)  # loads the compiled search kernel
         start = time.perf_counter()
         mined = hard_negatives(docs, first[:MINE_PROBE_PAIRS], settings, language, lexical)
-        mine_per_pair = (time.perf_counter() - start) / len(mined)
+        searched = len({anchor for anchor, _, source in first[:MINE_PROBE_PAIRS] if source is not None})
+        mine_per_anchor = (time.perf_counter() - start) / max(1, searched)
     sample = first[:MINE_PROBE_PAIRS]  # pairs are tokenized before training (embed/pretokenized.py)
     start = time.perf_counter()
     training_preprocess(model, settings, [text for a, p, _ in sample for text in (a, p)])
@@ -711,32 +715,68 @@ def budget_plan(
     step_s = step_seconds(model, probe, settings, device)
     elapsed = time.perf_counter() - started + sources_s  # the pairs' making will cut the documents again
     pair_s += tokenize_per_pair
-    steps = planned_steps(settings, budget_s, elapsed, step_s, mine_per_pair + pair_s)
+    costs = TuningCosts(step_s, pair_s, mine_per_anchor, anchors)
+    steps = planned_steps(settings, budget_s, elapsed, costs)
     plan = {
         "budget_s": budget_s,
         "steps": steps,
         "step_s": step_s,
-        "mine_s_per_pair": mine_per_pair,
+        "mine_s_per_anchor": mine_per_anchor,
+        "anchors_at_most": anchors,
         "make_s_per_pair": pair_s,  # tokenizing included
         "before_training_s": elapsed,  # cutting the documents for the pairs included
         "mined": (first[: len(mined)], mined),  # the first pairs' negatives, for the mining to go on from
-        "planned_s": elapsed + steps * (step_s + settings.batch_size * PAIR_SLACK * (mine_per_pair + pair_s)),
+        "planned_s": elapsed + costs.seconds(steps, settings.batch_size),
     }
     info(
         f"planned {steps} {settings.architecture} steps of {settings.batch_size} pairs for the "
-        f"{budget_s:.0f}s budget: a step takes {step_s:.2f}s here (timed), a pair "
-        f"{(mine_per_pair + pair_s) * 1000:.2f} ms to make, mine and tokenize, "
+        f"{budget_s:.0f}s budget: a step takes {step_s:.2f}s here (timed), a pair {pair_s * 1000:.2f} ms to make "
+        f"and tokenize, an anchor {mine_per_anchor * 1000:.2f} ms to mine (at most {anchors:,} distinct), "
         f"{elapsed - sources_s:.0f}s spent planning" + (" (the most asked for)" if steps == settings.steps else "")
     )
     return plan, lexical
 
 
-def planned_steps(settings: TuneSettings, budget_s: float, elapsed_s: float, step_s: float, pair_s: float) -> int:
+@dataclass(frozen=True)
+class TuningCosts:
+    """What tuning costs here, timed by budget_plan: a training step, making and tokenizing a pair, mining an
+    anchor's hard negatives, and the most distinct anchors the pairs can have (anchors_at_most): past that
+    many pairs, every anchor is one already mined."""
+
+    step_s: float
+    pair_s: float
+    mine_s: float = 0.0
+    anchors: int | float = math.inf
+
+    def seconds(self, steps: float, batch_size: int) -> float:
+        """Seconds `steps` steps take, their pairs (PAIR_SLACK more than the batches hold) made and mined."""
+        pairs = steps * batch_size * PAIR_SLACK
+        return steps * self.step_s + pairs * self.pair_s + min(pairs, self.anchors) * self.mine_s
+
+
+def anchors_at_most(sources: list[PairSource], kinds: tuple[str, ...]) -> int:
+    """The most distinct anchors pairs of these kinds can have (pair_for's), however many rounds are made: a
+    title, each part (ict), each cut's preceding parts (neighbours), a document (dropout, also the fallback
+    when the kinds give no pair)."""
+    anchors = 0
+    for source in sources:
+        parts = len(source.parts)
+        anchors += "title" in kinds and bool(source.title) and len(source.text) >= 20
+        anchors += parts if "ict" in kinds and parts >= 3 else 0
+        anchors += parts - 3 if "neighbours" in kinds and parts >= 4 else 0
+        anchors += "dropout" in kinds
+    return anchors or len(sources)
+
+
+def planned_steps(settings: TuneSettings, budget_s: float, elapsed_s: float, costs: TuningCosts) -> int:
     """As many steps as fit what is left of the budget (less SAVE_SHARE for saving), each with its batch's
-    pairs made and mined at `pair_s` a pair; at least one, at most settings.steps."""
+    pairs made and their new anchors mined; at least one, at most settings.steps."""
     available = budget_s * (1 - SAVE_SHARE) - elapsed_s
-    per_step = step_s + settings.batch_size * PAIR_SLACK * pair_s
-    return max(1, min(settings.steps, int(available / max(per_step, 1e-9))))
+    pairs_per_step = settings.batch_size * PAIR_SLACK
+    steps = available / max(costs.step_s + pairs_per_step * (costs.pair_s + costs.mine_s), 1e-9)
+    if steps * pairs_per_step > costs.anchors:  # the later pairs' anchors are all mined already
+        steps = (available - costs.anchors * costs.mine_s) / max(costs.step_s + pairs_per_step * costs.pair_s, 1e-9)
+    return max(1, min(settings.steps, int(steps)))
 
 
 def step_seconds(

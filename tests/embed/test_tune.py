@@ -19,10 +19,15 @@ from conftest import run_cli, scifact_slice
 from embed.run import source_documents
 from embed.settings import TuneSettings
 from embed.tune import (
+    HARD_NEGATIVE_DEPTH,
     MAX_PAIR_REPEATS,
+    SAVE_SHARE,
     DistinctDocumentsBatchSampler,
+    TuningCosts,
+    anchors_at_most,
     batch_keys,
     document_text,
+    documents_index,
     hard_negatives,
     make_pairs,
     pair_for,
@@ -158,17 +163,54 @@ def test_a_batch_holds_each_document_once(corpus_file):
     assert list(sampler)[0] != batches[0]  # each epoch its own order
 
 
+def test_hard_negatives_search_each_anchor_once_and_each_pair_draws_from_its_own_anchors_ranking(corpus_file):
+    """Rounds of pairs repeat anchors; each is searched once, and every pair's negative still comes from the
+    ranking of its own anchor."""
+    docs = list(read_documents([corpus_file]))
+    settings = TuneSettings(steps=60, batch_size=32)
+    pairs, _ = make_pairs(docs, settings, [])
+    assert len({anchor for anchor, _, _ in pairs}) < 0.8 * len(pairs)  # the rounds repeat anchors
+    lexical = documents_index(docs, "en")
+    searched, search = [], lexical.top_many
+    lexical.top_many = lambda queries, k: searched.extend(queries) or search(queries, k)  # the real search, counted
+    negatives = hard_negatives(docs, pairs, settings, "en", lexical)
+    assert sorted(searched) == sorted({anchor for anchor, _, _ in pairs})
+    for (anchor, _, source), negative in zip(pairs, negatives):
+        ranked = [int(c) for c in lexical.top_chunk_ids(anchor, HARD_NEGATIVE_DEPTH + 1) if int(c) != source]
+        assert negative in ranked[:HARD_NEGATIVE_DEPTH] or not ranked
+
+
+def test_the_distinct_anchors_pairs_can_have_are_counted_before_they_are_made(corpus_file):
+    """However many rounds of pairs are made, their distinct anchors stay within anchors_at_most, which
+    planning prices the mining by; with titles alone it is exactly the titles."""
+    docs = list(read_documents([corpus_file]))
+    sources = pair_sources(docs, "en")
+    for kinds in ("title,ict,neighbours", "ict", "title"):
+        settings = TuneSettings(steps=500, batch_size=64, pairs_from=kinds)
+        pairs, _ = make_pairs(docs, settings, [])
+        distinct = len({anchor for anchor, _, _ in pairs})
+        assert distinct <= anchors_at_most(sources, settings.pair_kinds)
+    titled = sum(bool(s.title) and len(s.text) >= 20 for s in sources)
+    assert distinct == anchors_at_most(sources, ("title",)) == titled
+
+
 def test_tuning_steps_are_planned_to_fit_the_time_budget():
-    """Steps fill what is left of the budget at the measured cost of a step and of mining its pairs, never more
-    than asked for, never none."""
+    """Steps fill what is left of the budget at the measured cost of a step, of making its pairs and of
+    mining their new anchors, never more than asked for, never none."""
     settings = TuneSettings(steps=500, batch_size=1024)
 
-    def steps(budget_s, elapsed_s=0.0, step_s=0.5, mine_per_pair=0.0):
-        return planned_steps(settings, budget_s, elapsed_s, step_s, mine_per_pair)
+    def steps(budget_s, elapsed_s=0.0, step_s=0.5, mine_s=0.0, anchors=float("inf")):
+        return planned_steps(settings, budget_s, elapsed_s, TuningCosts(step_s, 1e-5, mine_s, anchors))
 
     assert steps(60) < steps(120) < steps(600) == 500
-    assert steps(120, elapsed_s=60) < steps(120) and steps(120, mine_per_pair=1e-4) < steps(120)
+    assert steps(120, elapsed_s=60) < steps(120) and steps(120, mine_s=1e-4) < steps(120)
     assert steps(120, step_s=1.0) < steps(120) and steps(1) == steps(10, elapsed_s=20) == 1
+    # mining stops costing once the anchors run out: more steps fit than if every pair brought a new one
+    assert steps(120, mine_s=1e-3) < steps(120, mine_s=1e-3, anchors=20_000) < steps(120)
+    for anchors in (1_000, 20_000, 10**6):
+        costs = TuningCosts(0.5, 1e-5, 1e-3, anchors)
+        planned = planned_steps(settings, 120, 0.0, costs)
+        assert costs.seconds(planned, 1024) <= 120 * (1 - SAVE_SHARE) < costs.seconds(planned + 1, 1024)
 
 
 def test_labelled_pairs_file(tmp_path):
