@@ -287,7 +287,7 @@ def hard_negatives(
     rng = random.Random(settings.seed + 1)
     if lexical is None:
         lexical = documents_index(docs, language)
-    # each anchor searched once: rounds of pairs repeat them (SciFact: 79,419 distinct in 512,976 pairs)
+    # each anchor searched once: rounds of pairs repeat them (a title, a sentence, in many pairs)
     anchors = list(dict.fromkeys(anchor for anchor, _, source in pairs if source is not None))
     ranked = dict(zip(anchors, lexical.top_many(anchors, HARD_NEGATIVE_DEPTH + 1)))
     negatives = []
@@ -779,8 +779,8 @@ def expected_anchors(counts: np.ndarray, pairs: float) -> float:
     """Distinct anchors expected among `pairs` pairs made as make_pairs makes them: rounds of one pair a
     document, of a kind drawn evenly among those it gives, its anchor evenly among the kind's. A kind of `a`
     anchors drawn with probability p a round has a(1 - (1 - p/a)^rounds) distinct ones after that many rounds.
-    On SciFact within 9% of the distinct anchors of 5,000 to 512,388 pairs (a little under: the repeat limit
-    sends some draws to anchors not drawn yet)."""
+    A little under the real count, as the repeat limit sends some draws to anchors not drawn yet (measured:
+    benchmarks/results/2026-11-29-issue49-adaptation-cpu.md)."""
     giving = counts > 0
     kinds = giving.sum(axis=1, keepdims=True)
     rounds = pairs / max(1, int((kinds > 0).sum()))
@@ -792,7 +792,7 @@ def planned_steps(settings: TuneSettings, budget_s: float, elapsed_s: float, cos
     """As many steps as fit what is left of the budget (less SAVE_SHARE for saving), each with its batch's
     pairs made and their new anchors mined; at least one, at most settings.steps."""
     available = budget_s * (1 - SAVE_SHARE) - elapsed_s
-    fits, over = 0, settings.steps + 1  # a step count that fits, and one that does not (the cost only grows)
+    fits, over = 0, settings.steps + 1  # the most steps known to fit, the fewest known not to (or too many)
     while over - fits > 1:
         middle = (fits + over) // 2
         fits, over = (middle, over) if costs.seconds(middle, settings.batch_size) <= available else (fits, middle)
