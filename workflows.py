@@ -67,12 +67,15 @@ class Phase:
 
 @dataclass
 class BudgetSplit:
-    """How `pipeline pretrain`'s budget was divided between pretraining and the adaptation, and why."""
+    """How `pipeline pretrain`'s budget was divided between pretraining and the adaptation, and why; then what
+    the adaptation took of its part, and why."""
 
     pretraining_planned_s: float
     pretraining_s: float
     adaptation_s: float
     why: str
+    adaptation_took_s: float | None = None
+    adaptation_why: str | None = None
 
 
 @dataclass
@@ -134,6 +137,10 @@ def pretrain(ws: Workspace, settings, adapt: bool = True) -> PretrainRun:
         static = TuneSettings(architecture="static", wandb=settings.wandb)
         run.adaptation = adapt_embedder(ws, documents, adaptation_s, static)
         figures = run.adaptation.report
+        if run.budget_split:
+            run.budget_split.adaptation_took_s = figures["seconds_total"]
+            run.budget_split.adaptation_why = adaptation_ending(run.adaptation, adaptation_s, static.steps)
+            info(run.budget_split.adaptation_why)
         run.phases["adaptation"] = Phase(adaptation_s, figures["seconds_total"])
         run.phases.update({f"adaptation: {name}": Phase(**times) for name, times in figures["phases"].items()})
     planned = None if settings.shape_given and not adapting else budget  # a given length has no budget
@@ -161,6 +168,30 @@ def budget_split(model: ModelEntry, planned_s: float, pretraining_s: float, adap
     given = f": the {handed_over:.0f}s it did not use go to the adaptation" if handed_over >= 1 else ""
     why = f"budget: {reason}{given} ({pretraining_s:.0f}s pretraining, {adaptation_s:.0f}s adaptation)"
     return BudgetSplit(planned_s, pretraining_s, adaptation_s, why)
+
+
+def adaptation_ending(tuned: TunedEntry, planned_s: float, steps_asked: int) -> str:
+    """What the adaptation took of its part of the budget, and what ended it: the steps asked for, the pairs
+    the corpus gives, or the time (the plan's steps, or a deadline the steps ran into)."""
+    from embed.tune import MAX_PAIR_REPEATS
+
+    report, embedder = tuned.report, f"the {tuned.architecture} embedder"
+    timed = (report.get("plan") or {}).get("steps", report["planned_steps"])  # the steps the time allowed
+    if tuned.steps < report["planned_steps"]:
+        reason = f"{embedder}'s steps took longer than planned: {tuned.steps} of {report['planned_steps']} ran"
+    elif report["planned_steps"] < timed:
+        reason = (
+            f"the corpus gave pairs for {report['planned_steps']} steps of the {timed} the time allowed "
+            f"(no pair is trained more than {MAX_PAIR_REPEATS} times)"
+        )
+    elif timed >= steps_asked:
+        reason = f"{embedder} ran all {steps_asked} steps asked for (`pipeline tune --steps N` trains longer)"
+    else:
+        phase = report.get("phases", {}).get(tuned.architecture) or {}
+        reason = f"{embedder} ran the {timed} steps planned to fit its {phase.get('planned_s', planned_s):.0f}s"
+        if phase.get("actual_s") is not None:
+            reason += f"; they took {phase['actual_s']:.0f}s"
+    return f"adaptation: {report['seconds_total']:.0f}s of its {planned_s:.0f}s: {reason}"
 
 
 def phases_line(phases: dict[str, Phase]) -> str:

@@ -74,6 +74,14 @@ def test_the_chain_says_how_its_budget_went_to_pretraining_and_the_adaptation(fu
     assert ("go to the adaptation" in split["why"]) == (left >= 1)
     if summary["stopped_early"]:
         assert f"stopped at step {summary['steps']} of {summary['planned_steps']}" in split["why"]
+    # then what the adaptation took of its part, and what ended it (the manifest's record of the kept embedder)
+    tuned, why = json.loads((full_run / "manifest.json").read_text())["tuned"], split["adaptation_why"]
+    assert split["adaptation_took_s"] == phases["adaptation"]["actual_s"]
+    assert why.startswith(f"adaptation: {split['adaptation_took_s']:.0f}s of its {split['adaptation_s']:.0f}s: ")
+    if tuned["steps"] == tuned["planned_steps"] < tuned["plan"]["steps"]:
+        assert f"the corpus gave pairs for {tuned['steps']} steps of the {tuned['plan']['steps']}" in why
+    elif tuned["steps"] == tuned["planned_steps"] == tuned["plan"]["steps"]:
+        assert f"ran all {tuned['steps']} steps asked for" in why or f"ran the {tuned['steps']} steps planned" in why
 
 
 @pytest.fixture(scope="module")
