@@ -185,7 +185,7 @@ def adaptation_ending(tuned: TunedEntry, planned_s: float, steps_asked: int) -> 
             f"(no pair is trained more than {MAX_PAIR_REPEATS} times)"
         )
     elif timed >= steps_asked:
-        reason = f"{embedder} ran all {steps_asked} steps asked for (`pipeline tune --steps N` trains longer)"
+        reason = f"{embedder} ran all {steps_asked} steps asked for (`pipeline tune --steps N` sets another number)"
     else:
         phase = report.get("phases", {}).get(tuned.architecture) or {}
         reason = f"{embedder} ran the {timed} steps planned to fit its {phase.get('planned_s', planned_s):.0f}s"
