@@ -159,13 +159,28 @@ def document_text(doc: Document, max_chars: int) -> str:
     return embedding_text(doc.title, " ".join(doc.text.split()))[:max_chars]
 
 
+def anchors_of(source: PairSource, kind: str) -> int:
+    """The distinct anchors a document can give pairs of this kind (0: it gives none): its title, each part
+    (ict), the parts before each cut (neighbours), itself (dropout)."""
+    parts = len(source.parts)
+    if kind == "title":
+        return int(bool(source.title) and len(source.text) >= 20)
+    if kind == "ict":
+        return parts if parts >= 3 else 0
+    if kind == "neighbours":
+        return max(0, parts - 3)
+    if kind == "dropout":
+        return 1
+    raise ValueError(kind)
+
+
 def pair_for(source: PairSource, kind: str, rng: random.Random, max_chars: int) -> tuple[str, str] | None:
     """One (anchor, positive) pair of this kind from a document, or None if the document cannot give one.
     Each kind draws a part or a window of parts at random, so a document gives many distinct pairs."""
+    if not anchors_of(source, kind):
+        return None
     parts, text = source.parts, source.text
     if kind == "title":
-        if not source.title or len(text) < 20:
-            return None
         if len(parts) < 3 or rng.random() < 0.5:  # the whole text, or a window of at least half of its parts
             return source.title, text[:max_chars]
         size = rng.randint((len(parts) + 1) // 2, len(parts) - 1)
@@ -175,8 +190,6 @@ def pair_for(source: PairSource, kind: str, rng: random.Random, max_chars: int) 
         passage = document_text(source.doc, max_chars)
         return passage, passage
     if kind == "ict":
-        if len(parts) < 3:
-            return None
         # A window of parts around the anchor keeps the context within the model's input length.
         i = rng.randrange(len(parts))
         lo = max(0, i - rng.randint(2, 6))
@@ -184,12 +197,8 @@ def pair_for(source: PairSource, kind: str, rng: random.Random, max_chars: int) 
         if rng.random() < 0.1:  # as in the ICT paper: sometimes keep the sentence, so lexical overlap still counts
             window = parts[lo : i + 1 + rng.randint(2, 6)]
         return parts[i], embedding_text(source.title, " ".join(window))[:max_chars]
-    if kind == "neighbours":
-        if len(parts) < 4:
-            return None
-        cut = rng.randrange(2, len(parts) - 1)
-        return " ".join(parts[max(0, cut - 3) : cut])[:max_chars], " ".join(parts[cut : cut + 3])[:max_chars]
-    raise ValueError(kind)
+    cut = rng.randrange(2, len(parts) - 1)  # neighbours
+    return " ".join(parts[max(0, cut - 3) : cut])[:max_chars], " ".join(parts[cut : cut + 3])[:max_chars]
 
 
 def read_labelled_pairs(path: Path, documents: dict[str, Document]) -> list[tuple[str, str]]:
@@ -758,20 +767,9 @@ class TuningCosts:
 
 
 def anchor_counts(sources: list[PairSource], kinds: tuple[str, ...]) -> np.ndarray:
-    """Each document's distinct anchors (pair_for's) per kind asked for: a title, each part (ict), each cut's
-    preceding parts (neighbours), the document (dropout, also the fallback when the kinds give no pair)."""
-
-    def anchors(source: PairSource, kind: str) -> int:
-        parts = len(source.parts)
-        if kind == "title":
-            return int(bool(source.title) and len(source.text) >= 20)
-        if kind == "ict":
-            return parts if parts >= 3 else 0
-        if kind == "neighbours":
-            return parts - 3 if parts >= 4 else 0
-        return 1  # dropout
-
-    counts = np.array([[anchors(source, kind) for kind in kinds] for source in sources], dtype=float)
+    """Each document's distinct anchors (anchors_of) per kind asked for; one a document (dropout, the fallback)
+    when the kinds give no pair."""
+    counts = np.array([[anchors_of(source, kind) for kind in kinds] for source in sources], dtype=float)
     return counts if counts.sum() else np.ones((len(sources), 1))
 
 
