@@ -95,6 +95,33 @@ def quiet_descriptor(fd: int) -> Iterator[None]:
         os.close(devnull)
 
 
+@contextmanager
+def quiet_native_stderr() -> Iterator[None]:
+    """quiet_descriptor(2) for C code only: what Python writes to sys.stderr meanwhile (our messages, a
+    library's Python warnings) still reaches the user, through a copy of the descriptor. For a library whose
+    C++ core logs to stderr as well as to its own log files (Ray's core worker in this process)."""
+    python_stderr = sys.stderr
+    # Where sys.stderr is not the descriptor (a test runner captures it), Python's writes are not quieted anyway.
+    copied = writes_to_descriptor(python_stderr, 2)
+    if copied:
+        python_stderr.flush()
+        sys.stderr = os.fdopen(os.dup(2), "w", buffering=1, encoding=python_stderr.encoding, errors="backslashreplace")
+    try:
+        with quiet_descriptor(2):
+            yield
+    finally:
+        if copied:
+            sys.stderr.close()
+            sys.stderr = python_stderr
+
+
+def writes_to_descriptor(stream, fd: int) -> bool:
+    try:
+        return stream.fileno() == fd
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last two
+        return False
+
+
 def quiet_stdout():
     """quiet_descriptor(1): stdout holds results (a --json answer), never a library's notice."""
     return quiet_descriptor(1)

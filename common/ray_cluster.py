@@ -10,12 +10,13 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import json
+import logging
 import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from common.console import warn
+from common.console import quiet_native_stderr, warn
 from common.errors import PipelineError
 
 INSTALL_HINT = "Ray is not installed: pip install 'embedding-pipeline[ray]' (or: pip install 'ray[train,data,serve]')"
@@ -42,6 +43,9 @@ def connect(address: str, num_cpus: int | None = None):
     ray = import_ray()
     if ray.is_initialized():
         return ray
+    # Joining a cluster found on this machine (auto) where a token exists, Ray turns token authentication on, as
+    # the cluster needs, and says so in a notice for each command: the mode is not the user's to choose there.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     runtime_env = worker_environment()
     try:
         if address == "local":  # a new instance on this machine, even where another one runs (ray's "local")
@@ -64,8 +68,11 @@ def connect(address: str, num_cpus: int | None = None):
 def notices_on_stderr() -> Iterator[None]:
     """While Ray works for a command: what Ray's driver prints on stdout (its "(raylet) ..." notice of a worker or
     actor that died: one coloured line of some 1,300 characters) becomes a one-sentence warning on stderr, so
-    stdout keeps only the command's result (--json)."""
-    with contextlib.redirect_stdout(RayNotices()):
+    stdout keeps only the command's result (--json). What the driver's C++ core worker logs on stderr stays in
+    its log file (the session's logs/python-core-driver-*.log), where it also goes: e.g. that Ray Data's actors,
+    whose constructor arguments are in the object store, might not restart (ray-project/ray#53727), a notice
+    for Ray's developers that every `embed --ray` would print."""
+    with contextlib.redirect_stdout(RayNotices()), quiet_native_stderr():
         yield
 
 

@@ -25,3 +25,28 @@ def test_workers_of_an_uninstalled_copy_get_its_path(tmp_path):
     answer = subprocess.run([sys.executable, "-c", ASK], cwd=copy, env=environment, capture_output=True, text=True)
     assert answer.returncode == 0, answer.stderr
     assert answer.stdout.strip() == repr({"env_vars": {"PYTHONPATH": str(copy)}})
+
+
+def test_while_ray_works_c_code_is_quiet_on_stderr_and_python_is_not():
+    """notices_on_stderr: what C code writes to descriptor 2 (Ray's core worker logs there as well as in its log
+    file) is dropped, our own messages on sys.stderr are not, and a line Ray's driver prints becomes a warning.
+    A process of its own, whose sys.stderr is descriptor 2 as a command's is."""
+    script = (
+        "import os, sys\n"
+        "from common.console import warn\n"
+        "from common.ray_cluster import notices_on_stderr\n"
+        "with notices_on_stderr():\n"
+        "    os.write(2, b'[2026-01-01 00:00:00,000 E 1 1] core_worker.cc:1: a native notice\\n')\n"
+        "    warn('ours, during')\n"
+        "    print('(raylet) A worker died or was killed while executing a task. More follows.')\n"
+        "os.write(2, b'native, after\\n')\n"
+        "print('result')\n"
+    )
+    answer = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
+    assert answer.returncode == 0, answer.stderr
+    assert answer.stdout == "result\n"
+    assert answer.stderr.splitlines() == [
+        "warning: ours, during",
+        "warning: Ray: A worker died or was killed while executing a task.",
+        "native, after",
+    ]
