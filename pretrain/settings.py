@@ -99,7 +99,7 @@ class PretrainSettings:
         False,
         "Continue from the latest checkpoint in the workspace (under any plan); with --data, the documents of "
         "files not tokenized before go into new shards first, and training runs as many more steps as they fill "
-        "(unless --max-steps says).",
+        "(unless --max-steps says). The adaptation that follows is this command's: give --no-adapt again to skip it.",
     )
     wandb: bool = option(
         False,
