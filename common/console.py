@@ -8,7 +8,9 @@ document's title, id or snippet, a file name in an error) are shown, never sent:
 
 import logging
 import os
+import re
 import sys
+import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -96,30 +98,45 @@ def quiet_descriptor(fd: int) -> Iterator[None]:
 
 
 @contextmanager
-def quiet_native_stderr() -> Iterator[None]:
-    """quiet_descriptor(2) for C code only: what Python writes to sys.stderr meanwhile (our messages, a
-    library's Python warnings) still reaches the user, through a copy of the descriptor. For a library whose
-    C++ core logs to stderr as well as to its own log files (Ray's core worker in this process)."""
-    python_stderr = sys.stderr
-    # Where sys.stderr is not the descriptor (a test runner captures it), Python's writes are not quieted anyway.
-    copied = writes_to_descriptor(python_stderr, 2)
-    if copied:
-        python_stderr.flush()
-        sys.stderr = os.fdopen(os.dup(2), "w", buffering=1, encoding=python_stderr.encoding, errors="backslashreplace")
+def stderr_without(lines: re.Pattern[bytes], starting: bytes) -> Iterator[None]:
+    """Meanwhile, lines written to file descriptor 2 (by C code or by Python, whichever stream object wrote
+    them) that match `lines` are dropped, and the rest pass as they come: for a library whose C++ core logs
+    to stderr as well as to its own log files (Ray's core worker in this process). A pipe takes the
+    descriptor's place and a thread forwards what it reads; only an unfinished line that begins as a dropped
+    line does (`starting`) waits for its newline."""
+    sys.stderr.flush()
+    terminal = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    forwarding = threading.Thread(target=forward_lines, args=(read_end, terminal, lines, starting), daemon=True)
+    forwarding.start()
     try:
-        with quiet_descriptor(2):
-            yield
+        yield
     finally:
-        if copied:
-            sys.stderr.close()
-            sys.stderr = python_stderr
+        sys.stderr.flush()
+        os.dup2(terminal, 2)  # the pipe's write end closes with it: the thread reads to the end, then stops
+        forwarding.join(timeout=5)
 
 
-def writes_to_descriptor(stream, fd: int) -> bool:
-    try:
-        return stream.fileno() == fd
-    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last two
-        return False
+def forward_lines(read_end: int, terminal: int, dropped: re.Pattern[bytes], starting: bytes) -> None:
+    """stderr_without's thread: copies the pipe to the terminal's descriptor but the dropped lines, then closes both."""
+    pending = b""
+    with os.fdopen(read_end, "rb", buffering=0) as pipe:
+        while chunk := pipe.read(65536):
+            *complete, pending = (pending + chunk).split(b"\n")
+            shown = b"".join(line + b"\n" for line in complete if not dropped.match(line))
+            if pending and not pending.startswith(starting[: len(pending)]):  # no dropped line: shown now
+                shown, pending = shown + pending, b""
+            write_all(terminal, shown)
+        if not dropped.match(pending):
+            write_all(terminal, pending)
+    os.close(terminal)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
 
 
 def quiet_stdout():

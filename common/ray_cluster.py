@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from common.console import quiet_native_stderr, warn
+from common.console import stderr_without, warn
 from common.errors import PipelineError
 
 INSTALL_HINT = "Ray is not installed: pip install 'embedding-pipeline[ray]' (or: pip install 'ray[train,data,serve]')"
@@ -72,8 +72,12 @@ def notices_on_stderr() -> Iterator[None]:
     its log file (the session's logs/python-core-driver-*.log), where it also goes: e.g. that Ray Data's actors,
     whose constructor arguments are in the object store, might not restart (ray-project/ray#53727), a notice
     for Ray's developers that every `embed --ray` would print."""
-    with contextlib.redirect_stdout(RayNotices()), quiet_native_stderr():
+    with contextlib.redirect_stdout(RayNotices()), stderr_without(RAY_NATIVE_LOG_LINE, starting=b"["):
         yield
+
+
+# A line of Ray's C++ log: "[2026-11-29 15:42:24,505 E 24877 24877] core_worker.cc:2465: ..."
+RAY_NATIVE_LOG_LINE = re.compile(rb"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z] \d+ \d+\] \S+:\d+: ")
 
 
 class RayNotices:

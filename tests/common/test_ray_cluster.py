@@ -27,18 +27,23 @@ def test_workers_of_an_uninstalled_copy_get_its_path(tmp_path):
     assert answer.stdout.strip() == repr({"env_vars": {"PYTHONPATH": str(copy)}})
 
 
-def test_while_ray_works_c_code_is_quiet_on_stderr_and_python_is_not():
-    """notices_on_stderr: what C code writes to descriptor 2 (Ray's core worker logs there as well as in its log
-    file) is dropped, our own messages on sys.stderr are not, and a line Ray's driver prints becomes a warning.
-    A process of its own, whose sys.stderr is descriptor 2 as a command's is."""
+def test_while_ray_works_its_native_log_lines_are_dropped_from_stderr_and_nothing_else():
+    """notices_on_stderr: a line of Ray's C++ log on descriptor 2 (its core worker logs there as well as in its
+    log file) is dropped; our messages, a Python logger's lines (Ray's loggers hold the stream they started
+    with) and other lines pass in order, and a line Ray's driver prints on stdout becomes a warning. A process
+    of its own, whose stderr is descriptor 2 as a command's is."""
     script = (
-        "import os, sys\n"
+        "import logging, os, sys\n"
         "from common.console import warn\n"
         "from common.ray_cluster import notices_on_stderr\n"
+        "logging.getLogger('lib').addHandler(logging.StreamHandler(sys.stderr))\n"
         "with notices_on_stderr():\n"
-        "    os.write(2, b'[2026-01-01 00:00:00,000 E 1 1] core_worker.cc:1: a native notice\\n')\n"
+        "    os.write(2, b'[2026-01-01 00:00:00,000 E 1 2] core_worker.cc:2465: a native notice\\n')\n"
         "    warn('ours, during')\n"
+        "    logging.getLogger('lib').error('a library logs')\n"
         "    print('(raylet) A worker died or was killed while executing a task. More follows.')\n"
+        "    os.write(2, b'[not Ray] a line\\n[2026-01-01 00:00:00,000 W 1 2] raylet.cc:1: ')\n"
+        "    os.write(2, b'split across writes\\npartial ')\n"
         "os.write(2, b'native, after\\n')\n"
         "print('result')\n"
     )
@@ -47,6 +52,8 @@ def test_while_ray_works_c_code_is_quiet_on_stderr_and_python_is_not():
     assert answer.stdout == "result\n"
     assert answer.stderr.splitlines() == [
         "warning: ours, during",
+        "a library logs",
         "warning: Ray: A worker died or was killed while executing a task.",
-        "native, after",
+        "[not Ray] a line",
+        "partial native, after",
     ]
