@@ -180,8 +180,9 @@ def adaptation_ending(tuned: TunedEntry, planned_s: float, steps_asked: int) -> 
     if tuned.steps < report["planned_steps"]:
         reason = f"{embedder}'s steps took longer than planned: {tuned.steps} of {report['planned_steps']} ran"
     elif report["planned_steps"] < timed:
+        bound = "asked for" if timed >= steps_asked else "the time allowed"  # the plan takes the fewer of the two
         reason = (
-            f"the corpus gave pairs for {report['planned_steps']} steps of the {timed} the time allowed "
+            f"the corpus gave pairs for {report['planned_steps']} steps of the {timed} {bound} "
             f"(no pair is trained more than {MAX_PAIR_REPEATS} times)"
         )
     elif timed >= steps_asked:
