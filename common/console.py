@@ -102,10 +102,14 @@ def stderr_without(lines: re.Pattern[bytes], starting: bytes) -> Iterator[None]:
     """Meanwhile, lines written to file descriptor 2 (by C code or by Python, whichever stream object wrote
     them) that match `lines` are dropped, and the rest pass as they come: for a library whose C++ core logs
     to stderr as well as to its own log files (Ray's core worker in this process). A pipe takes the
-    descriptor's place and a thread forwards what it reads; only an unfinished line that begins as a dropped
-    line does (`starting`) waits for its newline."""
-    sys.stderr.flush()
-    terminal = os.dup(2)
+    descriptor's place and a thread forwards what it reads; an unfinished line waits for its newline only if
+    it begins with `starting`, as the dropped lines do."""
+    try:
+        terminal = os.dup(2)
+    except OSError:  # no stderr (closed by the caller): nothing to keep clean
+        yield
+        return
+    flush_stderr()
     read_end, write_end = os.pipe()
     os.dup2(write_end, 2)
     os.close(write_end)
@@ -114,7 +118,7 @@ def stderr_without(lines: re.Pattern[bytes], starting: bytes) -> Iterator[None]:
     try:
         yield
     finally:
-        sys.stderr.flush()
+        flush_stderr()
         os.dup2(terminal, 2)  # the pipe's write end closes with it: the thread reads to the end, then stops
         forwarding.join(timeout=5)
 
@@ -132,6 +136,11 @@ def forward_lines(read_end: int, terminal: int, dropped: re.Pattern[bytes], star
         if not dropped.match(pending):
             write_all(terminal, pending)
     os.close(terminal)
+
+
+def flush_stderr() -> None:
+    if sys.stderr is not None:  # None where Python started without a stderr
+        sys.stderr.flush()
 
 
 def write_all(fd: int, data: bytes) -> None:
