@@ -296,8 +296,7 @@ def hard_negatives(
     rng = random.Random(settings.seed + 1)
     if lexical is None:
         lexical = documents_index(docs, language)
-    # each anchor searched once: rounds of pairs repeat them (a title, a sentence, in many pairs)
-    anchors = list(dict.fromkeys(anchor for anchor, _, source in pairs if source is not None))
+    anchors = searched_anchors(pairs)
     ranked = dict(zip(anchors, lexical.top_many(anchors, HARD_NEGATIVE_DEPTH + 1)))
     negatives = []
     for anchor, _, source in pairs:
@@ -308,6 +307,12 @@ def hard_negatives(
             j = rng.randrange(len(docs) - (source is not None))
             negatives.append(j + (source is not None and j >= source))
     return negatives
+
+
+def searched_anchors(pairs: list[tuple[str, str, int | None]]) -> list[str]:
+    """The anchors hard_negatives searches, each once (rounds of pairs repeat them: a title, a sentence, in many
+    pairs): those of pairs cut from a document, in order."""
+    return list(dict.fromkeys(anchor for anchor, _, source in pairs if source is not None))
 
 
 def documents_index(docs: list[Document], language: str):
@@ -715,8 +720,7 @@ def budget_plan(
         hard_negatives(docs, first[:8], settings, language, lexical)  # loads the compiled search kernel
         start = time.perf_counter()
         mined = hard_negatives(docs, first[:MINE_PROBE_PAIRS], settings, language, lexical)
-        searched = len({anchor for anchor, _, source in first[:MINE_PROBE_PAIRS] if source is not None})
-        mine_per_anchor = (time.perf_counter() - start) / max(1, searched)
+        mine_per_anchor = (time.perf_counter() - start) / max(1, len(searched_anchors(first[:MINE_PROBE_PAIRS])))
     sample = first[:MINE_PROBE_PAIRS]  # pairs are tokenized before training (embed/pretokenized.py)
     start = time.perf_counter()
     training_preprocess(model, settings, [text for a, p, _ in sample for text in (a, p)])
